@@ -1,0 +1,29 @@
+# `make demo` and `make test` each create .venv when missing and install what they need.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	mkdir -p out
+	$(BIN)/statebudget trace gen --preset swe-team --seed 1 --hours 2 --out out/swe-team.jsonl
+	$(BIN)/statebudget replay --cluster hetero16 --catalog agent-team --trace out/swe-team.jsonl \
+	  --policy ondemand,lru-keepwarm,frequency,prefetch-all,static,llama-swap,ray-multiplex \
+	  --json out/report.json --plots out/plots
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_sim.py
+
+clean:
+	rm -rf $(VENV) out

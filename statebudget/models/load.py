@@ -1,0 +1,132 @@
+"""Read cluster, catalog and trace files (YAML or JSON) or preset names, with errors that name the
+file, the line or field, and what is wrong."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from .catalog import Catalog
+from .cluster import GB, Cluster
+from .errors import InputError, pydantic_where
+from .trace import Program, Trace, TraceHeader
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def preset_names(kind: str) -> list[str]:
+    d = EXAMPLES / kind
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
+def _resolve(name_or_path: str, kind: str) -> Path:
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    preset = EXAMPLES / kind / f"{name_or_path}.yaml"
+    if preset.is_file():
+        return preset
+    raise InputError(str(name_or_path), "",
+                     f"no such file and no {kind[:-1]} preset of that name (presets: {', '.join(preset_names(kind))})")
+
+
+def _read_mapping(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise InputError(str(path), "", f"cannot read: {e.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as e:
+        raise InputError(str(path), f"{e.lineno}", f"malformed JSON: {e.msg}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise InputError(str(path), f"{mark.line + 1}" if mark else "", f"malformed YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise InputError(str(path), "", "expected a mapping at the top level")
+    return data
+
+
+def _validate(model_cls, data: dict, source: str):
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as e:
+        where, msg = pydantic_where(e)
+        raise InputError(source, where, msg.removeprefix("Value error, ")) from None
+
+
+def load_cluster(name_or_path: str) -> Cluster:
+    path = _resolve(name_or_path, "clusters")
+    return _validate(Cluster, _read_mapping(path), str(path))
+
+
+def load_catalog(name_or_path: str) -> Catalog:
+    path = _resolve(name_or_path, "catalogs")
+    data = _read_mapping(path)
+    data.setdefault("name", path.stem)
+    return _validate(Catalog, data, str(path))
+
+
+def load_trace(path: str | Path) -> Trace:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(str(path), "", "no such trace file")
+    header = TraceHeader()
+    programs: list[Program] = []
+    seen: dict[str, int] = {}
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(str(path), f"{lineno}", f"malformed JSON line: {e.msg} at column {e.colno}") from None
+            if not isinstance(obj, dict):
+                raise InputError(str(path), f"{lineno}", "expected a JSON object")
+            if "trace_format" in obj:
+                if obj["trace_format"] != 1:
+                    raise InputError(str(path), f"{lineno}", f"unsupported trace_format {obj['trace_format']!r} (this reads 1)")
+                header = _validate(TraceHeader, obj, f"{path}:{lineno}")
+                continue
+            prog = _validate(Program, obj, f"{path}:{lineno}")
+            if prog.program in seen:
+                raise InputError(str(path), f"{lineno}", f"program {prog.program!r} already defined on line {seen[prog.program]}")
+            seen[prog.program] = lineno
+            programs.append(prog)
+    if not programs:
+        raise InputError(str(path), "", "trace holds no programs")
+    return Trace(header=header, programs=programs)
+
+
+def write_trace(trace: Trace, path: str | Path) -> None:
+    with open(path, "w") as f:
+        f.write(json.dumps(trace.header.model_dump(exclude_none=True), sort_keys=True) + "\n")
+        for p in trace.programs:
+            f.write(json.dumps(p.model_dump(by_alias=True, exclude_none=True)) + "\n")
+
+
+def check_compatible(cluster: Cluster, catalog: Catalog, trace: Trace | None = None, trace_source: str = "trace") -> None:
+    """Cross-file checks: every model fits some GPU group (its dense part, split over tp), every
+    model a trace names is in the catalog."""
+    for m in catalog.models:
+        per_gpu = m.dense_bytes / m.tp
+        groups = cluster.groups(m.tp)
+        if not groups:
+            raise InputError(f"catalog {catalog.name}", f"models.{m.name}.tp",
+                             f"tp={m.tp} but no node of cluster {cluster.name} has {m.tp} GPUs of one kind")
+        best = max(min(cluster.usable_hbm_bytes(cluster.gpus[i]) for i in g) for g in groups)
+        if per_gpu > best:
+            raise InputError(f"catalog {catalog.name}", f"models.{m.name}",
+                             f"too big for every GPU group of cluster {cluster.name}: needs {per_gpu / GB:.1f} GB per GPU "
+                             f"(weights {m.weights_gb} GB / tp {m.tp}), the largest group offers {best / GB:.1f} GB usable per GPU")
+    if trace is not None:
+        known = catalog.by_name
+        for p in trace.programs:
+            for n in p.nodes:
+                if n.kind == "call" and n.model not in known:
+                    raise InputError(trace_source, f"program {p.program} node {n.id}",
+                                     f"unknown model {n.model!r} (catalog {catalog.name} has: {', '.join(known)})")

@@ -1,0 +1,30 @@
+"""Plans and ops: what a policy asks for; the mechanism (simulator or adapter) carries them out."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+OpKind = Literal["promote", "demote", "drop"]
+
+
+class Op(BaseModel):
+    """One transfer of one state object between two tiers."""
+    model_config = ConfigDict(frozen=True)
+    op_id: str
+    kind: OpKind
+    object: list[str] = Field(description="state key, e.g. ['w', 'coder'] or ['kv', 'p17', 'coder']")
+    src: str = Field(description="gpu:<id> | host:<node> | nvme:<node> | none")
+    dst: str
+    bytes: float = Field(ge=0)
+    epoch: int = 0
+    version: int = 0
+    deadline: float | None = None
+    lease_id: str | None = None
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    version: int
+    ops: list[Op] = Field(default_factory=list)

@@ -1,0 +1,80 @@
+"""The report contract (DESIGN.md §8) and the percentile summary every latency uses (§4)."""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Dist(BaseModel):
+    """p50/p95/p99/mean/max of a latency, numpy's default percentile method; n = sample count."""
+    model_config = ConfigDict(frozen=True)
+    p50: float = 0.0
+    p95: float = 0.0
+    p99: float = 0.0
+    mean: float = 0.0
+    max: float = 0.0
+    n: int = 0
+
+    @classmethod
+    def of(cls, values) -> "Dist":
+        a = np.asarray(list(values), dtype=float)
+        if a.size == 0:
+            return cls()
+        p = np.percentile(a, [50, 95, 99])
+        return cls(p50=_r(p[0]), p95=_r(p[1]), p99=_r(p[2]), mean=_r(a.mean()), max=_r(a.max()), n=int(a.size))
+
+
+def _r(x: float) -> float:
+    # Rounded so that float noise in the last bits cannot break byte-identical reports.
+    return round(float(x), 9)
+
+
+class DecisionMs(BaseModel):
+    p50: float = 0.0
+    p99: float = 0.0
+
+
+class PolicyReport(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    stall_s: Dist
+    handoff_stall_s: Dist
+    lease_lateness_s: Dist
+    ttft_s: Dist
+    program_latency_s: Dist
+    nonlease_ttft_s: Dist
+    bytes_moved: float
+    bytes_moved_by_tier: dict[str, float] = Field(default_factory=dict)
+    bytes_by_link: dict[str, float] = Field(default_factory=dict)
+    wasted_bytes: float
+    warm_tax: float
+    slo_violations: float
+    decision_ms: DecisionMs
+    calls_completed: int = 0
+    calls_cancelled: int = 0
+    unplaceable_calls: int = 0
+    events: int = 0
+
+
+class TraceSummary(BaseModel):
+    programs: int
+    calls: int
+    handoffs: int
+
+
+class OracleBlock(BaseModel):
+    status: str
+    objective: float
+    bound: float
+    gap: float
+    solve_s: float
+
+
+class Report(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    statebudget: str
+    cluster: str
+    catalog: str
+    trace: TraceSummary
+    policies: dict[str, PolicyReport]
+    oracle: OracleBlock | None = None

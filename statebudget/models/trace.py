@@ -1,0 +1,126 @@
+"""Trace format v1 (DESIGN.md §5): JSONL, one program per line, times in seconds.
+
+A program is a DAG of `call` nodes (an LLM call on a model) and `tool` nodes (a wait); `after`
+lists a node's dependencies. `hints` are what the agent runtime announces; `cancel` abandons a
+branch when another node ends. Unknown fields are kept.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class TraceNode(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    id: str
+    kind: Literal["call", "tool"]
+    after: list[str] = Field(default_factory=list)
+    model: str | None = None
+    context_tokens: int = Field(0, ge=0)
+    output_tokens: int = Field(0, ge=0)
+    tool: str | None = None
+    duration: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _kind_fields(self):
+        if self.kind == "call" and not self.model:
+            raise ValueError(f"call node {self.id!r} has no model")
+        return self
+
+
+class Hint(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+    issued_at: str
+    for_: str = Field(alias="for")
+    model: str
+    confidence: float = Field(ge=0, le=1)
+
+
+class Cancel(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    node: str
+    at_after: str
+
+
+class Program(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    program: str
+    tenant: str = "default"
+    start: float = Field(ge=0)
+    slo: str = "interactive"
+    nodes: list[TraceNode] = Field(min_length=1)
+    hints: list[Hint] = Field(default_factory=list)
+    cancel: list[Cancel] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _graph(self):
+        ids = [n.id for n in self.nodes]
+        if len(set(ids)) != len(ids):
+            dup = sorted({i for i in ids if ids.count(i) > 1})
+            raise ValueError(f"program {self.program}: duplicate node ids {dup}")
+        known = set(ids)
+        for n in self.nodes:
+            for a in n.after:
+                if a not in known:
+                    raise ValueError(f"program {self.program}: node {n.id!r} is after unknown node {a!r}")
+        for h in self.hints:
+            for ref in (h.issued_at, h.for_):
+                if ref not in known:
+                    raise ValueError(f"program {self.program}: hint refers to unknown node {ref!r}")
+        for c in self.cancel:
+            for ref in (c.node, c.at_after):
+                if ref not in known:
+                    raise ValueError(f"program {self.program}: cancel refers to unknown node {ref!r}")
+        cycle = _find_cycle(self.nodes)
+        if cycle:
+            raise ValueError(f"program {self.program}: dependency cycle {' -> '.join(cycle)}")
+        return self
+
+    def dump(self) -> dict:
+        return self.model_dump(by_alias=True, exclude_defaults=False)
+
+
+def _find_cycle(nodes: list[TraceNode]) -> list[str] | None:
+    after = {n.id: n.after for n in nodes}
+    state: dict[str, int] = {}
+    for root in after:
+        if root in state:
+            continue
+        stack = [(root, iter(after[root]))]
+        path = [root]
+        state[root] = 1
+        while stack:
+            node, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                state[node] = 2
+                stack.pop()
+                path.pop()
+            elif state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            elif nxt not in state:
+                state[nxt] = 1
+                stack.append((nxt, iter(after[nxt])))
+                path.append(nxt)
+    return None
+
+
+class TraceHeader(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    trace_format: int = 1
+    preset: str | None = None
+    seed: int | None = None
+    hours: float | None = None
+    slo_classes: dict[str, float] = Field(default_factory=lambda: {"interactive": 2.0, "batch": 60.0})
+
+
+class Trace(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    header: TraceHeader = Field(default_factory=TraceHeader)
+    programs: list[Program]
+
+    @property
+    def n_calls(self) -> int:
+        return sum(1 for p in self.programs for n in p.nodes if n.kind == "call")

@@ -1,0 +1,1 @@
+"""Discrete-event simulator, the policies it replays, and the metrics it reports."""

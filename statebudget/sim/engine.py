@@ -1,0 +1,799 @@
+"""The discrete-event simulator: closed-loop replay of a v1 trace on the physical model of
+DESIGN.md §3, under one policy.
+
+The loop is ten lines: pop `(time, priority, seq, handler, args)`, set the clock, run the handler,
+push the events it returns. Ties break by priority then sequence, so a seed gives one history.
+
+A call's life (DESIGN.md §4 names in brackets):
+
+    node ready ─▶ arrive ─▶ place (policy) ─▶ admit: pin what is resident, evict (policy order),
+    allocate, start loads ─▶ [ready] when weights, expert pages and the program's KV are on the
+    group ─▶ compute queue ─▶ [start] prefill ─▶ [first_token] decode ─▶ [end]: KV grows, pins go
+
+Policies return decisions (`place`, eviction order, demotion tier, prefetch/demote ops); only this
+module moves bytes or touches the books (`Tiers`), and it checks the books as it goes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..models.catalog import Catalog, ModelSpec
+from ..models.cluster import Cluster
+from ..models.state import expert_key, kv_key, weights_key
+from ..models.trace import Program, Trace
+from ..solvers.costs import CostModel
+from ..traces.graph import descendants, handoff_calls, hinted_calls
+from .flows import FairShare, cancel_flow
+from .memory import GpuCopy, HostCopy, Tiers
+
+PRIO_FLOW, PRIO_TIMER, PRIO_NODE, PRIO_PROGRAM, PRIO_TICK = range(5)
+PAGE_TOUCH = 0.4  # a call touches page i with probability min(1, PAGE_TOUCH x pages x popularity_i)
+
+
+@dataclass(slots=True, eq=False)
+class CallRec:
+    program: str
+    node: str
+    model: str
+    context_tokens: int
+    output_tokens: int
+    tenant: str
+    slo: str
+    handoff: bool
+    hinted: bool
+    pages: tuple[int, ...] = ()
+    group: tuple[int, ...] | None = None
+    state: str = "pending"  # pending waiting loading queued running done cancelled unplaceable
+    arrive: float = -1.0
+    ready: float = -1.0
+    start: float = -1.0
+    first_token: float = -1.0
+    end: float = -1.0
+    pins: list = field(default_factory=list)
+    waiting_on: int = 0
+    kv_reused_tokens: int = 0
+    flow: int | None = None
+
+
+@dataclass(slots=True, eq=False)
+class ProgRun:
+    prog: Program
+    remaining_deps: dict[str, int]
+    children: dict[str, list[str]]
+    node_state: dict[str, str]
+    hints_at: dict[str, list]
+    cancels_at: dict[str, list[str]]
+    calls: dict[str, CallRec]
+    durations: dict[str, float]
+    open_nodes: int
+    end: float = -1.0
+
+
+@dataclass
+class SimResult:
+    calls: list[CallRec]
+    programs: dict[str, ProgRun]
+    bytes_by_pair: Counter
+    bytes_by_link: dict[str, float]
+    wasted_bytes: float
+    warm_tax: float
+    hbm_samples: list[tuple[float, float, float, float]]  # t, weights, experts, kv bytes in HBM
+    decision_ms: list[float]
+    events: int
+    sim_end: float
+    hbm_total: float
+
+
+class _Barrier:
+    """Runs `fn` once `n` things have finished."""
+    __slots__ = ("n", "fn")
+
+    def __init__(self, n, fn):
+        self.n, self.fn = n, fn
+
+    def hit(self, now):
+        self.n -= 1
+        return self.fn(now) if self.n == 0 else None
+
+
+class Simulator:
+    def __init__(self, cluster: Cluster, catalog: Catalog, trace: Trace, policy, cost: CostModel | None = None,
+                 seed: int = 0, check_invariants: bool = False, max_batch: int = 32, sample_dt: float = 15.0):
+        self.cluster, self.catalog, self.trace, self.policy = cluster, catalog, trace, policy
+        self.cost = cost or CostModel(cluster, catalog)
+        self.seed, self.check_invariants, self.max_batch, self.sample_dt = seed, check_invariants, max_batch, sample_dt
+        self.gpus = cluster.gpus
+        self.tiers = Tiers(cluster)
+        cap = dict(self.cost.link_bw)
+        cap.update({f"gpu:{g.index}": 1.0 for g in self.gpus})
+        self.flows = FairShare(cap)
+        self.now = 0.0
+        self._heap: list = []
+        self._seq = 0
+        self.programs: dict[str, ProgRun] = {}
+        self.calls: list[CallRec] = []
+        self.waiting: list[CallRec] = []  # admitted nowhere yet, FCFS
+        self.queued: list[CallRec] = []   # ready, waiting for a compute slot
+        self.running_on = [0] * len(self.gpus)
+        self.running_models: Counter = Counter()  # (model, group) -> running calls
+        self.kv_tokens: dict[tuple, int] = {}     # latest KV length per (program, model)
+        self.kv_of_program: dict[str, set] = {}
+        self.last_use: dict[str, float] = {}      # model -> last call arrival
+        self.bytes_by_pair: Counter = Counter()
+        self.wasted_bytes = 0.0
+        self.decision_ms: list[float] = []
+        self.events = 0
+        self._dirty = True
+        self._wt_value = 0.0
+        self._wt_integral = 0.0
+        self._wt_last = 0.0
+        self.hbm_samples: list = []
+        self._last_sample = -1e18
+        self._open_programs = 0
+        self._setup_store()
+
+    # ---- set-up ---------------------------------------------------------------------------------
+    def _setup_store(self):
+        """The model store: every model's weights and experts on every node's NVMe; `preload`
+        models also in host DRAM."""
+        for node in self.cluster.nodes:
+            for m in self.catalog.models:
+                for key, nbytes in self.object_sizes(m):
+                    if not self.tiers.alloc_nvme(key, node.name, nbytes):
+                        raise ValueError(f"node {node.name}: NVMe too small for the model store ({m.name})")
+                    if m.name in self.cluster.preload and self.tiers.alloc_host(node.name, nbytes):
+                        self.tiers.host[(key, node.name)] = HostCopy(key, node.name, nbytes, True, 0.0)
+
+    def object_sizes(self, m: ModelSpec):
+        yield weights_key(m.name), m.dense_bytes
+        if m.moe:
+            for p in range(m.moe.pages):
+                yield expert_key(m.name, p), m.moe.page_bytes
+
+    def size_of(self, key) -> float:
+        if key[0] == "kv":
+            return self.kv_tokens.get(key, 0) * self.catalog.by_name[key[2]].kv_bytes_per_token
+        m = self.catalog.by_name[key[1]]
+        return m.dense_bytes if key[0] == "w" else m.moe.page_bytes
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def push(self, t, prio, fn, args=()):
+        self._seq += 1
+        heapq.heappush(self._heap, (t, prio, self._seq, fn, args))
+
+    def _push_all(self, events):
+        """Schedule events `(time, priority, handler, args)`."""
+        if events:
+            for t, prio, fn, args in events:
+                self._seq += 1
+                heapq.heappush(self._heap, (t, prio, self._seq, fn, args))
+
+    def run(self, progress=None) -> SimResult:
+        for prog in sorted(self.trace.programs, key=lambda p: (p.start, p.program)):
+            self.push(prog.start, PRIO_PROGRAM, self._program_start, (prog,))
+        self._open_programs = len(self.trace.programs)
+        tick = getattr(self.policy, "tick_s", None)
+        if tick:
+            self.push(0.0, PRIO_TICK, self._tick, (tick,))
+        heap, pop = self._heap, heapq.heappop
+        next_report = 0.0
+        while heap:
+            t, _, _, fn, args = pop(heap)
+            if t > self.now:
+                self._wt_integral += self._wt_value * (t - self.now)
+                self.now = t
+            self.events += 1
+            out = fn(*args)
+            if out:
+                self._push_all(out)
+            if self._dirty:
+                self._refresh_hbm_metrics()
+            if progress is not None and t >= next_report:
+                progress(t)
+                next_report = t + 60.0
+        if self.check_invariants:
+            self.tiers.check()
+        return SimResult(
+            calls=self.calls, programs=self.programs, bytes_by_pair=self.bytes_by_pair,
+            bytes_by_link={k: v for k, v in sorted(self.flows.work_done.items()) if not k.startswith("gpu:")},
+            wasted_bytes=self.wasted_bytes, warm_tax=self._wt_integral / self.now if self.now > 0 else 0.0,
+            hbm_samples=self.hbm_samples, decision_ms=self.decision_ms, events=self.events, sim_end=self.now,
+            hbm_total=sum(self.tiers.hbm_cap))
+
+    def _refresh_hbm_metrics(self):
+        self._dirty = False
+        idle = w = e = kv = 0.0
+        for c in self.tiers.gpu.values():
+            kind = c.key[0]
+            nb = c.nbytes
+            if kind == "kv":
+                kv += nb
+                continue
+            if kind == "w":
+                w += nb
+            else:
+                e += nb
+            if self.running_models.get((c.key[1], c.group), 0) == 0:
+                idle += nb
+        self._wt_value = idle / sum(self.tiers.hbm_cap)
+        if self.now - self._last_sample >= self.sample_dt:
+            self._last_sample = self.now
+            self.hbm_samples.append((self.now, w, e, kv))
+        if self.check_invariants:
+            self.tiers.check()
+
+    def _decide(self, fn, *args):
+        """Every policy call goes through here: it is timed as one decision."""
+        t0 = time.perf_counter()
+        out = fn(self, *args)
+        self.decision_ms.append((time.perf_counter() - t0) * 1e3)
+        return out
+
+    def _tick(self, period):
+        if self._open_programs == 0:
+            return None
+        self._apply(self._decide(self.policy.on_tick))
+        return [(self.now + period, PRIO_TICK, self._tick, (period,))]
+
+    # ---- programs and nodes ------------------------------------------------------------------
+    def _program_start(self, prog: Program):
+        children: dict[str, list[str]] = {}
+        for n in prog.nodes:
+            for a in n.after:
+                children.setdefault(a, []).append(n.id)
+        handoffs, hinted = handoff_calls(prog), hinted_calls(prog)
+        calls = {}
+        for n in prog.nodes:
+            if n.kind != "call":
+                continue
+            rec = CallRec(prog.program, n.id, n.model, n.context_tokens, n.output_tokens, prog.tenant, prog.slo,
+                          n.id in handoffs, n.id in hinted, pages=self._pages_for(prog.program, n.id, n.model))
+            calls[n.id] = rec
+            self.calls.append(rec)
+        hints_at: dict[str, list] = {}
+        for h in prog.hints:
+            hints_at.setdefault(h.issued_at, []).append(h)
+        cancels_at: dict[str, list[str]] = {}
+        for c in prog.cancel:
+            cancels_at.setdefault(c.at_after, []).append(c.node)
+        pr = ProgRun(prog, {n.id: len(n.after) for n in prog.nodes}, children, {n.id: "pending" for n in prog.nodes},
+                     hints_at, cancels_at, calls, {n.id: n.duration for n in prog.nodes}, len(prog.nodes))
+        self.programs[prog.program] = pr
+        self.kv_of_program[prog.program] = set()
+        return [(self.now, PRIO_NODE, self._node_ready, (pr, n.id)) for n in prog.nodes if not n.after]
+
+    def _pages_for(self, program: str, node: str, model: str) -> tuple[int, ...]:
+        moe = self.catalog.by_name[model].moe
+        if moe is None:
+            return ()
+        rng = np.random.default_rng([self.seed, zlib.crc32(f"{program}/{node}".encode())])
+        u = rng.random(moe.pages)
+        touch = np.minimum(1.0, PAGE_TOUCH * moe.pages * moe.page_popularity)
+        return tuple(int(i) for i in np.nonzero(u < touch)[0])
+
+    def _node_ready(self, pr: ProgRun, nid: str):
+        if pr.node_state[nid] != "pending":
+            return None
+        pr.node_state[nid] = "running"
+        for h in pr.hints_at.get(nid, ()):
+            self._apply(self._decide(self.policy.on_hint, pr.prog, h))
+        if nid not in pr.calls:  # a tool wait
+            return [(self.now + pr.durations[nid], PRIO_NODE, self._node_done, (pr, nid))]
+        return self._call_arrive(pr.calls[nid])
+
+    def _node_done(self, pr: ProgRun, nid: str):
+        if pr.node_state[nid] != "running":
+            return None
+        pr.node_state[nid] = "done"
+        pr.open_nodes -= 1
+        events = []
+        for victim in pr.cancels_at.get(nid, ()):
+            events += self._cancel_from(pr, victim)
+        for child in pr.children.get(nid, ()):
+            pr.remaining_deps[child] -= 1
+            if pr.remaining_deps[child] == 0 and pr.node_state[child] == "pending":
+                events.append((self.now, PRIO_NODE, self._node_ready, (pr, child)))
+        self._maybe_finish_program(pr)
+        return events
+
+    def _cancel_from(self, pr: ProgRun, root: str) -> list:
+        events = []
+        for nid in descendants(pr.prog, root):
+            st = pr.node_state[nid]
+            if st in ("done", "cancelled"):
+                continue
+            pr.node_state[nid] = "cancelled"
+            pr.open_nodes -= 1
+            if nid in pr.calls:
+                events += self._cancel_call(pr.calls[nid])
+        return events
+
+    def _maybe_finish_program(self, pr: ProgRun):
+        if pr.open_nodes > 0 or pr.end >= 0:
+            return
+        pr.end = self.now
+        self._open_programs -= 1
+        for kvk in sorted(self.kv_of_program.pop(pr.prog.program, ())):
+            self._drop_everywhere(kvk)
+        self._apply(self._decide(self.policy.on_program_end, pr.prog))
+        self._retry_waiting()
+
+    # ---- calls ----------------------------------------------------------------------------------
+    def _call_arrive(self, c: CallRec):
+        c.arrive = self.now
+        c.state = "waiting"
+        self._apply(self._decide(self.policy.on_call_arrive, c))
+        c.group = self._decide(self.policy.place, c)
+        self.last_use[c.model] = self.now
+        if c.group is None or not self.could_ever_fit(c, c.group):
+            return self._unplaceable(c)
+        if not self._admit(c):
+            self.waiting.append(c)
+        return None
+
+    def _unplaceable(self, c: CallRec):
+        c.state = "unplaceable"
+        pr = self.programs[c.program]
+        pr.node_state[c.node] = "cancelled"
+        pr.open_nodes -= 1
+        events = []
+        for child in pr.children.get(c.node, ()):
+            events += self._cancel_from(pr, child)
+        self._maybe_finish_program(pr)
+        return events
+
+    def call_need(self, c: CallRec, group) -> tuple[list, float, float]:
+        """(state keys the call needs on `group`, per-GPU bytes of the new copies, per-GPU bytes of
+        the call's own new KV)."""
+        m = self.catalog.by_name[c.model]
+        tp = len(group)
+        keys = [weights_key(m.name)] + [expert_key(m.name, p) for p in c.pages]
+        kvk = kv_key(c.program, c.model)
+        T = self.kv_tokens.get(kvk, 0)
+        if T > 0:
+            keys.append(kvk)
+        new = sum(self.size_of(k) for k in keys if (k, group) not in self.tiers.gpu) / tp
+        private = max(0, c.context_tokens + c.output_tokens - T) * m.kv_bytes_per_token / tp
+        return keys, new, private
+
+    def could_ever_fit(self, c: CallRec, group) -> bool:
+        """Whether the call's weights, pages and KV fit an empty `group` at all."""
+        m = self.catalog.by_name[c.model]
+        pages = len(c.pages) * (m.moe.page_bytes if m.moe else 0.0)
+        kv = max(self.kv_tokens.get(kv_key(c.program, c.model), 0), c.context_tokens + c.output_tokens)
+        need = (m.dense_bytes + pages + kv * m.kv_bytes_per_token) / len(group)
+        return all(need <= self.tiers.hbm_cap[i] for i in group)
+
+    def _admit(self, c: CallRec) -> bool:
+        group = c.group
+        keys, new, private = self.call_need(c, group)
+        victims = self.plan_eviction(group, new + private, protect={(k, group) for k in keys})
+        if victims is None:
+            return False
+        drains = []
+        for v in victims:
+            drains += self._evict(v, self.policy.demote_tier(self, v))
+        c.state = "loading"
+        m = self.catalog.by_name[c.model]
+        loads = []
+        for key in keys:
+            copy = self.tiers.gpu.get((key, group))
+            if copy is None:
+                copy = self._new_gpu_copy(key, group, prefetch=False)
+                loads.append(copy)
+            copy.pins += 1
+            c.pins.append(copy)
+            if not copy.ready:
+                c.waiting_on += 1
+                copy.waiters.append(c)
+        self.tiers.alloc_gpu(group, private)
+        self.tiers.private[id(c)] = (group, private)
+        kvk = kv_key(c.program, c.model)
+        c.kv_reused_tokens = self.kv_tokens.get(kvk, 0)
+        self._dirty = True
+        events = self._after(drains, lambda now: self._start_loads(loads, m))
+        self._push_all(events)
+        if c.waiting_on == 0:
+            self._push_all(self._on_ready(c))
+        return True
+
+    def _new_gpu_copy(self, key, group, prefetch: bool) -> GpuCopy:
+        per_gpu = self.size_of(key) / len(group)
+        ok = self.tiers.alloc_gpu(group, per_gpu)
+        assert ok, "allocation planned by plan_eviction must succeed"
+        copy = GpuCopy(key, group, per_gpu, False, self.now, self.now, from_prefetch=prefetch)
+        self.tiers.add_gpu_copy(copy)
+        if key[0] == "kv":
+            self.kv_of_program[key[1]].add(key)
+        return copy
+
+    def _after(self, drains: list[HostCopy], fn):
+        """Run `fn(now)` once the given host copies are written (now if none): HBM that a demotion
+        frees is not overwritten before its bytes are out."""
+        if not drains:
+            return fn(self.now)
+        barrier = _Barrier(len(drains), fn)
+        for hc in drains:
+            hc.waiters.append(barrier.hit)
+        return None
+
+    def _start_loads(self, loads: list[GpuCopy], m: ModelSpec | None):
+        events = []
+        for copy in loads:
+            events += self._load_copy(copy)
+        return events
+
+    def best_source(self, key, group) -> str:
+        """Where a state object would come from for `group`: `gpu:<i>`, `host:<node>`,
+        `nvme:<node>` or `none` (KV that must be recomputed). Same-node copies only; KV prefers the
+        cost model's choice between onboarding and recomputing."""
+        node = self.gpus[group[0]].node
+        hc = self.tiers.host.get((key, node))
+        if key[0] != "kv":
+            return f"host:{node}" if hc is not None and hc.ready else f"nvme:{node}"
+        candidates = []
+        for (k, g), copy in self.tiers.gpu.items():
+            if k == key and g != group and copy.ready and self.gpus[g[0]].node == node:
+                candidates.append(f"gpu:{g[0]}")
+        if hc is not None and hc.ready:
+            candidates.append(f"host:{node}")
+        if (key, node) in self.tiers.nvme:
+            candidates.append(f"nvme:{node}")
+        m = self.catalog.by_name[key[2]]
+        T = self.kv_tokens.get(key, 0)
+        best, best_s = "none", self.cost.prefill_s(m, T, group)
+        for src in candidates:
+            mode, s = self.cost.kv_restore(m, T, src, group)
+            if mode == "onboard" and s < best_s:
+                best, best_s = src, s
+        return best
+
+    def _load_copy(self, copy: GpuCopy) -> list:
+        key, group = copy.key, copy.group
+        src = self.best_source(key, group)
+        kind = src.split(":", 1)[0]
+        if kind == "none":  # KV recompute: a prefill of the tokens it held, on the group
+            m = self.catalog.by_name[key[2]]
+            amount = self.cost.prefill_s(m, self.kv_tokens.get(key, 0), group)
+            return self.flows_add(amount, tuple(f"gpu:{i}" for i in group), lambda now: self._copy_ready(copy), key[2])
+        if kind == "host":
+            self.tiers.host[(key, src.split(":", 1)[1])].last_use = self.now
+        delay = self.cost.reconfig_s(group, kind) if key[0] == "w" else 0.0
+        src_gpu_copy = None
+        if kind == "gpu":
+            src_group = next(g for (k, g) in self.tiers.gpu if k == key and g[0] == int(src.split(":")[1]))
+            src_gpu_copy = self.tiers.gpu[(key, src_group)]
+            src_gpu_copy.pins += 1
+
+        def done(now):
+            if src_gpu_copy is not None:  # a KV move: the old copy goes once the new one is whole
+                src_gpu_copy.pins -= 1
+                if src_gpu_copy.pins == 0 and (key, src_gpu_copy.group) in self.tiers.gpu:
+                    self._drop_gpu_copy(src_gpu_copy)
+            if delay > 0:
+                return [(now + delay, PRIO_TIMER, self._copy_ready, (copy,))]
+            return self._copy_ready(copy)
+
+        barrier = _Barrier(len(group), done)
+        events = []
+        tier_pair = f"{kind}->gpu"
+        for i in group:
+            path = self.cost.path(src, f"gpu:{i}")
+            self.bytes_by_pair[tier_pair] += copy.per_gpu
+            events += self.flows_add(copy.per_gpu, path, barrier.hit, None, latency=self.cost.latency_s(src))
+        return events
+
+    def flows_add(self, amount, resources, on_done, share_key, latency: float = 0.0) -> list:
+        """Start a flow now, or after `latency` (a transfer's fixed set-up time)."""
+        if latency > 0:
+            return [(self.now + latency, PRIO_TIMER, self._start_flow, (amount, resources, on_done, share_key))]
+        return self._start_flow(amount, resources, on_done, share_key)
+
+    def _start_flow(self, amount, resources, on_done, share_key):
+        evs = self.flows.add(self.now, amount, resources, on_done, share_key)
+        return [(t, PRIO_FLOW, self._flow_done, (fid, v)) for t, fid, v in evs]
+
+    def _flow_done(self, fid, version):
+        events, f = self.flows.finish(self.now, fid, version)
+        out = [(t, PRIO_FLOW, self._flow_done, (i, v)) for t, i, v in events]
+        if f is not None:
+            r = f.on_done(self.now)
+            if r:
+                out += r
+        return out
+
+    def _copy_ready(self, copy: GpuCopy):
+        if (copy.key, copy.group) not in self.tiers.gpu or self.tiers.gpu[(copy.key, copy.group)] is not copy:
+            return None  # dropped while loading (its call was cancelled)
+        copy.ready = True
+        self._dirty = True
+        events = []
+        waiters, copy.waiters = copy.waiters, []
+        for c in waiters:
+            if c.state != "loading":
+                continue
+            c.waiting_on -= 1
+            if c.waiting_on == 0:
+                events += self._on_ready(c)
+        return events
+
+    def _on_ready(self, c: CallRec):
+        c.ready = self.now
+        c.state = "queued"
+        for copy in c.pins:
+            copy.used = True
+            copy.last_use = self.now
+        self.queued.append(c)
+        return self._start_queued()
+
+    def _start_queued(self):
+        events = []
+        keep = []
+        for c in self.queued:
+            if all(self.running_on[i] < self.max_batch for i in c.group):
+                events += self._start(c)
+            else:
+                keep.append(c)
+        self.queued = keep
+        return events
+
+    def _start(self, c: CallRec):
+        c.start = self.now
+        c.state = "running"
+        for i in c.group:
+            self.running_on[i] += 1
+        self.running_models[(c.model, c.group)] += 1
+        self._dirty = True
+        m = self.catalog.by_name[c.model]
+        new_tokens = max(0, c.context_tokens - c.kv_reused_tokens)
+        amount = self.cost.prefill_s(m, new_tokens, c.group)
+        res = tuple(f"gpu:{i}" for i in c.group)
+        c.flow = self.flows._next
+        return self.flows_add(amount, res, lambda now: self._prefill_done(c), c.model)
+
+    def _prefill_done(self, c: CallRec):
+        if c.state != "running":
+            return None
+        c.first_token = self.now
+        m = self.catalog.by_name[c.model]
+        amount = self.cost.decode_s(m, c.output_tokens, c.context_tokens, c.group)
+        c.flow = self.flows._next
+        return self.flows_add(amount, tuple(f"gpu:{i}" for i in c.group), lambda now: self._call_end(c), c.model)
+
+    def _release(self, c: CallRec, finished: bool):
+        for copy in c.pins:
+            copy.pins -= 1
+        c.pins = []
+        group, private = self.tiers.private.pop(id(c), (None, 0.0))
+        if group is not None and private > 0:
+            kvk = kv_key(c.program, c.model)
+            m = self.catalog.by_name[c.model]
+            if finished and c.program in self.kv_of_program:
+                new_tokens = c.context_tokens + c.output_tokens
+                copy = self.tiers.gpu.get((kvk, group))
+                target = max(new_tokens, self.kv_tokens.get(kvk, 0)) * m.kv_bytes_per_token / len(group)
+                grow = target - (copy.per_gpu if copy else 0.0)
+                grow = min(max(grow, 0.0), private)
+                if copy is None:
+                    copy = GpuCopy(kvk, group, grow, True, self.now, self.now, used=True)
+                    self.tiers.add_gpu_copy(copy)
+                    self.kv_of_program[c.program].add(kvk)
+                else:
+                    copy.per_gpu += grow
+                private -= grow
+                self.kv_tokens[kvk] = max(new_tokens, self.kv_tokens.get(kvk, 0))
+                self._drop_stale_kv(kvk, keep=copy)
+            self.tiers.free_gpu(group, private)
+        if c.state == "running":
+            for i in c.group:
+                self.running_on[i] -= 1
+            self.running_models[(c.model, c.group)] -= 1
+        self._dirty = True
+
+    def _call_end(self, c: CallRec):
+        self._release(c, finished=True)
+        c.end = self.now
+        c.state = "done"
+        pr = self.programs[c.program]
+        self._apply(self._decide(self.policy.on_call_end, c))
+        events = self._node_done(pr, c.node) or []
+        events += self._start_queued()
+        self._retry_waiting()
+        return events
+
+    def _cancel_call(self, c: CallRec) -> list:
+        events = []
+        if c.state == "waiting":
+            self.waiting.remove(c)
+        elif c.state == "queued":
+            self.queued.remove(c)
+        if c.state == "running" and c.flow is not None:
+            events += [(t, PRIO_FLOW, self._flow_done, (i, v)) for t, i, v in cancel_flow(self.flows, self.now, c.flow)]
+        if c.state in ("loading", "queued", "running"):
+            self._release(c, finished=False)
+        c.state = "cancelled"
+        events += self._start_queued()
+        self._retry_waiting()
+        return events
+
+    def _retry_waiting(self):
+        if not self.waiting:
+            return
+        still = []
+        for c in self.waiting:
+            if not self._admit(c):
+                still.append(c)
+        self.waiting = still
+
+    # ---- eviction, demotion, prefetch ---------------------------------------------------------
+    def plan_eviction(self, group, per_gpu: float, protect=frozenset()) -> list[GpuCopy] | None:
+        """The copies to evict, in the policy's order, so that `per_gpu` bytes fit on every GPU of
+        `group`; None if pinned or loading copies leave too little room."""
+        deficit = {i: self.tiers.hbm_used[i] + per_gpu - self.tiers.hbm_cap[i] for i in group}
+        if all(d <= 1.0 for d in deficit.values()):
+            return []
+        cands = {}
+        for i in group:
+            if deficit[i] > 1.0:
+                for k, copy in self.tiers.on_gpu[i].items():
+                    if copy.pins == 0 and copy.ready and k not in protect:
+                        cands[k] = copy
+        order = sorted(cands.values(), key=lambda cp: (self.policy.evict_priority(self, cp), cp.key, cp.group))
+        victims = []
+        for copy in order:
+            if all(d <= 1.0 for d in deficit.values()):
+                break
+            if not any(deficit.get(i, 0) > 1.0 for i in copy.group):
+                continue
+            victims.append(copy)
+            for i in copy.group:
+                if i in deficit:
+                    deficit[i] -= copy.per_gpu
+        return victims if all(d <= 1.0 for d in deficit.values()) else None
+
+    def _evict(self, copy: GpuCopy, to: str) -> list[HostCopy]:
+        """Demote a copy out of HBM (`host` or `none`); returns the host copies being written,
+        which must be whole before the freed HBM is written."""
+        if not copy.used:
+            self.wasted_bytes += copy.nbytes
+        key = copy.key
+        node = self.gpus[copy.group[0]].node
+        drains = []
+        if to == "host" and (key, node) not in self.tiers.host and self._make_host_room(node, copy.nbytes):
+            self.tiers.alloc_host(node, copy.nbytes)
+            hc = HostCopy(key, node, copy.nbytes, False, self.now)
+            self.tiers.host[(key, node)] = hc
+            barrier = _Barrier(len(copy.group), lambda now: self._host_ready(hc))
+            for i in copy.group:
+                self.bytes_by_pair["gpu->host"] += copy.per_gpu
+                self._push_all(self.flows_add(copy.per_gpu, self.cost.path(f"gpu:{i}", f"host:{node}"),
+                                              barrier.hit, None, latency=self.cost.latency_s("gpu")))
+            drains.append(hc)
+        self.tiers.remove_gpu_copy(copy)
+        self._dirty = True
+        return drains
+
+    def _host_ready(self, hc: HostCopy):
+        if self.tiers.host.get((hc.key, hc.node)) is hc:
+            hc.ready = True
+        events = []
+        waiters, hc.waiters = hc.waiters, []
+        for fn in waiters:
+            events += fn(self.now) or []
+        return events
+
+    def _remove_host(self, hc: HostCopy):
+        """Drop a host copy; whoever waits for it being written stops waiting."""
+        self.tiers.remove_host_copy(hc)
+        waiters, hc.waiters = hc.waiters, []
+        for fn in waiters:
+            self._push_all(fn(self.now))
+
+    def _make_host_room(self, node: str, nbytes: float) -> bool:
+        """Make room in a node's DRAM by dropping ready host copies, least recently used first
+        (weights and experts stay in the NVMe store; KV goes to NVMe when it has room)."""
+        free = self.tiers.host_cap[node] - self.tiers.host_used[node]
+        if free >= nbytes:
+            return True
+        cands = sorted((hc for (k, n), hc in self.tiers.host.items() if n == node and hc.ready),
+                       key=lambda hc: (hc.last_use, hc.key))
+        if free + sum(hc.nbytes for hc in cands) < nbytes:
+            return False
+        for hc in cands:
+            if free >= nbytes:
+                break
+            self.tiers.remove_host_copy(hc)
+            free += hc.nbytes
+            if hc.key[0] == "kv" and (hc.key, node) not in self.tiers.nvme and self.tiers.alloc_nvme(hc.key, node, hc.nbytes):
+                self.bytes_by_pair["host->nvme"] += hc.nbytes
+                self._push_all(self.flows_add(hc.nbytes, self.cost.path(f"host:{node}", f"nvme:{node}"),
+                                              lambda now: None, None, latency=self.cost.latency_s("host")))
+        return True
+
+    def _drop_gpu_copy(self, copy: GpuCopy):
+        if not copy.used:
+            self.wasted_bytes += copy.nbytes
+        self.tiers.remove_gpu_copy(copy)
+        self._dirty = True
+
+    def _drop_stale_kv(self, kvk, keep: GpuCopy):
+        for (k, g), copy in list(self.tiers.gpu.items()):
+            if k == kvk and copy is not keep and copy.pins == 0:
+                self._drop_gpu_copy(copy)
+        for (k, n), hc in list(self.tiers.host.items()):
+            if k == kvk:
+                self._remove_host(hc)
+        for (k, n) in [kn for kn in self.tiers.nvme if kn[0] == kvk]:
+            self.tiers.remove_nvme(k, n)
+
+    def _drop_everywhere(self, kvk):
+        for (k, g), copy in list(self.tiers.gpu.items()):
+            if k == kvk:
+                copy.used = True  # KV of a finished program is not a wasted promotion
+                self.tiers.remove_gpu_copy(copy)
+        for (k, n), hc in list(self.tiers.host.items()):
+            if k == kvk:
+                self._remove_host(hc)
+        for (k, n) in [kn for kn in self.tiers.nvme if kn[0] == kvk]:
+            self.tiers.remove_nvme(k, n)
+        self.kv_tokens.pop(kvk, None)
+        self._dirty = True
+
+    def _apply(self, decisions):
+        """Carry out a policy's ops: ("promote", key, group), ("promote_host", key, node),
+        ("demote", key, group, "host"|"none")."""
+        if not decisions:
+            return
+        for d in decisions:
+            if d[0] == "promote":
+                self._prefetch(d[1], d[2])
+            elif d[0] == "promote_host":
+                self._prefetch_host(d[1], d[2])
+            elif d[0] == "demote":
+                copy = self.tiers.gpu.get((d[1], d[2]))
+                if copy is not None and copy.pins == 0 and copy.ready:
+                    self._evict(copy, d[3])
+            else:
+                raise ValueError(f"unknown decision {d[0]!r}")
+
+    def _prefetch(self, key, group) -> bool:
+        if (key, group) in self.tiers.gpu or (key[0] == "kv" and self.kv_tokens.get(key, 0) == 0):
+            return False
+        per_gpu = self.size_of(key) / len(group)
+        victims = self.plan_eviction(group, per_gpu, protect={(key, group)})
+        if victims is None:
+            return False
+        victims = [v for v in victims if self.policy.may_evict_for_prefetch(self, v, key)]
+        drains = []
+        for v in victims:
+            drains += self._evict(v, self.policy.demote_tier(self, v))
+        if not self.tiers.fits_gpu(group, per_gpu):
+            return False
+        copy = self._new_gpu_copy(key, group, prefetch=True)
+        self._push_all(self._after(drains, lambda now: self._load_copy(copy)))
+        return True
+
+    def _prefetch_host(self, key, node) -> bool:
+        if (key, node) in self.tiers.host or key[0] == "kv":
+            return False
+        nbytes = self.size_of(key)
+        if self.tiers.host_cap[node] - self.tiers.host_used[node] < nbytes:
+            return False
+        self.tiers.alloc_host(node, nbytes)
+        hc = HostCopy(key, node, nbytes, False, self.now)
+        self.tiers.host[(key, node)] = hc
+        self.bytes_by_pair["nvme->host"] += nbytes
+        self._push_all(self.flows_add(nbytes, self.cost.path(f"nvme:{node}", f"host:{node}"),
+                                      lambda now: self._host_ready(hc), None, latency=self.cost.latency_s("nvme")))
+        return True
+
+    # ---- views for policies ---------------------------------------------------------------------
+    def copies_of(self, model: str) -> list[GpuCopy]:
+        return [c for (k, g), c in self.tiers.gpu.items() if k[0] == "w" and k[1] == model]

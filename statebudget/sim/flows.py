@@ -1,0 +1,102 @@
+"""Fair sharing of links and GPUs among concurrent work (DESIGN.md §3).
+
+Every transfer and every compute phase is a *flow*: an amount of work (bytes, or seconds of GPU
+time at full speed) crossing a set of resources. A resource splits its capacity equally among the
+*share groups* of the flows on it, and a flow runs at the smallest share it gets on its path:
+
+    link  h2d:n0/g0  cap 25 GB/s, 2 flows          -> 12.5 GB/s each
+    gpu   gpu:3      cap 1.0, calls of 2 models    -> 0.5 each; calls of one model batch together
+
+Only flows that share a resource with a flow that started or ended change rate, so an update
+touches those flows alone. Completion events carry the flow's version; a stale one is ignored.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+_EPS = 1e-12
+
+
+@dataclass(slots=True, eq=False)
+class Flow:
+    fid: int
+    remaining: float
+    resources: tuple[str, ...]
+    share_key: object
+    on_done: Callable[[float], object]
+    rate: float = 0.0
+    t_last: float = 0.0
+    version: int = 0
+    done: float = 0.0  # work done so far
+
+
+@dataclass
+class FairShare:
+    capacity: dict[str, float]
+    flows: dict[int, Flow] = field(default_factory=dict)
+    _on: dict[str, set[int]] = field(default_factory=dict)
+    _groups: dict[str, Counter] = field(default_factory=dict)
+    _next: int = 0
+    work_done: Counter = field(default_factory=Counter)  # per resource, for bytes-per-link
+
+    def add(self, now: float, amount: float, resources: tuple[str, ...], on_done, share_key=None) -> list:
+        """Start a flow; returns completion events `(eta, fid, version)` to schedule."""
+        fid = self._next
+        self._next += 1
+        f = Flow(fid, max(amount, 0.0), resources, fid if share_key is None else share_key, on_done, t_last=now)
+        self.flows[fid] = f
+        touched = set()
+        for r in resources:
+            self._on.setdefault(r, set()).add(fid)
+            self._groups.setdefault(r, Counter())[f.share_key] += 1
+            touched.update(self._on[r])
+        return self._reprice(now, touched)
+
+    def finish(self, now: float, fid: int, version: int) -> tuple[list, Flow | None]:
+        """Handle a completion event; returns (events to schedule, the finished flow or None if stale)."""
+        f = self.flows.get(fid)
+        if f is None or f.version != version:
+            return [], None
+        self._advance(f, now)
+        if f.remaining > 0 and f.remaining < 1e-6 * max(f.done, 1.0):
+            f.done += f.remaining  # float residue of a completed flow
+        del self.flows[fid]
+        touched = set()
+        for r in f.resources:
+            self._on[r].discard(fid)
+            g = self._groups[r]
+            g[f.share_key] -= 1
+            if g[f.share_key] <= 0:
+                del g[f.share_key]
+            self.work_done[r] += f.done
+            touched.update(self._on[r])
+        return self._reprice(now, touched), f
+
+    def _advance(self, f: Flow, now: float) -> None:
+        step = f.rate * (now - f.t_last)
+        f.remaining -= step
+        f.done += step
+        f.t_last = now
+
+    def _reprice(self, now: float, fids) -> list:
+        events = []
+        for fid in sorted(fids):
+            f = self.flows[fid]
+            self._advance(f, now)
+            f.rate = min(self.capacity[r] / len(self._groups[r]) for r in f.resources)
+            f.version += 1
+            eta = now + max(f.remaining, 0.0) / f.rate if f.remaining > _EPS else now
+            events.append((eta, fid, f.version))
+        return events
+
+
+def cancel_flow(fs: FairShare, now: float, fid: int) -> list:
+    """Stop a flow before it completes (its work so far still counts on its links)."""
+    f = fs.flows.get(fid)
+    if f is None:
+        return []
+    events, _ = fs.finish(now, fid, f.version)
+    return events

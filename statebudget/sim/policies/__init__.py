@@ -1,0 +1,15 @@
+"""Policy registry, keyed by the names of DESIGN.md §6."""
+
+from __future__ import annotations
+
+from .base import Policy
+from .baselines import BASELINES
+
+REGISTRY: dict[str, type[Policy]] = dict(BASELINES)
+
+
+def make_policy(name: str) -> Policy:
+    try:
+        return REGISTRY[name]()
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r} (known: {', '.join(REGISTRY)})") from None

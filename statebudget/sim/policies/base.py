@@ -1,0 +1,97 @@
+"""The policy interface: policies return decisions, the mechanism (simulator or live planner)
+applies them. Every method receives the mechanism as a read-only view (`sim`).
+
+Decisions an `on_*` hook may return (a list, or None):
+
+    ("promote", state_key, gpu_group)          bring a copy into HBM of a GPU group
+    ("promote_host", state_key, node)          stage weights or experts in a node's DRAM
+    ("demote", state_key, gpu_group, to)       move a copy out of HBM, to "host" or "none"
+
+Eviction is a key function (`evict_priority`: lower goes first) and a tier (`demote_tier`): the
+structure that evicts does not know which policy it serves.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class Policy:
+    name = "base"
+    tick_s: float | None = None
+    demote_to = "none"  # where evicted copies go: "host" (sleep / KV offload) or "none" (drop)
+
+    # ---- placement ------------------------------------------------------------------------------
+    def place(self, sim, call):
+        return default_place(sim, call)
+
+    # ---- eviction ------------------------------------------------------------------------------
+    def evict_priority(self, sim, copy):
+        return copy.last_use  # LRU
+
+    def demote_tier(self, sim, copy) -> str:
+        return self.demote_to
+
+    def may_evict_for_prefetch(self, sim, victim, key) -> bool:
+        return True
+
+    # ---- hooks -----------------------------------------------------------------------------------
+    def on_call_arrive(self, sim, call):
+        return None
+
+    def on_call_end(self, sim, call):
+        return None
+
+    def on_hint(self, sim, program, hint):
+        return None
+
+    def on_program_end(self, sim, program):
+        return None
+
+    def on_tick(self, sim):
+        return None
+
+
+def restore_estimate_s(sim, call, group) -> float:
+    """Uncontended seconds to make a call's state ready on `group`, from the best tiers now."""
+    from ...models.state import expert_key, kv_key, weights_key  # local: keeps the import graph flat
+
+    m = sim.catalog.by_name[call.model]
+    cost = sim.cost
+    node = sim.gpus[group[0]].node
+    total = 0.0
+    w = weights_key(m.name)
+    if (w, group) not in sim.tiers.gpu:
+        src = sim.best_source(w, group)
+        kind, where = src.split(":", 1)
+        total += cost.weights_restore_s(m, kind, where, group)
+    missing_pages = sum(1 for p in call.pages if (expert_key(m.name, p), group) not in sim.tiers.gpu)
+    if missing_pages:
+        total += cost.group_transfer_s(missing_pages * m.moe.page_bytes, "nvme", node, group)
+    kvk = kv_key(call.program, call.model)
+    T = sim.kv_tokens.get(kvk, 0)
+    if T and (kvk, group) not in sim.tiers.gpu:
+        src = sim.best_source(kvk, group)
+        total += cost.kv_restore(m, T, src, group)[1]
+    return total
+
+
+def default_place(sim, call, groups=None):
+    """The group where the call's state is ready soonest: first those with room now (after
+    evicting unpinned state), then by restore estimate, then the less busy, then more free HBM,
+    then the lower index. Groups that could never hold the call are skipped."""
+    m = sim.catalog.by_name[call.model]
+    best, best_key = None, None
+    for g in groups if groups is not None else sim.cluster.groups(m.tp):
+        if not sim.could_ever_fit(call, g):
+            continue
+        keys, new, private = sim.call_need(call, g)
+        room_now = sim.plan_eviction(g, new + private, protect={(k, g) for k in keys}) is not None
+        key = (not room_now, restore_estimate_s(sim, call, g), sum(sim.running_on[i] for i in g),
+               -min(sim.tiers.gpu_free(i) for i in g), g)
+        if best_key is None or key < best_key:
+            best, best_key = g, key
+    return best
+
+
+NEVER = math.inf

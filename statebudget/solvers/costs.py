@@ -1,0 +1,144 @@
+"""The one cost model (DESIGN.md §3). The simulator, the policies and the planner all price
+transfers, restores and compute here; nothing else divides bytes by bandwidth.
+
+Links and paths (each link shared fairly by the transfers on it):
+
+    nvme:<n> ──nvme_r:<n>──▶ host:<n> ──root:<n>──h2d:<gpu>──▶ gpu:<gpu>
+    nvme:<n> ◀─nvme_w:<n>─── host:<n> ◀─root:<n>──d2h:<gpu>─── gpu:<gpu>
+
+nvme→gpu streams through host at the rate of the slowest link on the path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..models.catalog import Catalog, ModelSpec
+from ..models.cluster import GB, Cluster, Gpu
+
+# Fixed per-transfer latency by source tier (DMA set-up, file open); small against GB transfers.
+LATENCY_S = {"gpu": 20e-6, "host": 20e-6, "nvme": 200e-6}
+
+
+@dataclass
+class CostModel:
+    cluster: Cluster
+    catalog: Catalog
+    mfu: float = 0.5  # fraction of peak FLOP/s prefill reaches
+    profile: dict | None = None  # measured overrides: {"links": {name: bytes/s}, "prefill_tok_s": {...}}
+    link_bw: dict[str, float] = field(init=False)
+
+    def __post_init__(self):
+        bw: dict[str, float] = {}
+        for n in self.cluster.nodes:
+            bw[f"nvme_r:{n.name}"] = n.nvme_read_gbps * GB
+            bw[f"nvme_w:{n.name}"] = n.nvme_write_gbps * GB
+            bw[f"root:{n.name}"] = n.root_gbps * GB
+        for g in self.cluster.gpus:
+            k = self.cluster.gpu_kinds[g.kind]
+            bw[f"h2d:{g.id}"] = k.h2d_gbps * GB
+            bw[f"d2h:{g.id}"] = k.d2h_gbps * GB
+        if self.profile:
+            bw.update({k: float(v) for k, v in self.profile.get("links", {}).items() if k in bw})
+        self.link_bw = bw
+        self._gpu = self.cluster.gpus
+
+    # ---- paths and transfers ----------------------------------------------------------------
+    def path(self, src: str, dst: str) -> tuple[str, ...]:
+        """Links crossed from tier `src` to tier `dst` (`gpu:<idx>`, `host:<node>`, `nvme:<node>`)."""
+        sk, sv = src.split(":", 1)
+        dk, dv = dst.split(":", 1)
+        if sk == "gpu":
+            g = self._gpu[int(sv)]
+            up = (f"d2h:{g.id}", f"root:{g.node}")
+            if dk == "host":
+                return up
+            if dk == "nvme":
+                return up + (f"nvme_w:{g.node}",)
+            g2 = self._gpu[int(dv)]
+            return up + (f"root:{g2.node}", f"h2d:{g2.id}") if g2.node != g.node else up + (f"h2d:{g2.id}",)
+        if dk == "gpu":
+            g = self._gpu[int(dv)]
+            down = (f"root:{g.node}", f"h2d:{g.id}")
+            return (f"nvme_r:{sv}",) + down if sk == "nvme" else down
+        if sk == "nvme" and dk == "host":
+            return (f"nvme_r:{sv}",)
+        if sk == "host" and dk == "nvme":
+            return (f"nvme_w:{sv}",)
+        raise ValueError(f"no path from {src} to {dst}")
+
+    def latency_s(self, src: str) -> float:
+        return LATENCY_S[src.split(":", 1)[0]]
+
+    def transfer_s(self, nbytes: float, src: str, dst: str) -> float:
+        """Uncontended transfer time: bytes over the slowest link on the path, plus latency."""
+        if nbytes <= 0:
+            return 0.0
+        return nbytes / min(self.link_bw[l] for l in self.path(src, dst)) + self.latency_s(src)
+
+    def group_transfer_s(self, nbytes: float, src_kind: str, src_node: str, group: tuple[int, ...]) -> float:
+        """Bytes split evenly over a tensor-parallel group, each GPU's share in parallel; the
+        group's GPUs share their node's root complex (and NVMe when reading from disk)."""
+        if nbytes <= 0:
+            return 0.0
+        k = len(group)
+        g0 = self._gpu[group[0]]
+        per_gpu_rate = min(self.link_bw[f"h2d:{self._gpu[i].id}"] for i in group)
+        rate = min(per_gpu_rate * k, self.link_bw[f"root:{g0.node}"])
+        if src_kind == "nvme":
+            rate = min(rate, self.link_bw[f"nvme_r:{src_node}"])
+        return nbytes / rate + LATENCY_S[src_kind]
+
+    # ---- engine reconfiguration and compute --------------------------------------------------
+    def gpu_kind(self, gpu_index: int):
+        return self.cluster.gpu_kinds[self._gpu[gpu_index].kind]
+
+    def reconfig_s(self, group: tuple[int, ...], src_kind: str) -> float:
+        """`wake_s` when weights come from host DRAM (a sleeping engine), `cold_start_s` from NVMe."""
+        if src_kind == "gpu":
+            return 0.0
+        kinds = [self.gpu_kind(i) for i in group]
+        return max(k.wake_s if src_kind == "host" else k.cold_start_s for k in kinds)
+
+    def prefill_s(self, model: ModelSpec, tokens: float, group: tuple[int, ...]) -> float:
+        if tokens <= 0:
+            return 0.0
+        if self.profile and model.name in self.profile.get("prefill_tok_s", {}):
+            return tokens / self.profile["prefill_tok_s"][model.name]
+        flops = min(self.gpu_kind(i).tflops for i in group) * 1e12 * self.mfu * len(group)
+        return tokens * 2 * model.active_params_b * 1e9 / flops
+
+    def active_bytes(self, model: ModelSpec) -> float:
+        """Weight bytes one decode step reads (dense part + the active experts)."""
+        if model.moe:
+            return model.dense_bytes + model.moe.active * model.moe.layers * model.moe.expert_gb * GB
+        return model.dense_bytes
+
+    def decode_s(self, model: ModelSpec, output_tokens: float, kv_tokens: float, group: tuple[int, ...]) -> float:
+        """Roofline decode: each step reads the active weights and the KV once, split over the group."""
+        if output_tokens <= 0:
+            return 0.0
+        hbm = min(self.gpu_kind(i).hbm_gbps for i in group) * GB * len(group)
+        mean_kv = (kv_tokens + output_tokens / 2) * model.kv_bytes_per_token
+        return output_tokens * (self.active_bytes(model) + mean_kv) / hbm
+
+    def kv_restore(self, model: ModelSpec, tokens: float, src: str, group: tuple[int, ...]) -> tuple[str, float]:
+        """Load-vs-recompute crossover for a program's KV: ('onboard', s) or ('recompute', s)."""
+        recompute = self.prefill_s(model, tokens, group)
+        if src == "none":
+            return "recompute", recompute
+        nbytes = tokens * model.kv_bytes_per_token
+        kind, where = src.split(":", 1)
+        if kind == "gpu":
+            onboard = self.transfer_s(nbytes / len(group), src, f"gpu:{group[0]}")
+        else:
+            onboard = self.group_transfer_s(nbytes, kind, where, group)
+        return ("onboard", onboard) if onboard <= recompute else ("recompute", recompute)
+
+    def weights_restore_s(self, model: ModelSpec, src_kind: str, src_node: str, group: tuple[int, ...],
+                          extra_bytes: float = 0.0) -> float:
+        """Uncontended restore of a model's dense weights (plus `extra_bytes`, e.g. expert pages)."""
+        if src_kind == "gpu":
+            return 0.0
+        return self.group_transfer_s(model.dense_bytes + extra_bytes, src_kind, src_node, group) + \
+            self.reconfig_s(group, src_kind)

@@ -1,0 +1,266 @@
+"""Deterministic trace generators (trace format v1). Same preset, seed and hours: same bytes.
+
+Shapes come from real data (`fitted.json`, made by `statebudget trace fit`): token lengths from the
+Azure LLM inference trace, tool latencies from TraceLab's coding-agent sessions (see `fit.py` for
+which tool classes are measured and which are assumed). The program structure (who calls whom)
+is ours: no public multi-model agent trace exists (seed 001).
+
+Presets:
+- `swe-team`: 10 developers running SWE-style programs: planner -> (coder <-> test <-> reviewer)*,
+  the reasoner on hard tasks, the VLM on screenshots, the summarizer at the end. The day drifts
+  (phase 0 -> 1 -> 0 over `drift_period_s`): early on the dense coder and the reasoner are hot, at the
+  peak the MoE fast-coder and the reviewer are, so model hotness reverses.
+- `swe-team-shuffled`: swe-team with the models of each program's calls shuffled among its calls:
+  per-model call counts (per program, so globally and over time) are unchanged, the call-graph order
+  is gone. Hints follow their call's new model (a wrong hint stays wrong).
+- `mapreduce`: fork/join programs; speculative backup branches cancelled when the primary ends.
+- `mixed-tenants`: interactive agents (hints) plus background batch programs (no hints, slo batch).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..models.trace import Cancel, Hint, Program, Trace, TraceHeader, TraceNode
+from .fit import QUANTILES, load_fitted
+
+PRESETS = ("swe-team", "swe-team-shuffled", "mapreduce", "mixed-tenants")
+MAX_CONTEXT = 60_000
+DRIFT_PERIOD_S = 7200.0
+# Tokens a tool result adds to the context (assumed ranges; logs and search results are long).
+TOOL_RESULT_TOKENS = {"search": (800, 2500), "edit": (150, 600), "test": (400, 3000), "build": (300, 1500),
+                      "approval": (20, 200), "shell": (100, 800)}
+
+
+class _Builder:
+    """Accumulates one program's nodes, hints and cancels, and its growing context."""
+
+    def __init__(self, gen: "_Gen", pid: str, tenant: str, start: float, slo: str, context: int):
+        self.g, self.pid, self.tenant, self.start, self.slo = gen, pid, tenant, start, slo
+        self.nodes: list[TraceNode] = []
+        self.hints: list[Hint] = []
+        self.cancels: list[Cancel] = []
+        self.context = context
+
+    def _id(self) -> str:
+        return f"n{len(self.nodes) + 1}"
+
+    def call(self, model: str, after: list[str], out_scale: float = 1.0) -> str:
+        out = self.g.output_tokens(out_scale)
+        nid = self._id()
+        self.nodes.append(TraceNode(id=nid, kind="call", model=model, context_tokens=min(self.context, MAX_CONTEXT),
+                                    output_tokens=out, after=after))
+        self.context += out
+        return nid
+
+    def tool(self, tool: str, after: list[str]) -> str:
+        nid = self._id()
+        self.nodes.append(TraceNode(id=nid, kind="tool", tool=tool, duration=self.g.tool_s(tool), after=after))
+        lo, hi = TOOL_RESULT_TOKENS.get(tool, (100, 500))
+        self.context += int(self.g.rng.integers(lo, hi))
+        return nid
+
+    def hint(self, issued_at: str, for_: str, model: str, confidence: float):
+        self.hints.append(Hint.model_validate({"issued_at": issued_at, "for": for_, "model": model,
+                                               "confidence": round(confidence, 3)}))
+
+    def program(self) -> Program:
+        return Program(program=self.pid, tenant=self.tenant, start=round(self.start, 3), slo=self.slo,
+                       nodes=self.nodes, hints=self.hints, cancel=self.cancels)
+
+
+class _Gen:
+    def __init__(self, preset: str, seed: int, hours: float):
+        self.preset, self.seed, self.hours = preset, seed, hours
+        self.rng = np.random.default_rng([seed, sum(map(ord, preset))])
+        fitted = load_fitted()
+        self.tools = fitted["tools"]
+        self.tok = fitted["tokens"]
+
+    def phase(self, t: float) -> float:
+        """Day phase in [0, 1]: 0 at the start, 1 half a drift period later, back to 0."""
+        return 0.5 * (1 - math.cos(2 * math.pi * t / DRIFT_PERIOD_S))
+
+    def quantile_sample(self, q: list[float]) -> float:
+        return float(np.interp(self.rng.random(), QUANTILES, q))
+
+    def initial_context(self) -> int:
+        return 1500 + int(self.quantile_sample(self.tok["code"]["context_quantiles"]))
+
+    def output_tokens(self, scale: float = 1.0) -> int:
+        # Agent turns write more than the chat completions of the Azure trace: conv shape, x3.
+        return int(np.clip(self.quantile_sample(self.tok["conv"]["output_quantiles"]) * 3 * scale, 32, 4000))
+
+    def tool_s(self, tool: str) -> float:
+        p = self.tools.get(tool, self.tools["shell"])
+        return round(float(np.clip(p["median_s"] * math.exp(self.rng.normal(0, p["sigma"])), 0.05, 1800.0)), 3)
+
+    def starts(self, mean_gap_s: float, offset_max: float = 300.0) -> list[float]:
+        end = self.hours * 3600.0
+        t = float(self.rng.uniform(0, min(offset_max, mean_gap_s)))
+        out = []
+        while t < end:
+            out.append(t)
+            t += float(self.rng.exponential(mean_gap_s))
+        return out
+
+
+# ---- swe-team ------------------------------------------------------------------------------------
+def _swe_program(g: _Gen, pid: str, tenant: str, start: float) -> Program:
+    rng = g.rng
+    ph = g.phase(start)
+    b = _Builder(g, pid, tenant, start, "interactive", g.initial_context())
+    last = b.call("planner", [])
+    hard = rng.random() < 0.05 + 0.35 * (1 - ph)
+    coder = "coder" if rng.random() < 0.1 + 0.8 * (1 - ph) else "fast-coder"
+    t = b.tool("search", [last])
+    if hard:
+        nxt_model = "reasoner"
+    else:
+        nxt_model = coder
+    # The runtime announces the next model while the search runs.
+    pending_hint = (t, nxt_model, 0.9)
+    if hard:
+        r = b.call("reasoner", [t], out_scale=2.0)
+        b.hint(t, r, "reasoner", 0.85)
+        pending_hint = None
+        t = b.tool("shell", [r])
+        pending_hint = (t, coder, 0.8)
+    p_fail = 0.6
+    rounds = 0
+    while True:
+        rounds += 1
+        c = b.call(coder, [t])
+        if pending_hint is not None:
+            at, model, conf = pending_hint
+            wrong = rng.random() > conf
+            b.hint(at, c, _other(rng, model) if wrong else model, conf)
+        e = b.tool("edit", [c])
+        if rng.random() < 0.15:  # a UI change: screenshot, read by the VLM
+            v = b.call("vlm", [e], out_scale=0.5)
+            b.hint(e, v, "vlm", 0.7)
+            e = b.tool("edit", [v])
+        test = b.tool("build" if rng.random() < 0.3 else "test", [e])
+        fails = rng.random() < p_fail and rounds < 6
+        p_fail *= 0.7
+        go_review = (not fails) or rng.random() < 0.5 + 0.3 * ph
+        if go_review:
+            rv = b.call("reviewer", [test])
+            # Before the test result is in, the runtime guesses a review comes next.
+            b.hint(test, rv, "reviewer", 0.6)
+            if fails and rng.random() < 0.25:
+                # A speculative deep dive in parallel, abandoned once the review is in.
+                dd = b.call("reasoner", [test], out_scale=2.0)
+                b.hint(test, dd, "reasoner", 0.4)
+                b.cancels.append(Cancel(node=dd, at_after=rv))
+            last = rv
+        else:
+            last = test
+        if not fails:
+            if rng.random() < 0.3:
+                last = b.tool("approval", [last])
+            break
+        t = b.tool("shell", [last]) if go_review else last
+        pending_hint = (t, coder, 0.75) if go_review else None
+    s = b.tool("shell", [last])
+    sm = b.call("summarizer", [s], out_scale=0.7)
+    b.hint(s, sm, "summarizer", 0.95)
+    return b.program()
+
+
+def _other(rng, model: str) -> str:
+    choices = [m for m in ("coder", "fast-coder", "reviewer", "planner") if m != model]
+    return choices[int(rng.integers(len(choices)))]
+
+
+def gen_swe_team(g: _Gen, developers: int = 10, mean_gap_s: float = 420.0) -> list[Program]:
+    progs = []
+    for d in range(developers):
+        for k, start in enumerate(g.starts(mean_gap_s)):
+            progs.append(_swe_program(g, f"dev{d:02d}-p{k:03d}", f"dev{d:02d}", start))
+    return progs
+
+
+def shuffle_phases(rng: np.random.Generator, progs: list[Program]) -> list[Program]:
+    out = []
+    for p in progs:
+        calls = [n for n in p.nodes if n.kind == "call"]
+        models = [n.model for n in calls]
+        perm = rng.permutation(len(models))
+        new_model = {n.id: models[int(j)] for n, j in zip(calls, perm)}
+        old_model = {n.id: n.model for n in calls}
+        nodes = [n.model_copy(update={"model": new_model[n.id]}) if n.kind == "call" else n for n in p.nodes]
+        hints = []
+        for h in p.hints:
+            correct = h.model == old_model[h.for_]
+            hints.append(h.model_copy(update={"model": new_model[h.for_] if correct else h.model}))
+        out.append(p.model_copy(update={"nodes": nodes, "hints": hints}))
+    return out
+
+
+# ---- mapreduce -----------------------------------------------------------------------------------
+def gen_mapreduce(g: _Gen, mean_gap_s: float = 90.0) -> list[Program]:
+    rng = g.rng
+    progs = []
+    for k, start in enumerate(g.starts(mean_gap_s)):
+        b = _Builder(g, f"mr-p{k:04d}", f"team{k % 3}", start, "interactive", g.initial_context())
+        root = b.call("planner", [])
+        mapper = "summarizer" if rng.random() < 0.6 else "fast-coder"
+        joins = []
+        base_ctx = b.context
+        for _ in range(int(rng.integers(3, 9))):
+            b.context = base_ctx
+            t = b.tool("search", [root])
+            m = b.call(mapper, [t])
+            b.hint(t, m, mapper, 0.9)
+            joins.append(m)
+            if rng.random() < 0.2:  # a speculative backup of a slow branch, cancelled when the primary ends
+                bk = b.call(mapper, [t])
+                b.hint(t, bk, mapper, 0.5)
+                b.cancels.append(Cancel(node=bk, at_after=m))
+        b.context = base_ctx + 400 * len(joins)
+        reducer = "reasoner" if rng.random() < 0.3 else "reviewer"
+        r = b.call(reducer, joins, out_scale=1.5)
+        b.hint(joins[0], r, reducer, 0.7)
+        progs.append(b.program())
+    return progs
+
+
+# ---- mixed-tenants -------------------------------------------------------------------------------
+def gen_mixed_tenants(g: _Gen) -> list[Program]:
+    progs = gen_swe_team(g, developers=5, mean_gap_s=600.0)
+    rng = g.rng
+    for t in range(3):
+        for k, start in enumerate(g.starts(240.0)):
+            b = _Builder(g, f"batch{t}-p{k:04d}", f"batch{t}", start, "batch",
+                         int(np.clip(g.quantile_sample(g.tok["conv"]["context_quantiles"]) * 4, 500, 40_000)))
+            last = None
+            for _ in range(int(rng.integers(2, 6))):
+                model = "summarizer" if rng.random() < 0.7 else "planner"
+                last = b.call(model, [last] if last else [])
+                last = b.tool("shell", [last])
+            progs.append(b.program())
+    return progs
+
+
+def generate(preset: str, seed: int, hours: float) -> Trace:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown trace preset {preset!r} (known: {', '.join(PRESETS)})")
+    if hours <= 0:
+        raise ValueError(f"hours must be positive, got {hours}")
+    if preset in ("swe-team", "swe-team-shuffled"):
+        g = _Gen("swe-team", seed, hours)  # the shuffled control starts from the very same programs
+        progs = gen_swe_team(g)
+        if preset == "swe-team-shuffled":
+            progs = shuffle_phases(np.random.default_rng([seed, 7]), progs)
+    elif preset == "mapreduce":
+        g = _Gen(preset, seed, hours)
+        progs = gen_mapreduce(g)
+    else:
+        g = _Gen(preset, seed, hours)
+        progs = gen_mixed_tenants(g)
+    progs.sort(key=lambda p: (p.start, p.program))
+    header = TraceHeader(preset=preset, seed=seed, hours=hours)
+    return Trace(header=header, programs=progs)

@@ -110,6 +110,7 @@ class Simulator:
         self.cost = cost or CostModel(cluster, catalog)
         self.seed, self.check_invariants, self.max_batch, self.sample_dt = seed, check_invariants, max_batch, sample_dt
         self.gpus = cluster.gpus
+        self._groups: dict[int, list] = {}
         self.tiers = Tiers(cluster)
         cap = dict(self.cost.link_bw)
         cap.update({f"gpu:{g.index}": 1.0 for g in self.gpus})
@@ -151,6 +152,13 @@ class Simulator:
                     if m.name in self.cluster.preload and self.tiers.alloc_host(node.name, nbytes):
                         self.tiers.host[(key, node.name)] = HostCopy(key, node.name, nbytes, True, 0.0)
 
+    def groups(self, tp: int) -> list[tuple[int, ...]]:
+        """The cluster's tensor-parallel groups of width `tp` (cached: asked on every placement)."""
+        g = self._groups.get(tp)
+        if g is None:
+            g = self._groups[tp] = self.cluster.groups(tp)
+        return g
+
     def object_sizes(self, m: ModelSpec):
         yield weights_key(m.name), m.dense_bytes
         if m.moe:
@@ -184,10 +192,12 @@ class Simulator:
             self.push(0.0, PRIO_TICK, self._tick, (tick,))
         heap, pop = self._heap, heapq.heappop
         next_report = 0.0
+        end = None  # when the last program finished; later events only finish transfers
         while heap:
             t, _, _, fn, args = pop(heap)
             if t > self.now:
-                self._wt_integral += self._wt_value * (t - self.now)
+                if end is None:
+                    self._wt_integral += self._wt_value * (t - self.now)
                 self.now = t
             self.events += 1
             out = fn(*args)
@@ -195,6 +205,8 @@ class Simulator:
                 self._push_all(out)
             if self._dirty:
                 self._refresh_hbm_metrics()
+            if end is None and self._open_programs == 0:
+                end = self.now
             if progress is not None and t >= next_report:
                 progress(t)
                 next_report = t + 60.0
@@ -203,16 +215,17 @@ class Simulator:
         return SimResult(
             calls=self.calls, programs=self.programs, bytes_by_pair=self.bytes_by_pair,
             bytes_by_link={k: v for k, v in sorted(self.flows.work_done.items()) if not k.startswith("gpu:")},
-            wasted_bytes=self.wasted_bytes, warm_tax=self._wt_integral / self.now if self.now > 0 else 0.0,
-            hbm_samples=self.hbm_samples, decision_ms=self.decision_ms, events=self.events, sim_end=self.now,
+            wasted_bytes=self.wasted_bytes, warm_tax=self._wt_integral / end if end else 0.0,
+            hbm_samples=self.hbm_samples, decision_ms=self.decision_ms, events=self.events, sim_end=end or 0.0,
             hbm_total=sum(self.tiers.hbm_cap))
 
     def _refresh_hbm_metrics(self):
         self._dirty = False
         idle = w = e = kv = 0.0
+        running = self.running_models
         for c in self.tiers.gpu.values():
             kind = c.key[0]
-            nb = c.nbytes
+            nb = c.per_gpu * len(c.group)
             if kind == "kv":
                 kv += nb
                 continue
@@ -220,7 +233,7 @@ class Simulator:
                 w += nb
             else:
                 e += nb
-            if self.running_models.get((c.key[1], c.group), 0) == 0:
+            if not running.get((c.key[1], c.group)):
                 idle += nb
         self._wt_value = idle / sum(self.tiers.hbm_cap)
         if self.now - self._last_sample >= self.sample_dt:
@@ -570,6 +583,8 @@ class Simulator:
     def _release(self, c: CallRec, finished: bool):
         for copy in c.pins:
             copy.pins -= 1
+            if finished:
+                copy.last_use = self.now
         c.pins = []
         group, private = self.tiers.private.pop(id(c), (None, 0.0))
         if group is not None and private > 0:

@@ -10,7 +10,9 @@ the data at trace-generation time. What is real and what is assumed:
   exec_command). `test` and `build` are `shell` scaled up (a test run or a build is a long shell
   command; the scale is an assumption, stated in `ASSUMED`), `approval` (a human) has no real data
   and is an assumption;
-- inter-round tool waits of TraceLab's `multi_session_large.csv` as a cross-check.
+- inter-round tool waits of TraceLab's `multi_session_large.csv` as a cross-check;
+- tokens a round appends to an agent's context (tool results, user turns): TraceLab's
+  `newly_append_tokens` (round_trace) and `input_len` (multi_session_large), pooled.
 """
 
 from __future__ import annotations
@@ -61,9 +63,12 @@ def fit_real(data_dir: Path) -> dict:
                           "sigma": a["sigma"], "n": 0, "assumed": True}
         else:
             tools[cls] = {"median_s": a["median_s"], "sigma": a["sigma"], "n": 0, "assumed": True}
-    waits = []
     with open(data_dir / "tracelab" / "multi_session_large.csv") as f:
-        waits = [int(r["tool_wait_after_ms"]) / 1000.0 for r in csv.DictReader(f)]
+        rows = list(csv.DictReader(f))
+    waits = [int(r["tool_wait_after_ms"]) / 1000.0 for r in rows]
+    appends = [int(r["input_len"]) for r in rows]
+    with open(data_dir / "tracelab" / "round_trace.jsonl") as f:
+        appends += [json.loads(line)["newly_append_tokens"] for line in f]
     tokens = {}
     for name in ("code", "conv"):
         ctx, out = [], []
@@ -80,6 +85,7 @@ def fit_real(data_dir: Path) -> dict:
         "source": "shared/data/real (Azure LLM inference trace 2023, TraceLab); see statebudget/traces/fit.py",
         "tools": tools,
         "tracelab_round_wait_s_quantiles": np.quantile(waits, QUANTILES).round(3).tolist(),
+        "append_tokens_quantiles": np.quantile(appends, QUANTILES).round(1).tolist(),
         "tokens": tokens,
         "shell_median_s": shell["median_s"],
     }

@@ -29,9 +29,10 @@ from .fit import QUANTILES, load_fitted
 PRESETS = ("swe-team", "swe-team-shuffled", "mapreduce", "mixed-tenants")
 MAX_CONTEXT = 60_000
 DRIFT_PERIOD_S = 7200.0
-# Tokens a tool result adds to the context (assumed ranges; logs and search results are long).
-TOOL_RESULT_TOKENS = {"search": (800, 2500), "edit": (150, 600), "test": (400, 3000), "build": (300, 1500),
-                      "approval": (20, 200), "shell": (100, 800)}
+# A tool result appends tokens shaped like TraceLab's per-round appends, scaled per tool class
+# (assumed: search results and test logs are long, an approval is a line).
+TOOL_RESULT_SCALE = {"search": 1.5, "edit": 0.5, "test": 1.5, "build": 1.0, "approval": 0.1, "shell": 0.7}
+SYSTEM_PROMPT_TOKENS = 6000  # an agent's system prompt and tool schemas (Claude Code's is ~10k)
 
 
 class _Builder:
@@ -58,8 +59,7 @@ class _Builder:
     def tool(self, tool: str, after: list[str]) -> str:
         nid = self._id()
         self.nodes.append(TraceNode(id=nid, kind="tool", tool=tool, duration=self.g.tool_s(tool), after=after))
-        lo, hi = TOOL_RESULT_TOKENS.get(tool, (100, 500))
-        self.context += int(self.g.rng.integers(lo, hi))
+        self.context += int(self.g.quantile_sample(self.g.appends) * TOOL_RESULT_SCALE.get(tool, 1.0))
         return nid
 
     def hint(self, issued_at: str, for_: str, model: str, confidence: float):
@@ -78,6 +78,7 @@ class _Gen:
         fitted = load_fitted()
         self.tools = fitted["tools"]
         self.tok = fitted["tokens"]
+        self.appends = fitted["append_tokens_quantiles"]
 
     def phase(self, t: float) -> float:
         """Day phase in [0, 1]: 0 at the start, 1 half a drift period later, back to 0."""
@@ -87,7 +88,7 @@ class _Gen:
         return float(np.interp(self.rng.random(), QUANTILES, q))
 
     def initial_context(self) -> int:
-        return 1500 + int(self.quantile_sample(self.tok["code"]["context_quantiles"]))
+        return SYSTEM_PROMPT_TOKENS + int(self.quantile_sample(self.tok["code"]["context_quantiles"]))
 
     def output_tokens(self, scale: float = 1.0) -> int:
         # Agent turns write more than the chat completions of the Azure trace: conv shape, x3.

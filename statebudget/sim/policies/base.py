@@ -77,21 +77,19 @@ def restore_estimate_s(sim, call, group) -> float:
 
 
 def default_place(sim, call, groups=None):
-    """The group where the call's state is ready soonest: first those with room now (after
-    evicting unpinned state), then by restore estimate, then the less busy, then more free HBM,
-    then the lower index. Groups that could never hold the call are skipped."""
+    """The group where the call's state is ready soonest, preferring groups with room now (after
+    evicting unpinned state) over groups where it would wait for running calls; ties go to the
+    less busy, then the one with more free HBM, then the lower index. Groups that could never hold
+    the call are skipped."""
     m = sim.catalog.by_name[call.model]
-    best, best_key = None, None
-    for g in groups if groups is not None else sim.cluster.groups(m.tp):
-        if not sim.could_ever_fit(call, g):
-            continue
+    ranked = sorted(
+        (restore_estimate_s(sim, call, g), sum(sim.running_on[i] for i in g), -min(sim.tiers.gpu_free(i) for i in g), g)
+        for g in (groups if groups is not None else sim.groups(m.tp)) if sim.could_ever_fit(call, g))
+    for *_, g in ranked:
         keys, new, private = sim.call_need(call, g)
-        room_now = sim.plan_eviction(g, new + private, protect={(k, g) for k in keys}) is not None
-        key = (not room_now, restore_estimate_s(sim, call, g), sum(sim.running_on[i] for i in g),
-               -min(sim.tiers.gpu_free(i) for i in g), g)
-        if best_key is None or key < best_key:
-            best, best_key = g, key
-    return best
+        if sim.plan_eviction(g, new + private, protect={(k, g) for k in keys}) is not None:
+            return g
+    return ranked[0][-1] if ranked else None
 
 
 NEVER = math.inf

@@ -101,7 +101,7 @@ class Static(Policy):
         for model, _ in sorted(shares.items(), key=lambda kv: (-kv[1], kv[0])):
             m = sim.catalog.by_name[model]
             need = (m.dense_bytes + hot_pages(m) * (m.moe.page_bytes if m.moe else 0)) / m.tp
-            fits = [g for g in sim.cluster.groups(m.tp) if all(budget[i] >= need for i in g)]
+            fits = [g for g in sim.groups(m.tp) if all(budget[i] >= need for i in g)]
             if not fits:
                 continue
             g = max(fits, key=lambda g: (min(budget[i] for i in g), [-i for i in g]))
@@ -158,7 +158,9 @@ class LlamaSwap(Policy):
             return self.home
         load = [0.0] * len(sim.gpus)
         for m in sorted(sim.catalog.models, key=lambda m: (-m.total_bytes, m.name)):
-            groups = sim.cluster.groups(m.tp)
+            groups = sim.groups(m.tp)
+            if not groups:
+                continue
             # A process needs its whole model on its GPUs; the largest groups when nothing holds it.
             whole = [g for g in groups if all(m.total_bytes / m.tp <= sim.tiers.hbm_cap[i] for i in g)]
             biggest = max(min(sim.tiers.hbm_cap[i] for i in g) for g in groups)
@@ -170,10 +172,10 @@ class LlamaSwap(Policy):
         return self.home
 
     def place(self, sim, call):
-        return home_or_default(sim, call, self._homes(sim)[call.model])
+        return home_or_default(sim, call, self._homes(sim).get(call.model))
 
     def on_call_arrive(self, sim, call):
-        home = set(self._homes(sim)[call.model])
+        home = set(self._homes(sim).get(call.model, ()))
         out = []
         for (k, g), copy in sorted(sim.tiers.gpu.items(), key=lambda kv: (kv[0][0], kv[0][1])):
             model = k[2] if k[0] == "kv" else k[1]
@@ -202,7 +204,7 @@ class RayMultiplex(Policy):
 
     def place(self, sim, call):
         m = sim.catalog.by_name[call.model]
-        groups = sim.cluster.groups(m.tp)
+        groups = sim.groups(m.tp)
         have = [c.group for c in sim.copies_of(call.model) if c.group in groups]
         if have:
             return min(have, key=lambda g: (sum(sim.running_on[i] for i in g), g))
@@ -238,7 +240,7 @@ def place_model(sim, model: str, program: str | None = None):
     """Where a prefetch of `model` should go: a group already holding the program's KV for it, else
     the group with the most free HBM among those its dense weights fit."""
     m = sim.catalog.by_name[model]
-    groups = sim.cluster.groups(m.tp)
+    groups = sim.groups(m.tp)
     if program is not None:
         kvk = kv_key(program, model)
         for g in groups:

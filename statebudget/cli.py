@@ -1,0 +1,200 @@
+"""The `statebudget` command. Bad input prints one line naming the file, the place and the
+problem, and exits 2 (no traceback)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .models.errors import InputError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+trace_app = typer.Typer(no_args_is_help=True, help="Generate, inspect and fit traces.")
+app.add_typer(trace_app, name="trace")
+# Reports are read in logs and CI too: keep tables whole when there is no terminal to size them to.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def _fail(msg: str) -> None:
+    err.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _guard(fn):
+    """Turn bad input into one clear line and exit code 2."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except InputError as e:
+            _fail(str(e))
+        except ValueError as e:
+            _fail(str(e))
+    return wrapper
+
+
+@trace_app.command("gen")
+@_guard
+def trace_gen(
+    preset: Annotated[str, typer.Option(help="swe-team | swe-team-shuffled | mapreduce | mixed-tenants")],
+    out: Annotated[Path, typer.Option(help="JSONL file to write")],
+    seed: Annotated[int, typer.Option()] = 1,
+    hours: Annotated[float, typer.Option(help="trace length; fractions allowed")] = 2.0,
+):
+    """Generate a deterministic trace (same preset, seed and hours: same bytes)."""
+    from .models.load import write_trace
+    from .traces.generators import generate
+
+    trace = generate(preset, seed, hours)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_trace(trace, out)
+    console.print(f"wrote {out}: {len(trace.programs)} programs, {trace.n_calls} calls")
+
+
+@trace_app.command("stats")
+@_guard
+def trace_stats_cmd(
+    trace: Annotated[Path, typer.Argument(help="trace file (JSONL, format v1)")],
+    catalog: Annotated[Optional[str], typer.Option(help="catalog file or preset, for nominal call times")] = "agent-team",
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the statistics as JSON")] = None,
+):
+    """What seed 001 asks to measure: call shares, switch matrix, concurrency, hotness, waits."""
+    from .models.load import load_catalog, load_trace
+    from .traces.stats import trace_stats
+
+    tr = load_trace(trace)
+    cat = load_catalog(catalog) if catalog else None
+    s = trace_stats(tr, cat)
+    if json_out:
+        json_out.write_text(json.dumps(s, indent=1) + "\n")
+    console.print(f"[bold]{trace}[/]: {s['programs']} programs, {s['calls']} calls, {s['handoffs']} handoffs")
+    t = Table("model", "call share", title="Call share")
+    for m, v in s["call_share"].items():
+        t.add_row(m, f"{v:.1%}")
+    console.print(t)
+    models = list(s["switch_matrix"])
+    t = Table("from \\ to", *models, title="Model switch matrix (previous call in the thread -> call)")
+    for a in models:
+        t.add_row(a, *[str(s["switch_matrix"][a][b]) for b in models])
+    console.print(t)
+    am = s["active_models"]
+    console.print(f"Concurrently active models (zero-stall timeline): time share {am['time_share']}, P95 {am['p95']}")
+    hl = s["hotness_half_life_s"]
+    console.print(f"Hotness half-life: {hl:.0f} s" if hl else "Hotness half-life: longer than the trace allows to measure")
+    t = Table("tool", "n", "p50 s", "p95 s", "p99 s", "max s", title="Tool waits")
+    for tool, d in s["tool_wait_s"].items():
+        t.add_row(tool, str(d["n"]), f"{d['p50']:.2f}", f"{d['p95']:.2f}", f"{d['p99']:.2f}", f"{d['max']:.1f}")
+    console.print(t)
+    c = s["context_tokens"]
+    console.print(f"Context tokens: p50 {c['p50']:.0f}, p95 {c['p95']:.0f}, p99 {c['p99']:.0f}, max {c['max']:.0f}")
+    h = s["hints"]
+    console.print(f"Hints: {h['count']}, naming the wrong model {h['wrong_model']}, for cancelled calls {h['cancelled_targets']}")
+
+
+@trace_app.command("fit")
+@_guard
+def trace_fit(
+    data: Annotated[Path, typer.Option(help="folder with azure-llm-2023/ and tracelab/")] = Path("../shared/data/real"),
+    out: Annotated[Optional[Path], typer.Option(help="where to write (default: the package's fitted.json)")] = None,
+):
+    """Refit the generators' token-length and tool-latency shapes to the real data."""
+    from .traces.fit import FITTED_PATH, fit_real
+
+    if not data.is_dir():
+        raise InputError(str(data), "", "no such folder")
+    res = fit_real(data)
+    target = out or FITTED_PATH
+    target.write_text(json.dumps(res, indent=1) + "\n")
+    console.print(f"wrote {target}")
+
+
+def _policy_list(spec: str) -> list[str]:
+    from .sim.policies import REGISTRY
+
+    names = [p.strip() for p in spec.split(",") if p.strip()]
+    if not names:
+        raise ValueError("--policy names no policy")
+    for n in names:
+        if n not in REGISTRY:
+            raise ValueError(f"--policy: unknown policy {n!r} (known: {', '.join(REGISTRY)})")
+    return names
+
+
+@app.command()
+@_guard
+def replay(
+    cluster: Annotated[str, typer.Option(help="cluster file or preset (hetero16, hetero8, h200x8, single-a100)")],
+    catalog: Annotated[str, typer.Option(help="catalog file or preset (agent-team, solo)")],
+    trace: Annotated[Path, typer.Option(help="trace file (JSONL, format v1)")],
+    policy: Annotated[str, typer.Option(help="comma-separated policies")] = "ondemand",
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the §8 report here")] = None,
+    plots: Annotated[Optional[Path], typer.Option(help="write plots (PNG) into this folder")] = None,
+    seed: Annotated[int, typer.Option(help="simulator seed (MoE page sampling)")] = 0,
+    check: Annotated[bool, typer.Option(help="check capacity invariants after every event (slower)")] = False,
+):
+    """Replay a trace against policies; print a table, write the report and plots."""
+    from .models.load import check_compatible, load_catalog, load_cluster, load_trace
+    from .sim.runner import replay as run_replay
+    from .sim.runner import report_json
+
+    names = _policy_list(policy)
+    cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace(trace)
+    check_compatible(cl, cat, tr, str(trace))
+    horizon = max(p.start for p in tr.programs) + 1.0
+    t0 = time.perf_counter()
+    with Progress(TextColumn("{task.description:<14}"), BarColumn(), TextColumn("sim {task.fields[t]:>7.0f} s"),
+                  TimeElapsedColumn(), console=err, transient=not sys.stderr.isatty()) as prog:
+        tasks = {n: prog.add_task(n, total=horizon, t=0.0) for n in names}
+
+        def progress(name, t):
+            prog.update(tasks[name], completed=min(t, horizon), t=t)
+
+        result = run_replay(cl, cat, tr, names, seed=seed, check_invariants=check, progress=progress)
+        for n in names:
+            prog.update(tasks[n], completed=horizon)
+    wall = time.perf_counter() - t0
+    rep = result.report
+    t = Table("policy", "handoff stall p50/p95/p99 s", "stall mean s", "TTFT p95 s", "lease late p99 s",
+              "non-lease TTFT p99 s", "moved TB", "wasted TB", "warm tax", "SLO viol.",
+              title=f"{tr.n_calls} calls, {rep.trace.handoffs} handoffs on {cl.name} + {cat.name} ({wall:.1f} s wall)")
+    for n, r in rep.policies.items():
+        h = r.handoff_stall_s
+        t.add_row(n, f"{h.p50:.2f} / {h.p95:.2f} / {h.p99:.2f}", f"{r.stall_s.mean:.2f}", f"{r.ttft_s.p95:.2f}",
+                  f"{r.lease_lateness_s.p99:.2f}", f"{r.nonlease_ttft_s.p99:.2f}", f"{r.bytes_moved / 1e12:.2f}",
+                  f"{r.wasted_bytes / 1e12:.2f}", f"{r.warm_tax:.2f}", f"{r.slo_violations:.1%}")
+    console.print(t)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(report_json(rep))
+        console.print(f"report: {json_out}")
+    if plots:
+        from .sim.plots import write_plots
+
+        paths = write_plots(result.results, plots)
+        console.print(f"plots: {', '.join(str(p) for p in paths)}")
+
+
+@app.command()
+def presets():
+    """List the built-in cluster, catalog and trace presets."""
+    from .models.load import preset_names
+    from .traces.generators import PRESETS
+
+    console.print(f"clusters: {', '.join(preset_names('clusters'))}")
+    console.print(f"catalogs: {', '.join(preset_names('catalogs'))}")
+    console.print(f"traces:   {', '.join(PRESETS)}")
+
+
+if __name__ == "__main__":
+    app()

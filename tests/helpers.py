@@ -1,0 +1,42 @@
+"""Small hand-made clusters, catalogs and traces for tests."""
+
+from __future__ import annotations
+
+from statebudget.models import Catalog, Cluster, Program, Trace
+from statebudget.models.trace import TraceHeader
+
+GB = 1e9
+
+
+def cluster(gpus=1, hbm_gb=40.0, h2d=25.0, nvme_read=7.0, root=50.0, wake=0.5, cold=10.0, nodes=1, tflops=312.0,
+            reserve=0.0, host_gb=256.0) -> Cluster:
+    return Cluster.model_validate({
+        "name": "test",
+        "hbm_reserve_frac": reserve,
+        "gpu_kinds": {"G": {"hbm_gb": hbm_gb, "hbm_gbps": 1555, "h2d_gbps": h2d, "d2h_gbps": h2d, "tflops": tflops,
+                            "wake_s": wake, "cold_start_s": cold}},
+        "nodes": [{"name": f"n{i}", "host_dram_gb": host_gb, "nvme_gb": 4000, "nvme_read_gbps": nvme_read,
+                   "nvme_write_gbps": 5, "root_gbps": root, "gpus": {"G": gpus}} for i in range(nodes)],
+    })
+
+
+def catalog(*models) -> Catalog:
+    return Catalog.model_validate({"name": "test", "models": [
+        {"name": m[0], "version": "v1", "weights_gb": m[1], "kv_bytes_per_token": m[2] if len(m) > 2 else 1000,
+         "active_params_b": 1.0, "tp": m[3] if len(m) > 3 else 1} for m in models]})
+
+
+def call(nid, model, after=(), ctx=100, out=10):
+    return {"id": nid, "kind": "call", "model": model, "context_tokens": ctx, "output_tokens": out, "after": list(after)}
+
+
+def tool(nid, after, duration=1.0, name="test"):
+    return {"id": nid, "kind": "tool", "tool": name, "duration": duration, "after": list(after)}
+
+
+def trace(*programs) -> Trace:
+    return Trace(header=TraceHeader(), programs=[Program.model_validate(p) for p in programs])
+
+
+def program(pid, nodes, start=0.0, hints=(), cancel=(), tenant="t0"):
+    return {"program": pid, "tenant": tenant, "start": start, "nodes": nodes, "hints": list(hints), "cancel": list(cancel)}

@@ -1,0 +1,135 @@
+"""Bad input: one clear line naming the file, the line or field and the problem; exit 2; no traceback."""
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from statebudget.cli import app
+
+runner = CliRunner()
+
+CLUSTER = {"name": "c", "gpu_kinds": {"A100-40G": {"hbm_gb": 40, "hbm_gbps": 1555, "h2d_gbps": 25, "d2h_gbps": 25,
+                                                    "tflops": 312, "wake_s": 0.5, "cold_start_s": 30}},
+           "nodes": [{"name": "n0", "host_dram_gb": 256, "nvme_gb": 2000, "nvme_read_gbps": 7, "nvme_write_gbps": 5,
+                      "root_gbps": 50, "gpus": {"A100-40G": 2}}]}
+CATALOG = {"models": [{"name": "planner", "version": "v", "weights_gb": 16, "kv_bytes_per_token": 131072,
+                       "active_params_b": 8, "tp": 1}]}
+PROGRAM = {"program": "p1", "start": 0, "nodes": [
+    {"id": "a", "kind": "call", "model": "planner", "context_tokens": 100, "output_tokens": 10, "after": []},
+    {"id": "b", "kind": "tool", "tool": "test", "duration": 1, "after": ["a"]}]}
+
+
+def write(tmp_path, cluster=CLUSTER, catalog=CATALOG, lines=None):
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cluster))
+    (tmp_path / "k.json").write_text(json.dumps(catalog))
+    body = lines if lines is not None else [json.dumps(PROGRAM)]
+    (tmp_path / "t.jsonl").write_text("\n".join(body) + "\n")
+
+
+def replay(tmp_path):
+    return runner.invoke(app, ["replay", "--cluster", str(tmp_path / "c.yaml"), "--catalog", str(tmp_path / "k.json"),
+                               "--trace", str(tmp_path / "t.jsonl")])
+
+
+def assert_clean_error(res, *parts):
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    for p in parts:
+        assert p in res.output, res.output
+
+
+def test_valid_input_replays(tmp_path):
+    write(tmp_path)
+    res = replay(tmp_path)
+    assert res.exit_code == 0, res.output
+    assert "ondemand" in res.output
+
+
+def test_model_too_big_for_every_gpu_group(tmp_path):
+    cat = {"models": [dict(CATALOG["models"][0], weights_gb=90)]}
+    write(tmp_path, catalog=cat)
+    assert_clean_error(replay(tmp_path), "models.planner", "too big for every GPU group", "90")
+
+
+def test_negative_size(tmp_path):
+    cat = {"models": [dict(CATALOG["models"][0], weights_gb=-1)]}
+    write(tmp_path, catalog=cat)
+    assert_clean_error(replay(tmp_path), "k.json", "models.0.weights_gb", "greater than 0")
+
+
+def test_missing_size(tmp_path):
+    m = dict(CATALOG["models"][0])
+    del m["kv_bytes_per_token"]
+    write(tmp_path, catalog={"models": [m]})
+    assert_clean_error(replay(tmp_path), "k.json", "models.0.kv_bytes_per_token", "Field required")
+
+
+def test_unknown_gpu_kind(tmp_path):
+    cl = json.loads(json.dumps(CLUSTER))
+    cl["nodes"][0]["gpus"] = {"H900": 2}
+    write(tmp_path, cluster=cl)
+    assert_clean_error(replay(tmp_path), "c.yaml", "unknown GPU kind 'H900'", "A100-40G")
+
+
+def test_unknown_model_in_trace(tmp_path):
+    prog = json.loads(json.dumps(PROGRAM))
+    prog["nodes"][0]["model"] = "wizard"
+    write(tmp_path, lines=[json.dumps(prog)])
+    assert_clean_error(replay(tmp_path), "t.jsonl", "program p1 node a", "unknown model 'wizard'")
+
+
+def test_after_names_unknown_node(tmp_path):
+    prog = json.loads(json.dumps(PROGRAM))
+    prog["nodes"][1]["after"] = ["zz"]
+    write(tmp_path, lines=[json.dumps({"trace_format": 1}), json.dumps(prog)])
+    assert_clean_error(replay(tmp_path), "t.jsonl:2", "node 'b' is after unknown node 'zz'")
+
+
+def test_cycle(tmp_path):
+    prog = json.loads(json.dumps(PROGRAM))
+    prog["nodes"][0]["after"] = ["b"]
+    write(tmp_path, lines=[json.dumps(prog)])
+    assert_clean_error(replay(tmp_path), "t.jsonl:1", "dependency cycle", "a -> b -> a")
+
+
+def test_malformed_json_line(tmp_path):
+    write(tmp_path, lines=[json.dumps(PROGRAM), '{"program": "p2", "start": 0, "nodes": [', json.dumps(PROGRAM)])
+    assert_clean_error(replay(tmp_path), "t.jsonl:2", "malformed JSON line")
+
+
+def test_duplicate_program_names_the_first_line(tmp_path):
+    write(tmp_path, lines=[json.dumps(PROGRAM), json.dumps(PROGRAM)])
+    assert_clean_error(replay(tmp_path), "t.jsonl:2", "already defined on line 1")
+
+
+def test_unknown_preset_and_policy(tmp_path):
+    write(tmp_path)
+    res = runner.invoke(app, ["replay", "--cluster", "nope", "--catalog", "agent-team", "--trace", str(tmp_path / "t.jsonl")])
+    assert_clean_error(res, "nope", "hetero16")
+    res = runner.invoke(app, ["replay", "--cluster", "hetero16", "--catalog", str(tmp_path / "k.json"),
+                              "--trace", str(tmp_path / "t.jsonl"), "--policy", "ondemand,magic"])
+    assert_clean_error(res, "unknown policy 'magic'")
+
+
+def test_bad_trace_preset_and_hours(tmp_path):
+    res = runner.invoke(app, ["trace", "gen", "--preset", "chaos", "--out", str(tmp_path / "x.jsonl")])
+    assert_clean_error(res, "unknown trace preset 'chaos'", "swe-team")
+    res = runner.invoke(app, ["trace", "gen", "--preset", "swe-team", "--hours", "-1", "--out", str(tmp_path / "x.jsonl")])
+    assert_clean_error(res, "hours must be positive")
+
+
+@pytest.mark.parametrize("cl", ["hetero16", "hetero8", "h200x8"])
+def test_agent_team_fits_the_multi_gpu_presets(tmp_path, cl):
+    write(tmp_path)
+    res = runner.invoke(app, ["replay", "--cluster", cl, "--catalog", "agent-team", "--trace", str(tmp_path / "t.jsonl")])
+    assert res.exit_code == 0, res.output
+
+
+def test_single_a100_rejects_a_tp2_model_and_takes_solo(tmp_path):
+    write(tmp_path)
+    res = runner.invoke(app, ["replay", "--cluster", "single-a100", "--catalog", "agent-team", "--trace", str(tmp_path / "t.jsonl")])
+    assert_clean_error(res, "models.coder.tp", "tp=2")
+    res = runner.invoke(app, ["replay", "--cluster", "single-a100", "--catalog", "solo", "--trace", str(tmp_path / "t.jsonl")])
+    assert res.exit_code == 0, res.output

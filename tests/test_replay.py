@@ -1,0 +1,133 @@
+"""The replay command and report: deterministic, complete, and every baseline behaves as named."""
+
+import json
+
+from typer.testing import CliRunner
+
+from helpers import GB, call, catalog, cluster, program, tool, trace
+from statebudget.cli import app
+from statebudget.models.load import load_catalog, load_cluster, write_trace
+from statebudget.sim.engine import Simulator
+from statebudget.sim.policies import REGISTRY, make_policy
+from statebudget.sim.runner import replay, report_json
+from statebudget.traces.generators import generate
+
+
+def _strip_decision_ms(doc):
+    for p in doc["policies"].values():
+        p.pop("decision_ms")
+    return doc
+
+
+def test_same_inputs_and_seed_give_a_byte_identical_report(tmp_path):
+    tr = generate("swe-team", 7, 0.3)
+    write_trace(tr, tmp_path / "t.jsonl")
+    runner = CliRunner()
+    outs = []
+    for name in ("a", "b"):
+        res = runner.invoke(app, ["replay", "--cluster", "hetero16", "--catalog", "agent-team", "--trace",
+                                  str(tmp_path / "t.jsonl"), "--policy", ",".join(REGISTRY), "--seed", "3",
+                                  "--json", str(tmp_path / f"{name}.json")])
+        assert res.exit_code == 0, res.output
+        outs.append(json.loads((tmp_path / f"{name}.json").read_text()))
+    a, b = (_strip_decision_ms(o) for o in outs)
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    assert set(a["policies"]) == set(REGISTRY)
+
+
+def test_report_has_every_section8_field_and_plots(tmp_path):
+    tr = generate("swe-team", 1, 0.2)
+    write_trace(tr, tmp_path / "t.jsonl")
+    res = CliRunner().invoke(app, ["replay", "--cluster", "hetero16", "--catalog", "agent-team", "--trace",
+                                   str(tmp_path / "t.jsonl"), "--policy", "ondemand,static",
+                                   "--json", str(tmp_path / "r.json"), "--plots", str(tmp_path / "plots")])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert {"statebudget", "cluster", "trace", "policies"} <= set(doc)
+    assert doc["trace"]["calls"] == tr.n_calls
+    block = doc["policies"]["ondemand"]
+    for key in ("stall_s", "handoff_stall_s", "lease_lateness_s", "ttft_s", "program_latency_s", "nonlease_ttft_s"):
+        assert set(block[key]) >= {"p50", "p95", "p99", "mean", "max"}
+        assert block[key]["p50"] <= block[key]["p95"] <= block[key]["p99"] <= block[key]["max"]
+    for key in ("bytes_moved", "wasted_bytes", "warm_tax", "slo_violations", "decision_ms"):
+        assert key in block
+    assert 0 <= block["warm_tax"] <= 1 and 0 <= block["slo_violations"] <= 1
+    assert block["calls_completed"] + block["calls_cancelled"] + block["unplaceable_calls"] == tr.n_calls
+    for png in ("handoff_stall_cdf.png", "ttft_cdf.png", "hbm_occupancy.png", "bytes_per_link.png"):
+        assert (tmp_path / "plots" / png).stat().st_size > 5000
+
+
+def _two_model_pingpong(gap_s=1.0, rounds=3):
+    nodes, prev = [], []
+    for r in range(rounds):
+        for m in ("m1", "m2"):
+            nid = f"{m}_{r}"
+            nodes.append(call(nid, m, prev))
+            nodes.append(tool(f"t_{nid}", [nid], duration=gap_s))
+            prev = [f"t_{nid}"]
+    return trace(program("p", nodes))
+
+
+def test_ondemand_drops_and_keepwarm_sleeps_to_host():
+    # One 24 GB GPU, two 14 GB models: every switch evicts the other model.
+    cl, cat, tr = cluster(hbm_gb=24.0, cold=10.0, wake=0.5), catalog(("m1", 14.0), ("m2", 14.0)), _two_model_pingpong()
+    res = {p: Simulator(cl, cat, tr, make_policy(p)).run() for p in ("ondemand", "lru-keepwarm")}
+    od = [c.ready - c.arrive for c in res["ondemand"].calls]
+    kw = [c.ready - c.arrive for c in res["lru-keepwarm"].calls]
+    assert min(od) > 10.0                    # every call is a cold start
+    assert max(kw[2:]) < 14.0 / 25.0 + 0.5 + 14.0 / 25.0 + 0.01  # drain + restore from host + wake
+    assert res["lru-keepwarm"].bytes_by_pair["host->gpu"] > 0 and res["ondemand"].bytes_by_pair["host->gpu"] == 0
+
+
+def test_llama_swap_unloads_after_ttl():
+    cl, cat = cluster(hbm_gb=40.0, cold=5.0), catalog(("m1", 14.0))
+    nodes = [call("a", "m1"), tool("idle", ["a"], duration=1000.0), call("b", "m1", ["idle"])]
+    tr = trace(program("p", nodes))
+    res = Simulator(cl, cat, tr, make_policy("llama-swap")).run()
+    assert res.calls[1].ready - res.calls[1].arrive > 5.0  # unloaded after 300 s idle: cold again
+    res = Simulator(cl, cat, tr, make_policy("lru-keepwarm")).run()
+    assert res.calls[1].ready - res.calls[1].arrive == 0.0
+
+
+def test_ray_multiplex_caps_models_per_replica():
+    cl = cluster(hbm_gb=80.0)
+    cat = catalog(*[(f"m{i}", 5.0) for i in range(5)])
+    nodes, prev = [], []
+    for i in range(5):
+        nodes += [call(f"c{i}", f"m{i}", prev), tool(f"t{i}", [f"c{i}"])]
+        prev = [f"t{i}"]
+    sim = Simulator(cl, cat, trace(program("p", nodes)), make_policy("ray-multiplex"))
+    sim.run()
+    assert len([k for k in sim.tiers.gpu if k[0][0] == "w"]) == 3
+    sim = Simulator(cl, cat, trace(program("p", nodes)), make_policy("ondemand"))
+    sim.run()
+    assert len([k for k in sim.tiers.gpu if k[0][0] == "w"]) == 5
+
+
+def test_prefetch_all_promotes_on_hints_and_wrong_hints_waste_bytes():
+    cl, cat = cluster(gpus=2, hbm_gb=40.0, cold=1.0), catalog(("m1", 10.0), ("m2", 10.0), ("m3", 10.0))
+    nodes = [call("a", "m1"), tool("t", ["a"], duration=60.0), call("b", "m2", ["t"])]
+    right = [{"issued_at": "t", "for": "b", "model": "m2", "confidence": 0.9}]
+    wrong = [{"issued_at": "t", "for": "b", "model": "m3", "confidence": 0.9}]
+    pre = Simulator(cl, cat, trace(program("p", nodes, hints=right)), make_policy("prefetch-all")).run()
+    od = Simulator(cl, cat, trace(program("p", nodes, hints=right)), make_policy("ondemand")).run()
+    assert pre.calls[1].ready - pre.calls[1].arrive == 0.0 < od.calls[1].ready - od.calls[1].arrive
+    sim = Simulator(cl, cluster and cat, trace(program("p", nodes, hints=wrong)), make_policy("prefetch-all"))
+    res = sim.run()
+    assert res.calls[1].ready - res.calls[1].arrive > 0
+    assert res.bytes_by_pair["nvme->gpu"] == 30 * GB  # m1, the wrongly hinted m3, then m2
+
+
+def test_static_loads_its_placement_at_time_zero():
+    cl, cat = cluster(gpus=2, hbm_gb=40.0, cold=2.0), catalog(("m1", 10.0), ("m2", 10.0))
+    tr = trace(program("p", [call("a", "m1")], start=100.0), program("q", [call("a", "m2")], start=100.0))
+    res = Simulator(cl, cat, tr, make_policy("static")).run()
+    assert all(c.ready - c.arrive == 0.0 for c in res.calls)
+
+
+def test_demo_cluster_shows_the_problem():
+    """On hetero16 + agent-team + swe-team, on-demand swapping stalls handoffs for seconds."""
+    tr = generate("swe-team", 1, 0.5)
+    rep = replay(load_cluster("hetero16"), load_catalog("agent-team"), tr, ["ondemand"]).report
+    assert rep.policies["ondemand"].handoff_stall_s.p95 > 1.0
+    assert json.loads(report_json(rep))["policies"]["ondemand"]["calls_completed"] > 0

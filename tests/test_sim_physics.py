@@ -1,0 +1,107 @@
+"""Hand-computed answers for the simulator's physical model (DESIGN.md §3)."""
+
+import pytest
+
+from helpers import GB, call, catalog, cluster, program, tool, trace
+from statebudget.sim.engine import Simulator
+from statebudget.sim.policies import make_policy
+from statebudget.solvers.costs import LATENCY_S
+
+
+def run(cl, cat, tr, policy="ondemand"):
+    sim = Simulator(cl, cat, tr, make_policy(policy), check_invariants=True)
+    return sim, sim.run()
+
+
+def done_calls(res):
+    return {c.node if len({x.program for x in res.calls}) == 1 else (c.program, c.node): c for c in res.calls}
+
+
+def test_cold_load_stall_is_bytes_over_slowest_link_plus_cold_start():
+    # NVMe 7 GB/s < root 50 < h2d 25: the NVMe read is the bottleneck.
+    cl = cluster(nvme_read=7.0, cold=10.0)
+    tr = trace(program("p", [call("a", "m")]))
+    _, res = run(cl, catalog(("m", 14.0)), tr)
+    c = res.calls[0]
+    assert c.state == "done"
+    assert c.ready - c.arrive == pytest.approx(14.0 / 7.0 + 10.0 + LATENCY_S["nvme"], abs=1e-9)
+
+
+def test_slowest_link_can_be_the_gpu_link():
+    cl = cluster(nvme_read=30.0, h2d=10.0, root=50.0, cold=0.0)
+    tr = trace(program("p", [call("a", "m")]))
+    _, res = run(cl, catalog(("m", 20.0)), tr)
+    assert res.calls[0].ready - res.calls[0].arrive == pytest.approx(20.0 / 10.0 + LATENCY_S["nvme"], abs=1e-9)
+
+
+def test_two_loads_sharing_a_link_each_take_twice_as_long():
+    # Two GPUs on one node load two models at once; both read the one NVMe.
+    cl = cluster(gpus=2, nvme_read=7.0, cold=0.0)
+    tr = trace(program("p1", [call("a", "m1")]), program("p2", [call("a", "m2")]))
+    _, res = run(cl, catalog(("m1", 14.0), ("m2", 14.0)), tr)
+    for c in res.calls:
+        assert c.ready - c.arrive == pytest.approx(2 * 14.0 / 7.0 + LATENCY_S["nvme"], abs=1e-9)
+    assert res.bytes_by_link["nvme_r:n0"] == pytest.approx(28 * GB)
+
+
+def test_second_call_to_a_warm_model_stalls_zero():
+    tr = trace(program("p", [call("a", "m"), tool("t", ["a"]), call("b", "m", ["t"])]))
+    _, res = run(cluster(), catalog(("m", 10.0)), tr)
+    first, second = res.calls
+    assert first.ready - first.arrive > 1.0
+    assert second.ready - second.arrive == 0.0
+
+
+def _evict_then_return(tflops, kv_per_token, ctx):
+    """20 GB HBM. m1 (10 GB) runs and leaves 1 GB of KV; m2 (9.5 GB) needs 0.5 GB more room and LRU
+    (ties: KV first) demotes m1's KV to host DRAM (lru-keepwarm); then m1 returns to its warm
+    weights and needs its KV back, for which m2 (LRU now) is demoted first."""
+    cl = cluster(hbm_gb=20.0, tflops=tflops, cold=0.0, wake=0.25)
+    cat = catalog(("m1", 10.0, kv_per_token), ("m2", 9.5, 1))
+    nodes = [call("a", "m1", ctx=ctx, out=0), tool("t1", ["a"]), call("b", "m2", ["t1"], ctx=10, out=0),
+             tool("t2", ["b"]), call("c", "m1", ["t2"], ctx=ctx, out=0)]
+    return run(cl, cat, trace(program("p", nodes)), "lru-keepwarm")
+
+
+M2_DRAIN_S = (9.5 * GB + 10) / (25 * GB) + LATENCY_S["gpu"]  # m2's weights and KV out over D2H
+
+
+def test_restore_onboards_kv_when_loading_beats_recomputing():
+    # Slow GPU: recomputing 10k tokens takes ~67 s; onboarding 1 GB of KV takes 0.04 s.
+    sim, res = _evict_then_return(tflops=0.6, kv_per_token=100_000, ctx=10_000)
+    kv = 10_000 * 100_000
+    last = res.calls[-1]
+    assert res.bytes_by_pair["gpu->host"] == pytest.approx(kv + 9.5 * GB + 10)
+    assert res.bytes_by_pair["host->gpu"] == pytest.approx(kv)
+    assert last.ready - last.arrive == pytest.approx(M2_DRAIN_S + kv / (25 * GB) + LATENCY_S["host"], abs=1e-6)
+
+
+def test_restore_recomputes_kv_when_recomputing_beats_loading():
+    # Fast GPU, 100 tokens of 10 MB each: a prefill of 100 tokens beats moving 1 GB over PCIe.
+    sim, res = _evict_then_return(tflops=1e6, kv_per_token=10_000_000, ctx=100)
+    last = res.calls[-1]
+    assert res.bytes_by_pair["host->gpu"] == 0
+    prefill = sim.cost.prefill_s(sim.catalog.by_name["m1"], 100, (0,))
+    assert prefill < 1 * GB / (25 * GB)
+    assert last.ready - last.arrive == pytest.approx(M2_DRAIN_S + prefill, abs=1e-6)
+
+
+def test_a_model_that_never_fits_is_reported_not_hung():
+    cl = cluster(hbm_gb=8.0)
+    tr = trace(program("p", [call("a", "big"), tool("t", ["a"]), call("b", "small", ["t"])]),
+               program("q", [call("a", "small")]))
+    sim, res = run(cl, catalog(("big", 20.0), ("small", 2.0)), tr)
+    states = {(c.program, c.node): c.state for c in res.calls}
+    assert states == {("p", "a"): "unplaceable", ("p", "b"): "cancelled", ("q", "a"): "done"}
+    assert all(pr.end >= 0 for pr in res.programs.values())
+
+
+def test_a_cancelled_branch_stops_and_frees_its_kv():
+    nodes = [call("a", "m"), tool("slow", ["a"], duration=100.0), call("b", "m", ["slow"]),
+             tool("fast", ["a"], duration=1.0)]
+    tr = trace(program("p", nodes, cancel=[{"node": "slow", "at_after": "fast"}]))
+    sim, res = run(cluster(), catalog(("m", 10.0)), tr)
+    states = {c.node: c.state for c in res.calls}
+    assert states == {"a": "done", "b": "cancelled"}
+    assert res.sim_end < 100.0
+    assert not [k for k in sim.tiers.gpu if k[0][0] == "kv"]

@@ -87,6 +87,7 @@ class SimResult:
     hbm_samples: list[tuple[float, float, float, float]]  # t, weights, experts, kv bytes in HBM
     decision_ms: list[float]
     events: int
+    stale_events: int
     sim_end: float
     hbm_total: float
 
@@ -111,6 +112,7 @@ class Simulator:
         self.seed, self.check_invariants, self.max_batch, self.sample_dt = seed, check_invariants, max_batch, sample_dt
         self.gpus = cluster.gpus
         self._groups: dict[int, list] = {}
+        self._group_cap: dict[tuple, float] = {}
         self.tiers = Tiers(cluster)
         cap = dict(self.cost.link_bw)
         cap.update({f"gpu:{g.index}": 1.0 for g in self.gpus})
@@ -131,6 +133,7 @@ class Simulator:
         self.wasted_bytes = 0.0
         self.decision_ms: list[float] = []
         self.events = 0
+        self.stale_events = 0
         self._dirty = True
         self._wt_value = 0.0
         self._wt_integral = 0.0
@@ -216,7 +219,8 @@ class Simulator:
             calls=self.calls, programs=self.programs, bytes_by_pair=self.bytes_by_pair,
             bytes_by_link={k: v for k, v in sorted(self.flows.work_done.items()) if not k.startswith("gpu:")},
             wasted_bytes=self.wasted_bytes, warm_tax=self._wt_integral / end if end else 0.0,
-            hbm_samples=self.hbm_samples, decision_ms=self.decision_ms, events=self.events, sim_end=end or 0.0,
+            hbm_samples=self.hbm_samples, decision_ms=self.decision_ms, events=self.events,
+            stale_events=self.stale_events, sim_end=end or 0.0,
             hbm_total=sum(self.tiers.hbm_cap))
 
     def _refresh_hbm_metrics(self):
@@ -376,13 +380,24 @@ class Simulator:
         private = max(0, c.context_tokens + c.output_tokens - T) * m.kv_bytes_per_token / tp
         return keys, new, private
 
-    def could_ever_fit(self, c: CallRec, group) -> bool:
-        """Whether the call's weights, pages and KV fit an empty `group` at all."""
+    def call_footprint(self, c: CallRec) -> float:
+        """Bytes the call needs in HBM at once: weights, its expert pages, its program's KV."""
         m = self.catalog.by_name[c.model]
         pages = len(c.pages) * (m.moe.page_bytes if m.moe else 0.0)
         kv = max(self.kv_tokens.get(kv_key(c.program, c.model), 0), c.context_tokens + c.output_tokens)
-        need = (m.dense_bytes + pages + kv * m.kv_bytes_per_token) / len(group)
-        return all(need <= self.tiers.hbm_cap[i] for i in group)
+        return m.dense_bytes + pages + kv * m.kv_bytes_per_token
+
+    def group_capacity(self, group) -> float:
+        """HBM bytes of the smallest GPU of a group (cached)."""
+        cap = self._group_cap.get(group)
+        if cap is None:
+            cap = self._group_cap[group] = min(self.tiers.hbm_cap[i] for i in group)
+        return cap
+
+    def could_ever_fit(self, c: CallRec, group, footprint: float | None = None) -> bool:
+        """Whether the call's weights, pages and KV fit an empty `group` at all."""
+        need = self.call_footprint(c) if footprint is None else footprint
+        return need / len(group) <= self.group_capacity(group)
 
     def _admit(self, c: CallRec) -> bool:
         group = c.group
@@ -516,7 +531,9 @@ class Simulator:
     def _flow_done(self, fid, version):
         events, f = self.flows.finish(self.now, fid, version)
         out = [(t, PRIO_FLOW, self._flow_done, (i, v)) for t, i, v in events]
-        if f is not None:
+        if f is None:
+            self.stale_events += 1  # a completion superseded by a re-pricing of its flow
+        else:
             r = f.on_done(self.now)
             if r:
                 out += r

@@ -85,8 +85,11 @@ class FairShare:
         events = []
         for fid in sorted(fids):
             f = self.flows[fid]
+            rate = min(self.capacity[r] / len(self._groups[r]) for r in f.resources)
+            if rate == f.rate and f.version > 0:
+                continue  # same share: its scheduled completion still holds
             self._advance(f, now)
-            f.rate = min(self.capacity[r] / len(self._groups[r]) for r in f.resources)
+            f.rate = rate
             f.version += 1
             eta = now + max(f.remaining, 0.0) / f.rate if f.remaining > _EPS else now
             events.append((eta, fid, f.version))

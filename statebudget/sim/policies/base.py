@@ -82,9 +82,10 @@ def default_place(sim, call, groups=None):
     less busy, then the one with more free HBM, then the lower index. Groups that could never hold
     the call are skipped."""
     m = sim.catalog.by_name[call.model]
+    footprint = sim.call_footprint(call)
     ranked = sorted(
         (restore_estimate_s(sim, call, g), sum(sim.running_on[i] for i in g), -min(sim.tiers.gpu_free(i) for i in g), g)
-        for g in (groups if groups is not None else sim.groups(m.tp)) if sim.could_ever_fit(call, g))
+        for g in (groups if groups is not None else sim.groups(m.tp)) if sim.could_ever_fit(call, g, footprint))
     for *_, g in ranked:
         keys, new, private = sim.call_need(call, g)
         if sim.plan_eviction(g, new + private, protect={(k, g) for k in keys}) is not None:

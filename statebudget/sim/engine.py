@@ -30,7 +30,7 @@ from ..models.state import expert_key, kv_key, weights_key
 from ..models.trace import Program, Trace
 from ..solvers.costs import CostModel
 from ..traces.graph import descendants, handoff_calls, hinted_calls
-from .flows import FairShare, cancel_flow
+from .flows import FairShare
 from .memory import GpuCopy, HostCopy, Tiers
 
 PRIO_FLOW, PRIO_TIMER, PRIO_NODE, PRIO_PROGRAM, PRIO_TICK = range(5)
@@ -90,6 +90,15 @@ class SimResult:
     stale_events: int
     sim_end: float
     hbm_total: float
+
+
+class Transfer:
+    """The flows that move one copy; cancelling it stops them, including those not yet started."""
+    __slots__ = ("fids", "cancelled")
+
+    def __init__(self):
+        self.fids: list[int] = []
+        self.cancelled = False
 
 
 class _Barrier:
@@ -409,7 +418,6 @@ class Simulator:
         for v in victims:
             drains += self._evict(v, self.policy.demote_tier(self, v))
         c.state = "loading"
-        m = self.catalog.by_name[c.model]
         loads = []
         for key in keys:
             copy = self.tiers.gpu.get((key, group))
@@ -426,7 +434,7 @@ class Simulator:
         kvk = kv_key(c.program, c.model)
         c.kv_reused_tokens = self.kv_tokens.get(kvk, 0)
         self._dirty = True
-        events = self._after(drains, lambda now: self._start_loads(loads, m))
+        events = self._after(drains, lambda now: self._start_loads(loads))
         self._push_all(events)
         if c.waiting_on == 0:
             self._push_all(self._on_ready(c))
@@ -452,7 +460,7 @@ class Simulator:
             hc.waiters.append(barrier.hit)
         return None
 
-    def _start_loads(self, loads: list[GpuCopy], m: ModelSpec | None):
+    def _start_loads(self, loads: list[GpuCopy]):
         events = []
         for copy in loads:
             events += self._load_copy(copy)
@@ -484,13 +492,17 @@ class Simulator:
         return best
 
     def _load_copy(self, copy: GpuCopy) -> list:
+        if copy.transfer is not None and copy.transfer.cancelled:
+            return []
         key, group = copy.key, copy.group
         src = self.best_source(key, group)
         kind = src.split(":", 1)[0]
+        copy.transfer = token = Transfer()
         if kind == "none":  # KV recompute: a prefill of the tokens it held, on the group
             m = self.catalog.by_name[key[2]]
             amount = self.cost.prefill_s(m, self.kv_tokens.get(key, 0), group)
-            return self.flows_add(amount, tuple(f"gpu:{i}" for i in group), lambda now: self._copy_ready(copy), key[2])
+            return self.flows_add(amount, tuple(f"gpu:{i}" for i in group), lambda now: self._copy_ready(copy), key[2],
+                                  token=token)
         if kind == "host":
             self.tiers.host[(key, src.split(":", 1)[1])].last_use = self.now
         delay = self.cost.reconfig_s(group, kind) if key[0] == "w" else 0.0
@@ -500,8 +512,11 @@ class Simulator:
             src_gpu_copy = self.tiers.gpu[(key, src_group)]
             src_gpu_copy.pins += 1
 
+        copy.src_copy = src_gpu_copy
+
         def done(now):
             if src_gpu_copy is not None:  # a KV move: the old copy goes once the new one is whole
+                copy.src_copy = None
                 src_gpu_copy.pins -= 1
                 if src_gpu_copy.pins == 0 and (key, src_gpu_copy.group) in self.tiers.gpu:
                     self._drop_gpu_copy(src_gpu_copy)
@@ -514,18 +529,23 @@ class Simulator:
         tier_pair = f"{kind}->gpu"
         for i in group:
             path = self.cost.path(src, f"gpu:{i}")
-            self.bytes_by_pair[tier_pair] += copy.per_gpu
-            events += self.flows_add(copy.per_gpu, path, barrier.hit, None, latency=self.cost.latency_s(src))
+            events += self.flows_add(copy.per_gpu, path, barrier.hit, None, latency=self.cost.latency_s(src),
+                                     tag=tier_pair, token=token)
         return events
 
-    def flows_add(self, amount, resources, on_done, share_key, latency: float = 0.0) -> list:
-        """Start a flow now, or after `latency` (a transfer's fixed set-up time)."""
+    def flows_add(self, amount, resources, on_done, share_key, latency: float = 0.0, tag=None, token=None) -> list:
+        """Start a flow now, or after `latency` (a transfer's fixed set-up time). `tag` names the
+        tier pair its bytes count under; `token` lets the owner cancel it."""
         if latency > 0:
-            return [(self.now + latency, PRIO_TIMER, self._start_flow, (amount, resources, on_done, share_key))]
-        return self._start_flow(amount, resources, on_done, share_key)
+            return [(self.now + latency, PRIO_TIMER, self._start_flow, (amount, resources, on_done, share_key, tag, token))]
+        return self._start_flow(amount, resources, on_done, share_key, tag, token)
 
-    def _start_flow(self, amount, resources, on_done, share_key):
-        evs = self.flows.add(self.now, amount, resources, on_done, share_key)
+    def _start_flow(self, amount, resources, on_done, share_key, tag=None, token=None):
+        if token is not None:
+            if token.cancelled:
+                return None
+            token.fids.append(self.flows._next)
+        evs = self.flows.add(self.now, amount, resources, on_done, share_key, tag)
         return [(t, PRIO_FLOW, self._flow_done, (fid, v)) for t, fid, v in evs]
 
     def _flow_done(self, fid, version):
@@ -534,10 +554,41 @@ class Simulator:
         if f is None:
             self.stale_events += 1  # a completion superseded by a re-pricing of its flow
         else:
+            if f.tag is not None:
+                self.bytes_by_pair[f.tag] += f.done
             r = f.on_done(self.now)
             if r:
                 out += r
         return out
+
+    def cancel_transfer(self, token: Transfer) -> float:
+        """Stop a transfer; returns the bytes its flows had moved."""
+        token.cancelled = True
+        done = 0.0
+        for fid in token.fids:
+            events, f = self.flows.cancel(self.now, fid)
+            if f is not None and f.tag is not None:
+                done += f.done
+                self.bytes_by_pair[f.tag] += f.done
+            self._push_all([(t, PRIO_FLOW, self._flow_done, (i, v)) for t, i, v in events])
+        return done
+
+    def cancel_load(self, copy: GpuCopy) -> bool:
+        """Abandon a copy still being written into HBM that no call waits for: its flows stop, its
+        space is freed, and it never becomes ready (half-moved state is never usable)."""
+        if copy.ready or copy.pins > 0 or self.tiers.gpu.get((copy.key, copy.group)) is not copy:
+            return False
+        moved = self.cancel_transfer(copy.transfer) if copy.transfer is not None else 0.0
+        if copy.transfer is None:
+            copy.transfer = Transfer()
+            copy.transfer.cancelled = True  # waiting for drains: never start
+        if copy.src_copy is not None:
+            copy.src_copy.pins -= 1
+            copy.src_copy = None
+        self.wasted_bytes += moved
+        self.tiers.remove_gpu_copy(copy)
+        self._dirty = True
+        return True
 
     def _copy_ready(self, copy: GpuCopy):
         if (copy.key, copy.group) not in self.tiers.gpu or self.tiers.gpu[(copy.key, copy.group)] is not copy:
@@ -647,7 +698,8 @@ class Simulator:
         elif c.state == "queued":
             self.queued.remove(c)
         if c.state == "running" and c.flow is not None:
-            events += [(t, PRIO_FLOW, self._flow_done, (i, v)) for t, i, v in cancel_flow(self.flows, self.now, c.flow)]
+            evs, _ = self.flows.cancel(self.now, c.flow)
+            events += [(t, PRIO_FLOW, self._flow_done, (i, v)) for t, i, v in evs]
         if c.state in ("loading", "queued", "running"):
             self._release(c, finished=False)
         c.state = "cancelled"
@@ -704,9 +756,8 @@ class Simulator:
             self.tiers.host[(key, node)] = hc
             barrier = _Barrier(len(copy.group), lambda now: self._host_ready(hc))
             for i in copy.group:
-                self.bytes_by_pair["gpu->host"] += copy.per_gpu
                 self._push_all(self.flows_add(copy.per_gpu, self.cost.path(f"gpu:{i}", f"host:{node}"),
-                                              barrier.hit, None, latency=self.cost.latency_s("gpu")))
+                                              barrier.hit, None, latency=self.cost.latency_s("gpu"), tag="gpu->host"))
             drains.append(hc)
         self.tiers.remove_gpu_copy(copy)
         self._dirty = True
@@ -744,9 +795,8 @@ class Simulator:
             self.tiers.remove_host_copy(hc)
             free += hc.nbytes
             if hc.key[0] == "kv" and (hc.key, node) not in self.tiers.nvme and self.tiers.alloc_nvme(hc.key, node, hc.nbytes):
-                self.bytes_by_pair["host->nvme"] += hc.nbytes
                 self._push_all(self.flows_add(hc.nbytes, self.cost.path(f"host:{node}", f"nvme:{node}"),
-                                              lambda now: None, None, latency=self.cost.latency_s("host")))
+                                              lambda now: None, None, latency=self.cost.latency_s("host"), tag="host->nvme"))
         return True
 
     def _drop_gpu_copy(self, copy: GpuCopy):
@@ -821,9 +871,9 @@ class Simulator:
         self.tiers.alloc_host(node, nbytes)
         hc = HostCopy(key, node, nbytes, False, self.now)
         self.tiers.host[(key, node)] = hc
-        self.bytes_by_pair["nvme->host"] += nbytes
         self._push_all(self.flows_add(nbytes, self.cost.path(f"nvme:{node}", f"host:{node}"),
-                                      lambda now: self._host_ready(hc), None, latency=self.cost.latency_s("nvme")))
+                                      lambda now: self._host_ready(hc), None, latency=self.cost.latency_s("nvme"),
+                                      tag="nvme->host"))
         return True
 
     # ---- views for policies ---------------------------------------------------------------------

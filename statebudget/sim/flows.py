@@ -31,6 +31,7 @@ class Flow:
     t_last: float = 0.0
     version: int = 0
     done: float = 0.0  # work done so far
+    tag: object = None  # what the owner accounts this flow's work under (e.g. a tier pair)
 
 
 @dataclass
@@ -42,11 +43,11 @@ class FairShare:
     _next: int = 0
     work_done: Counter = field(default_factory=Counter)  # per resource, for bytes-per-link
 
-    def add(self, now: float, amount: float, resources: tuple[str, ...], on_done, share_key=None) -> list:
+    def add(self, now: float, amount: float, resources: tuple[str, ...], on_done, share_key=None, tag=None) -> list:
         """Start a flow; returns completion events `(eta, fid, version)` to schedule."""
         fid = self._next
         self._next += 1
-        f = Flow(fid, max(amount, 0.0), resources, fid if share_key is None else share_key, on_done, t_last=now)
+        f = Flow(fid, max(amount, 0.0), resources, fid if share_key is None else share_key, on_done, t_last=now, tag=tag)
         self.flows[fid] = f
         touched = set()
         for r in resources:
@@ -95,11 +96,9 @@ class FairShare:
             events.append((eta, fid, f.version))
         return events
 
-
-def cancel_flow(fs: FairShare, now: float, fid: int) -> list:
-    """Stop a flow before it completes (its work so far still counts on its links)."""
-    f = fs.flows.get(fid)
-    if f is None:
-        return []
-    events, _ = fs.finish(now, fid, f.version)
-    return events
+    def cancel(self, now: float, fid: int) -> tuple[list, Flow | None]:
+        """Stop a flow before it completes (its work so far still counts on its links)."""
+        f = self.flows.get(fid)
+        if f is None:
+            return [], None
+        return self.finish(now, fid, f.version)

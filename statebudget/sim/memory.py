@@ -33,6 +33,9 @@ class GpuCopy:
     used: bool = False
     waiters: list = field(default_factory=list)
     from_prefetch: bool = False
+    transfer: object = None   # the Transfer writing it, while not ready
+    src_copy: object = None   # for a KV move between GPU groups: the copy it moves from
+    lease: object = None      # the lease that asked for it, if any
 
     @property
     def nbytes(self) -> float:

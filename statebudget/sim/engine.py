@@ -28,13 +28,12 @@ from ..models.catalog import Catalog, ModelSpec
 from ..models.cluster import Cluster
 from ..models.state import expert_key, kv_key, weights_key
 from ..models.trace import Program, Trace
-from ..solvers.costs import CostModel
+from ..solvers.costs import CostModel, page_touch_probs
 from ..traces.graph import descendants, handoff_calls, hinted_calls
 from .flows import FairShare
 from .memory import GpuCopy, HostCopy, Tiers
 
 PRIO_FLOW, PRIO_TIMER, PRIO_NODE, PRIO_PROGRAM, PRIO_TICK = range(5)
-PAGE_TOUCH = 0.4  # a call touches page i with probability min(1, PAGE_TOUCH x pages x popularity_i)
 
 
 @dataclass(slots=True, eq=False)
@@ -72,6 +71,7 @@ class ProgRun:
     cancels_at: dict[str, list[str]]
     calls: dict[str, CallRec]
     durations: dict[str, float]
+    tools: dict[str, str]
     open_nodes: int
     end: float = -1.0
 
@@ -290,9 +290,11 @@ class Simulator:
         for c in prog.cancel:
             cancels_at.setdefault(c.at_after, []).append(c.node)
         pr = ProgRun(prog, {n.id: len(n.after) for n in prog.nodes}, children, {n.id: "pending" for n in prog.nodes},
-                     hints_at, cancels_at, calls, {n.id: n.duration for n in prog.nodes}, len(prog.nodes))
+                     hints_at, cancels_at, calls, {n.id: n.duration for n in prog.nodes},
+                     {n.id: n.tool or "tool" for n in prog.nodes if n.kind == "tool"}, len(prog.nodes))
         self.programs[prog.program] = pr
         self.kv_of_program[prog.program] = set()
+        self._apply(self._decide(self.policy.on_program_start, prog))
         return [(self.now, PRIO_NODE, self._node_ready, (pr, n.id)) for n in prog.nodes if not n.after]
 
     def _pages_for(self, program: str, node: str, model: str) -> tuple[int, ...]:
@@ -301,16 +303,18 @@ class Simulator:
             return ()
         rng = np.random.default_rng([self.seed, zlib.crc32(f"{program}/{node}".encode())])
         u = rng.random(moe.pages)
-        touch = np.minimum(1.0, PAGE_TOUCH * moe.pages * moe.page_popularity)
-        return tuple(int(i) for i in np.nonzero(u < touch)[0])
+        return tuple(int(i) for i in np.nonzero(u < page_touch_probs(moe))[0])
 
     def _node_ready(self, pr: ProgRun, nid: str):
         if pr.node_state[nid] != "pending":
             return None
         pr.node_state[nid] = "running"
-        for h in pr.hints_at.get(nid, ()):
-            self._apply(self._decide(self.policy.on_hint, pr.prog, h))
         if nid not in pr.calls:  # a tool wait
+            self._apply(self._decide(self.policy.on_tool_start, pr.prog, nid, pr.tools[nid]))
+        hints = pr.hints_at.get(nid)
+        if hints:
+            self._apply(self._decide(self.policy.on_hints, pr.prog, hints))
+        if nid not in pr.calls:
             return [(self.now + pr.durations[nid], PRIO_NODE, self._node_done, (pr, nid))]
         return self._call_arrive(pr.calls[nid])
 
@@ -319,6 +323,8 @@ class Simulator:
             return None
         pr.node_state[nid] = "done"
         pr.open_nodes -= 1
+        if nid not in pr.calls:
+            self._apply(self._decide(self.policy.on_tool_end, pr.prog, nid, pr.tools[nid], pr.durations[nid]))
         events = []
         for victim in pr.cancels_at.get(nid, ()):
             events += self._cancel_from(pr, victim)
@@ -434,6 +440,7 @@ class Simulator:
         kvk = kv_key(c.program, c.model)
         c.kv_reused_tokens = self.kv_tokens.get(kvk, 0)
         self._dirty = True
+        self._apply(self._decide(self.policy.on_call_admitted, c))
         events = self._after(drains, lambda now: self._start_loads(loads))
         self._push_all(events)
         if c.waiting_on == 0:
@@ -595,6 +602,8 @@ class Simulator:
             return None  # dropped while loading (its call was cancelled)
         copy.ready = True
         self._dirty = True
+        if copy.lease is not None:
+            self._apply(self._decide(self.policy.on_copy_ready, copy))
         events = []
         waiters, copy.waiters = copy.waiters, []
         for c in waiters:
@@ -703,6 +712,7 @@ class Simulator:
         if c.state in ("loading", "queued", "running"):
             self._release(c, finished=False)
         c.state = "cancelled"
+        self._apply(self._decide(self.policy.on_call_cancelled, c))
         events += self._start_queued()
         self._retry_waiting()
         return events
@@ -717,7 +727,7 @@ class Simulator:
         self.waiting = still
 
     # ---- eviction, demotion, prefetch ---------------------------------------------------------
-    def plan_eviction(self, group, per_gpu: float, protect=frozenset()) -> list[GpuCopy] | None:
+    def plan_eviction(self, group, per_gpu: float, protect=frozenset(), allow=None) -> list[GpuCopy] | None:
         """The copies to evict, in the policy's order, so that `per_gpu` bytes fit on every GPU of
         `group`; None if pinned or loading copies leave too little room."""
         deficit = {i: self.tiers.hbm_used[i] + per_gpu - self.tiers.hbm_cap[i] for i in group}
@@ -727,7 +737,7 @@ class Simulator:
         for i in group:
             if deficit[i] > 1.0:
                 for k, copy in self.tiers.on_gpu[i].items():
-                    if copy.pins == 0 and copy.ready and k not in protect:
+                    if copy.pins == 0 and copy.ready and k not in protect and (allow is None or allow(copy)):
                         cands[k] = copy
         order = sorted(cands.values(), key=lambda cp: (self.policy.evict_priority(self, cp), cp.key, cp.group))
         victims = []
@@ -808,7 +818,10 @@ class Simulator:
     def _drop_stale_kv(self, kvk, keep: GpuCopy):
         for (k, g), copy in list(self.tiers.gpu.items()):
             if k == kvk and copy is not keep and copy.pins == 0:
-                self._drop_gpu_copy(copy)
+                if not copy.ready:
+                    self.cancel_load(copy)
+                else:
+                    self._drop_gpu_copy(copy)
         for (k, n), hc in list(self.tiers.host.items()):
             if k == kvk:
                 self._remove_host(hc)
@@ -829,13 +842,18 @@ class Simulator:
         self._dirty = True
 
     def _apply(self, decisions):
-        """Carry out a policy's ops: ("promote", key, group), ("promote_host", key, node),
-        ("demote", key, group, "host"|"none")."""
+        """Carry out a policy's ops: ("promote", key, group[, lease_id]), ("promote_host", key,
+        node), ("demote", key, group, "host"|"none"), ("cancel", key, group) — stop a load nobody
+        waits for."""
         if not decisions:
             return
         for d in decisions:
             if d[0] == "promote":
-                self._prefetch(d[1], d[2])
+                self._prefetch(d[1], d[2], d[3] if len(d) > 3 else None)
+            elif d[0] == "cancel":
+                copy = self.tiers.gpu.get((d[1], d[2]))
+                if copy is not None:
+                    self.cancel_load(copy)
             elif d[0] == "promote_host":
                 self._prefetch_host(d[1], d[2])
             elif d[0] == "demote":
@@ -845,20 +863,29 @@ class Simulator:
             else:
                 raise ValueError(f"unknown decision {d[0]!r}")
 
-    def _prefetch(self, key, group) -> bool:
-        if (key, group) in self.tiers.gpu or (key[0] == "kv" and self.kv_tokens.get(key, 0) == 0):
+    def _prefetch(self, key, group, lease=None) -> bool:
+        """Bring a copy into HBM ahead of use, evicting only what the policy allows. A lease id
+        rides on the copy: the policy hears when the copy is whole (`on_copy_ready`)."""
+        existing = self.tiers.gpu.get((key, group))
+        if existing is not None:
+            if lease is not None:
+                existing.lease = (existing.lease or ()) + (lease,)
+                if existing.ready:
+                    self._apply(self._decide(self.policy.on_copy_ready, existing))
+            return False
+        if key[0] == "kv" and self.kv_tokens.get(key, 0) == 0:
             return False
         per_gpu = self.size_of(key) / len(group)
-        victims = self.plan_eviction(group, per_gpu, protect={(key, group)})
+        victims = self.plan_eviction(group, per_gpu, protect={(key, group)},
+                                     allow=lambda v: self.policy.may_evict_for_prefetch(self, v, key))
         if victims is None:
             return False
-        victims = [v for v in victims if self.policy.may_evict_for_prefetch(self, v, key)]
         drains = []
         for v in victims:
             drains += self._evict(v, self.policy.demote_tier(self, v))
-        if not self.tiers.fits_gpu(group, per_gpu):
-            return False
         copy = self._new_gpu_copy(key, group, prefetch=True)
+        if lease is not None:
+            copy.lease = (lease,)
         self._push_all(self._after(drains, lambda now: self._load_copy(copy)))
         return True
 
@@ -877,5 +904,18 @@ class Simulator:
         return True
 
     # ---- views for policies ---------------------------------------------------------------------
+    def link_backlog(self) -> dict[str, float]:
+        """Bytes still queued on each link by transfers in flight."""
+        out: dict[str, float] = {}
+        now = self.now
+        for f in self.flows.flows.values():
+            if f.tag is None:
+                continue
+            rem = f.remaining - f.rate * (now - f.t_last)
+            if rem > 0:
+                for r in f.resources:
+                    out[r] = out.get(r, 0.0) + rem
+        return out
+
     def copies_of(self, model: str) -> list[GpuCopy]:
         return [c for (k, g), c in self.tiers.gpu.items() if k[0] == "w" and k[1] == model]

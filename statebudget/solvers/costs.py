@@ -13,11 +13,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..models.catalog import Catalog, ModelSpec
 from ..models.cluster import GB, Cluster, Gpu
 
 # Fixed per-transfer latency by source tier (DMA set-up, file open); small against GB transfers.
 LATENCY_S = {"gpu": 20e-6, "host": 20e-6, "nvme": 200e-6}
+# A call touches MoE page i with probability min(1, PAGE_TOUCH x pages x popularity_i): the
+# hottest pages almost always, the tail now and then.
+PAGE_TOUCH = 0.4
+
+
+def page_touch_probs(moe) -> np.ndarray:
+    """Per page of a MoE model: the probability that one call needs it resident."""
+    return np.minimum(1.0, PAGE_TOUCH * moe.pages * moe.page_popularity)
 
 
 @dataclass

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from .base import Policy
 from .baselines import BASELINES
+from .ours import StateBudget, StateBudgetLease
 
 REGISTRY: dict[str, type[Policy]] = dict(BASELINES)
+REGISTRY.update({p.name: p for p in (StateBudget, StateBudgetLease)})
 
 
 def make_policy(name: str) -> Policy:

@@ -39,10 +39,36 @@ class Policy:
     def on_call_arrive(self, sim, call):
         return None
 
+    def on_call_admitted(self, sim, call):
+        """The call has its HBM reserved and its state pinned on its group."""
+        return None
+
     def on_call_end(self, sim, call):
         return None
 
     def on_hint(self, sim, program, hint):
+        return None
+
+    def on_hints(self, sim, program, hints):
+        """The hints announced when a node starts (several compete for the same links)."""
+        out = []
+        for h in hints:
+            out += self.on_hint(sim, program, h) or []
+        return out
+
+    def on_program_start(self, sim, program):
+        return None
+
+    def on_tool_start(self, sim, program, node, tool):
+        return None
+
+    def on_tool_end(self, sim, program, node, tool, duration_s):
+        return None
+
+    def on_call_cancelled(self, sim, call):
+        return None
+
+    def on_copy_ready(self, sim, copy):
         return None
 
     def on_program_end(self, sim, program):

@@ -6,6 +6,7 @@ import math
 from collections import Counter
 
 from ...models.state import expert_key, kv_key, weights_key
+from ...solvers.costs import page_touch_probs
 from .base import NEVER, Policy, default_place
 
 
@@ -138,8 +139,7 @@ def hot_pages(m) -> int:
     """Pages a MoE model keeps resident in a static placement: those almost every call touches."""
     if m.moe is None:
         return 0
-    from ..engine import PAGE_TOUCH
-    return int(sum(1 for p in m.moe.page_popularity if PAGE_TOUCH * m.moe.pages * p >= 0.5))
+    return int((page_touch_probs(m.moe) >= 0.5).sum())
 
 
 class LlamaSwap(Policy):

@@ -1,0 +1,267 @@
+"""The planner loop: predictor + greedy solver (+ leases) over a residency view.
+
+The view is whatever holds the books: the simulator in a replay, the service's ledger live. It
+answers `catalog`, `cost`, `gpus`, `groups(tp)`, `tiers` (copies in HBM and DRAM, capacities),
+`kv_tokens`, `best_source(key, group)` and `link_backlog()`. The planner reads it and returns
+decisions; it never changes the books itself.
+
+One planning step (`plan`), at every event that changes what is likely next:
+
+    predictor ─▶ P(model m needed within h), P(program k needs its KV of m within h)
+              ─▶ candidates: each model's weights (+ hot expert pages) on the group it is on or
+                 would go to, each live program's KV — value = P(need) x restore seconds
+              ─▶ greedy.solve: target HBM set by stall saved per byte, promotions within the
+                 per-link budget
+              ─▶ decisions: promote targets, demote idle residents to host (warm tax)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..models.state import expert_key, kv_key, weights_key
+from ..solvers.costs import page_touch_probs
+from ..solvers.greedy import Candidates, solve
+from .leases import LeaseLedger, LeaseRequest, LeaseState, Quote, decide, rank_key
+from .predictor import Predictor
+
+
+@dataclass
+class PlannerConfig:
+    horizon_s: float = 30.0          # value = P(needed within this) x restore seconds
+    idle_horizon_s: float = 90.0     # residents unlikely to be needed within this are demoted
+    idle_threshold: float = 0.12     #   ... when that probability is below this
+    promote_min_p: float = 0.35      # promote only what is at least this likely within the horizon
+    hysteresis: float = 0.3          # residents' density bonus against thrashing
+    gpu_headroom: float = 0.05       # fraction of each GPU left for on-demand loads
+    link_headroom: float = 0.3       # fraction of each link left for on-demand traffic
+    window_s: float = 10.0           # promotions are budgeted over this window
+    page_min_touch: float = 0.3      # expert pages prepared with a model: touched at least this often
+    lease_deadline_q: float = 0.25   # a hint's deadline: this quantile of the remaining tool wait
+    lease_slo_margin: float = 0.2    # link share leases may not take (left for non-lease calls)
+
+
+class PlannerCore:
+    def __init__(self, catalog, cost, config: PlannerConfig | None = None, use_hints: bool = False):
+        self.catalog, self.cost = catalog, cost
+        self.cfg = config or PlannerConfig()
+        self.use_hints = use_hints
+        self.models = [m.name for m in catalog.models]
+        self.predictor = Predictor(self.models)
+        self.ledger = LeaseLedger()
+        self.density: dict[tuple, float] = {}  # (key, group) -> last computed density
+        self.lease_of_call: dict[tuple, str] = {}  # (program, call) -> lease id
+        self._hot_pages = {m.name: _hot_pages(m, self.cfg.page_min_touch) for m in catalog.models}
+
+    # ---- the greedy step ------------------------------------------------------------------------
+    def plan(self, view, now: float) -> list:
+        cfg = self.cfg
+        pred = self.predictor
+        p_model = pred.model_need_within(now, cfg.horizon_s, self.use_hints)
+        progs, p_prog = pred.need_within(now, cfg.horizon_s, self.use_hints)
+        tiers = view.tiers
+        n_gpu = len(tiers.hbm_cap)
+        keys, groups, per_gpu, values, resident, paths, probs = [], [], [], [], [], [], []
+
+        def add(key, group, value, src, p):
+            probs.append(p)
+            keys.append(key)
+            groups.append(group)
+            c = tiers.gpu.get((key, group))
+            per_gpu.append(c.per_gpu if c is not None else view.size_of(key) / len(group))
+            values.append(value)
+            resident.append(c is not None)
+            paths.append({} if c is not None else self._path_bytes(view, src, group, per_gpu[-1]))
+
+        w_copies: dict[str, list] = {}
+        kv_groups: dict[tuple, list] = {}
+        for (key, group), c in tiers.gpu.items():
+            if key[0] == "w":
+                w_copies.setdefault(key[1], []).append(c)
+            elif key[0] == "kv":
+                kv_groups.setdefault(key, []).append(group)
+        homes: dict[str, tuple] = {}
+        for mi, m in enumerate(self.catalog.models):
+            copies = sorted(w_copies.get(m.name, ()), key=lambda c: (-c.last_use, c.group))
+            if copies:
+                home, extra = copies[0].group, [c.group for c in copies[1:]]
+            else:
+                home, extra = self._home(view, m), []
+                if home is None:
+                    continue
+            homes[m.name] = home
+            node = view.gpus[home[0]].node
+            restore = self.cost.weights_restore_s(m, "host", node, home)
+            src = view.best_source(weights_key(m.name), home)
+            add(weights_key(m.name), home, p_model[mi] * restore, src, p_model[mi])
+            for g in extra:  # a second copy is worth its keep only while calls overlap
+                add(weights_key(m.name), g, 0.25 * p_model[mi] * restore, src, 0.0)
+            if m.moe:
+                fault = m.moe.page_bytes / len(home) / self.cost.link_bw[f"h2d:{view.gpus[home[0]].id}"]
+                for page, touch in self._hot_pages[m.name]:
+                    add(expert_key(m.name, page), home, p_model[mi] * touch * fault, f"nvme:{node}", p_model[mi] * touch)
+        for k, prog in enumerate(progs):
+            for mi, m in enumerate(self.catalog.models):
+                kvk = kv_key(prog, m.name)
+                T = view.kv_tokens.get(kvk, 0)
+                if T == 0 or p_prog[k, mi] < 1e-3:
+                    continue
+                where = kv_groups.get(kvk)
+                group = where[0] if where else homes.get(m.name)
+                if group is None:
+                    continue
+                src = view.best_source(kvk, group) if not where else None
+                restore = self.cost.kv_restore(m, T, f"host:{view.gpus[group[0]].node}", group)[1]
+                add(kvk, group, p_prog[k, mi] * restore, src, p_prog[k, mi])
+        if not keys:
+            return []
+        member = np.zeros((len(keys), n_gpu), bool)
+        for i, g in enumerate(groups):
+            member[i, list(g)] = True
+        pinned = np.zeros(n_gpu)
+        cand = set(zip(keys, groups))
+        for (key, group), c in tiers.gpu.items():
+            if (key, group) not in cand or c.pins > 0 or not c.ready:
+                for i in group:
+                    pinned[i] += c.per_gpu
+        for group, b in tiers.private.values():
+            for i in group:
+                pinned[i] += b
+        res_arr = np.asarray(resident)
+        # Pinned residents are not candidates for the budget: they stay whatever the solver says.
+        is_pinned = np.array([(c := tiers.gpu.get((k, g))) is not None and (c.pins > 0 or not c.ready)
+                              for k, g in zip(keys, groups)])
+        cap = np.asarray(tiers.hbm_cap)
+        budget = cap * (1 - cfg.gpu_headroom) - pinned
+        backlog = view.link_backlog()
+        link_budget = {l: bw * cfg.window_s * (1 - cfg.link_headroom) - backlog.get(l, 0.0)
+                       for l, bw in self.cost.link_bw.items()}
+        cands = Candidates(keys, groups, member & ~is_pinned[:, None], np.asarray(per_gpu), np.asarray(values),
+                           res_arr & ~is_pinned, paths)
+        plan = solve(cands, budget, link_budget, cfg.hysteresis)
+        self.density = {(k, g): float(d) for k, g, d in zip(keys, groups, plan.density)}
+        out = [("promote", keys[i], groups[i]) for i in plan.promote if probs[i] >= cfg.promote_min_p]
+        # Idle residents: demote one tier if they are unlikely to be needed for a while.
+        p_idle = pred.model_need_within(now, cfg.idle_horizon_s, self.use_hints)
+        for i, (k, g) in enumerate(zip(keys, groups)):
+            if not resident[i] or is_pinned[i] or k[0] == "kv":
+                continue
+            mi = self.models.index(k[1])
+            duplicate = k[0] == "w" and g != homes.get(k[1]) and view.running_models.get((k[1], g), 0) == 0
+            if (p_idle[mi] < cfg.idle_threshold or duplicate) and not self._leased(k):
+                out.append(("demote", k, g, "host"))
+        return out
+
+    def _leased(self, key) -> bool:
+        return any(l.state.live for l in self.ledger.live_for(key))
+
+    def _path_bytes(self, view, src: str | None, group, per_gpu: float) -> dict:
+        if src is None or src.startswith("none"):
+            return {}
+        out: dict[str, float] = {}
+        for i in group:
+            for link in self.cost.path(src, f"gpu:{i}"):
+                out[link] = out.get(link, 0.0) + per_gpu
+        return out
+
+    def _home(self, view, m):
+        """Where a model with no copy would go: the group with the most free HBM its dense part fits."""
+        best, best_key = None, None
+        for g in view.groups(m.tp):
+            cap = min(view.tiers.hbm_cap[i] for i in g)
+            if m.dense_bytes / m.tp > cap:
+                continue
+            free = min(view.tiers.hbm_cap[i] - view.tiers.hbm_used[i] for i in g)
+            key = (-free, g)
+            if best_key is None or key < best_key:
+                best, best_key = g, key
+        return best
+
+    # ---- eviction order for the mechanism -------------------------------------------------------
+    def evict_priority(self, copy) -> float:
+        d = self.density.get((copy.key, copy.group))
+        if self._leased(copy.key):
+            return math.inf
+        return d if d is not None else -1.0 / (1.0 + copy.last_use)
+
+    # ---- leases ---------------------------------------------------------------------------------
+    def quote(self, view, req: LeaseRequest, group, now: float) -> Quote:
+        """P50/P95 ready time of a lease's objects on `group` from the cost model and the bytes
+        already queued on the links (P50 assumes half the queue is ahead of us, P95 all of it)."""
+        m = self.catalog.by_name[req.model]
+        objects = [weights_key(m.name)] + [expert_key(m.name, p) for p, _ in self._hot_pages[m.name]]
+        if req.kv_version is not None:
+            objects.append(kv_key(req.program, m.name))
+        backlog = view.link_backlog()
+        p50 = p95 = w95 = 0.0
+        total = 0.0
+        stall = 0.0
+        need = []
+        for key in objects:
+            if (key, group) in view.tiers.gpu:
+                continue
+            src = view.best_source(key, group)
+            per_gpu = view.size_of(key) / len(group)
+            need.append(key)
+            if src == "none":  # KV to recompute: compute time, no link
+                t = self.cost.prefill_s(m, view.kv_tokens.get(key, 0), group)
+                p50, p95 = max(p50, t), max(p95, t)
+                stall = max(stall, t)
+                continue
+            total += per_gpu * len(group)
+            kind = src.split(":", 1)[0]
+            reconf = self.cost.reconfig_s(group, kind) if key[0] == "w" else 0.0
+            t50 = t95 = 0.0
+            for link, b in self._path_bytes(view, src, group, per_gpu).items():
+                bw = self.cost.link_bw[link]
+                q = backlog.get(link, 0.0)
+                t50 = max(t50, (q / 2 + b) / bw)
+                t95 = max(t95, (q + b) / bw)
+            p50, p95 = max(p50, t50 + reconf), max(p95, t95 + reconf)
+            stall = max(stall, (t50 + reconf))
+            if key[0] != "kv":
+                w95 = max(w95, t95 + reconf)
+        return Quote(p50_s=p50, p95_s=p95, weights_p95_s=w95, bytes=total, stall_saved_s=stall, objects=tuple(need))
+
+    def lease_budget_ok(self, view, quote: Quote, group, deadline_s: float, now: float, committed: dict) -> bool:
+        """Background bandwidth must leave the SLO margin: the lease's bytes, plus what leases
+        already committed, fit in (1 - margin) of each link's capacity until the deadline."""
+        window = max(deadline_s - now, 1e-3)
+        src_bytes = quote.bytes / max(len(group), 1)
+        for i in group:
+            gpu = view.gpus[i]
+            for link in (f"h2d:{gpu.id}", f"root:{gpu.node}"):
+                cap = self.cost.link_bw[link] * window * (1 - self.cfg.lease_slo_margin)
+                if committed.get(link, 0.0) + src_bytes > cap:
+                    return False
+        return True
+
+    def admit(self, view, requests: list[tuple[LeaseRequest, tuple]], now: float) -> list:
+        """Quote, rank and decide a batch of competing lease requests [(request, group)]."""
+        quoted = [(req, g, self.quote(view, req, g, now)) for req, g in requests]
+        link = np.mean(list(self.cost.link_bw.values())) / 1e9
+        quoted.sort(key=lambda x: (-rank_key(x[0], x[2], link), x[0].cancel_token))
+        committed: dict[str, float] = {}
+        out = []
+        for req, group, q in quoted:
+            ok = self.lease_budget_ok(view, q, group, req.deadline_s, now, committed)
+            state = decide(req, q, now, ok)
+            lease = self.ledger.submit(req, q, state, now)
+            if state.live:
+                for i in group:
+                    gpu = view.gpus[i]
+                    for l in (f"h2d:{gpu.id}", f"root:{gpu.node}"):
+                        committed[l] = committed.get(l, 0.0) + q.bytes / len(group)
+                if req.for_call is not None:
+                    self.lease_of_call[(req.program, req.for_call)] = lease.lease_id
+            out.append((lease, group))
+        return out
+
+
+def _hot_pages(m, min_touch: float) -> list[tuple[int, float]]:
+    if m.moe is None:
+        return []
+    return [(int(i), float(t)) for i, t in enumerate(page_touch_probs(m.moe)) if t >= min_touch]

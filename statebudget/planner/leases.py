@@ -1,0 +1,253 @@
+"""HandoffLease (seed 000 §3): a revocable hint from the agent runtime that names a target model
+(and the program's KV), the state version, the earliest use, a must-be-ready deadline, a
+confidence and a cancel token.
+
+    submit ─▶ quote (P50/P95 ready time from the cost model and the link queues)
+           ─▶ accepted | partial (weights only) | rejected
+    accepted/partial ─▶ transferring ─▶ ready (every object committed at the lease's version)
+                                     ─▶ consumed (the call used it)
+    any live state ─▶ cancelled (cancel token)   — transfers stop, reservations are freed
+                   ─▶ stale (a version changed)  — same; nothing of the old version is published
+                   ─▶ expired (deadline passed before ready) — the synchronous path takes over
+
+    time ──────────────────────────────────────────────────────────▶
+          submit      earliest                    deadline
+            │   quote    │◀── transfer (P50 .. P95) ──▶│ ready ≤ deadline, or fall back
+
+The ledger is a plain object: the simulator's policy and the service share it. It records states
+and answers what to stop; it moves no bytes. A commit is accepted only from a live lease and with
+the version the lease was made for, so a cancelled or stale lease never publishes state.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+
+class LeaseState(IntEnum):
+    SUBMITTED = 0
+    ACCEPTED = 1
+    PARTIAL = 2
+    TRANSFERRING = 3
+    READY = 4
+    CONSUMED = 5
+    REJECTED = 6
+    CANCELLED = 7
+    STALE = 8
+    EXPIRED = 9
+
+    @property
+    def live(self) -> bool:
+        """Holds reservations and may still publish."""
+        return self in (LeaseState.ACCEPTED, LeaseState.PARTIAL, LeaseState.TRANSFERRING, LeaseState.READY)
+
+    @property
+    def terminal(self) -> bool:
+        return self >= LeaseState.CONSUMED
+
+
+class UnknownLease(KeyError):
+    pass
+
+
+@dataclass(frozen=True)
+class LeaseRequest:
+    program: str
+    tenant: str
+    model: str
+    version: str            # the model's version (weights)
+    deadline_s: float       # absolute time by which the state must be ready
+    confidence: float
+    cancel_token: str
+    earliest_s: float = 0.0
+    kv_version: int | None = None  # the program KV's version (token count) to prepare, if any
+    for_call: str | None = None
+
+
+@dataclass(frozen=True)
+class Quote:
+    """Ready-time estimate (seconds from now) and what it would move."""
+    p50_s: float
+    p95_s: float
+    weights_p95_s: float    # the weights (and pages) alone, for a partial lease
+    bytes: float
+    stall_saved_s: float    # the restore the call would wait for without the lease
+    objects: tuple = ()     # state keys to prepare
+
+
+@dataclass
+class Lease:
+    lease_id: str
+    request: LeaseRequest
+    state: LeaseState
+    quote: Quote
+    created_s: float
+    objects: dict = field(default_factory=dict)  # key -> "pending" | "moving" | "done" | "stopped"
+    ready_s: float | None = None
+    reason: str = ""
+
+    @property
+    def decision(self) -> str:
+        if self.state == LeaseState.REJECTED:
+            return "rejected"
+        return "partial" if self.state == LeaseState.PARTIAL or self.reason == "partial" else "accepted"
+
+
+def rank_key(req: LeaseRequest, quote: Quote, link_gbps: float) -> float:
+    """Competing leases go by expected lateness loss minus cancellation risk (seed 000 §3), not by
+    size or history: confidence x the stall it saves, less (1 - confidence) x the link time its
+    bytes would waste if the branch is abandoned."""
+    waste_s = quote.bytes / (link_gbps * 1e9) if link_gbps > 0 else 0.0
+    return req.confidence * quote.stall_saved_s - (1.0 - req.confidence) * waste_s
+
+
+def decide(req: LeaseRequest, quote: Quote, now: float, budget_ok: bool) -> LeaseState:
+    """Admit only if the P95 completion is before the deadline and the background bandwidth
+    budget leaves the SLO margin; if only the weights make it, admit them alone (partial)."""
+    window = req.deadline_s - now
+    if not budget_ok or window <= 0:
+        return LeaseState.REJECTED
+    if quote.p95_s <= window:
+        return LeaseState.ACCEPTED
+    if req.kv_version is not None and quote.weights_p95_s <= window:
+        return LeaseState.PARTIAL
+    return LeaseState.REJECTED
+
+
+class LeaseLedger:
+    def __init__(self):
+        self.leases: dict[str, Lease] = {}
+        self._by_token: dict[str, set[str]] = {}
+        self._by_object: dict[tuple, set[str]] = {}
+        self._ids = itertools.count(1)
+
+    # ---- submit ---------------------------------------------------------------------------------
+    def submit(self, req: LeaseRequest, quote: Quote, state: LeaseState, now: float) -> Lease:
+        assert state in (LeaseState.ACCEPTED, LeaseState.PARTIAL, LeaseState.REJECTED)
+        lease = Lease(f"L{next(self._ids)}", req, state, quote, now)
+        if state == LeaseState.PARTIAL:
+            lease.reason = "partial"
+        self.leases[lease.lease_id] = lease
+        if state.live:
+            keys = quote.objects if state == LeaseState.ACCEPTED else tuple(k for k in quote.objects if k[0] != "kv")
+            lease.objects = {k: "pending" for k in keys}
+            self._by_token.setdefault(req.cancel_token, set()).add(lease.lease_id)
+            for k in keys:
+                self._by_object.setdefault(k, set()).add(lease.lease_id)
+            if not keys:
+                self._ready(lease, now)
+        return lease
+
+    def get(self, lease_id: str) -> Lease:
+        try:
+            return self.leases[lease_id]
+        except KeyError:
+            raise UnknownLease(lease_id) from None
+
+    # ---- transfers ------------------------------------------------------------------------------
+    def begin(self, lease_id: str, key) -> bool:
+        """An op for one of the lease's objects started. False if the lease is no longer live."""
+        lease = self.get(lease_id)
+        if not lease.state.live or key not in lease.objects:
+            return False
+        lease.objects[key] = "moving"
+        if lease.state in (LeaseState.ACCEPTED, LeaseState.PARTIAL):
+            lease.state = LeaseState.TRANSFERRING
+        return True
+
+    def commit(self, lease_id: str, key, version, now: float) -> bool:
+        """An object's copy is whole and verified. It is published only if the lease is live and
+        the version is the one the lease was made for; otherwise the commit is refused (and a
+        version mismatch makes the lease stale)."""
+        lease = self.get(lease_id)
+        if not lease.state.live or key not in lease.objects or lease.objects[key] == "stopped":
+            return False
+        if version != self._expected_version(lease, key):
+            self._end(lease, LeaseState.STALE, now, f"{key} committed at version {version!r}")
+            return False
+        lease.objects[key] = "done"
+        if all(v == "done" for v in lease.objects.values()):
+            self._ready(lease, now)
+        return True
+
+    def _expected_version(self, lease: Lease, key):
+        return lease.request.kv_version if key[0] == "kv" else lease.request.version
+
+    def _ready(self, lease: Lease, now: float) -> None:
+        lease.state = LeaseState.READY
+        lease.ready_s = now
+
+    def consume(self, lease_id: str, now: float) -> bool:
+        """The call the lease prepared for has started using its state."""
+        lease = self.get(lease_id)
+        if lease.state != LeaseState.READY:
+            return False
+        self._end(lease, LeaseState.CONSUMED, now, "")
+        return True
+
+    # ---- revocation ----------------------------------------------------------------------------
+    def cancel(self, lease_id: str, now: float, reason: str = "cancelled") -> list:
+        """Cancel one lease; returns the objects whose transfers must stop (none if it was already
+        over: a second cancel is a no-op)."""
+        lease = self.get(lease_id)
+        if not lease.state.live:
+            return []
+        return self._end(lease, LeaseState.CANCELLED, now, reason)
+
+    def cancel_token(self, token: str, now: float) -> list[tuple[str, list]]:
+        """Cancel every live lease holding `token`: [(lease_id, objects to stop)]."""
+        out = []
+        for lid in sorted(self._by_token.get(token, ())):
+            stop = self.cancel(lid, now, f"token {token}")
+            out.append((lid, stop))
+        return out
+
+    def version_changed(self, key, version, now: float) -> list[tuple[str, list]]:
+        """A state object changed version: live leases made for another version go stale."""
+        out = []
+        for lid in sorted(self._by_object.get(key, ())):
+            lease = self.leases[lid]
+            if lease.state.live and self._expected_version(lease, key) != version:
+                out.append((lid, self._end(lease, LeaseState.STALE, now, f"{key} is now version {version!r}")))
+        return out
+
+    def expire(self, now: float) -> list[str]:
+        """Leases past their deadline and not ready: the synchronous path takes over (their
+        transfers may go on, but the lease no longer holds them)."""
+        out = []
+        for lid, lease in self.leases.items():
+            if lease.state.live and lease.state != LeaseState.READY and now > lease.request.deadline_s:
+                self._end(lease, LeaseState.EXPIRED, now, "deadline passed before ready")
+                out.append(lid)
+        return out
+
+    def _end(self, lease: Lease, state: LeaseState, now: float, reason: str) -> list:
+        stop = [k for k, v in lease.objects.items() if v in ("pending", "moving")]
+        for k in lease.objects:
+            if lease.objects[k] != "done":
+                lease.objects[k] = "stopped"
+            ids = self._by_object.get(k)
+            if ids is not None:
+                ids.discard(lease.lease_id)
+                if not ids:
+                    del self._by_object[k]
+        ids = self._by_token.get(lease.request.cancel_token)
+        if ids is not None:
+            ids.discard(lease.lease_id)
+            if not ids:
+                del self._by_token[lease.request.cancel_token]
+        lease.state = state
+        lease.reason = reason or lease.reason
+        return stop
+
+    # ---- views ------------------------------------------------------------------------------------
+    def live_for(self, key) -> list[Lease]:
+        return [self.leases[i] for i in sorted(self._by_object.get(key, ()))]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for lease in self.leases.values():
+            out[lease.state.name.lower()] = out.get(lease.state.name.lower(), 0) + 1
+        return out

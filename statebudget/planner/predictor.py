@@ -1,0 +1,241 @@
+"""What the planner expects next: which model each live program calls next, and when.
+
+Three online estimates, all forgetting the past at a half-life so they follow hourly drift:
+
+- a Markov model-switch matrix, per tenant and global: `P(next model | last model)`, the tenant's
+  counts blended with the global ones (and a uniform prior) so a new tenant starts from the team;
+- per tool class, the distribution of tool waits (log-normal, from decayed moments of the observed
+  log-durations, seeded by the real-data fit), so `P(the wait ends within h | it has lasted e)`;
+- the rate of new programs and their first model.
+
+Together they give, for each live program, the probability that model m (and that program's KV)
+is needed within a horizon h:
+
+    P(prog needs m within h) = P(next model = m | last model) x P(next call arrives within h)
+
+A runtime hint, when present, replaces the Markov row for its program by its confidence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..traces.fit import load_fitted
+
+_SQRT2 = math.sqrt(2.0)
+ANY = "any"  # the wait between a call's end and the program's next call, whatever the tool
+
+
+class DecayedCounts:
+    """A matrix of counts that halves every `half_life_s` of (simulated or wall) time."""
+
+    def __init__(self, shape: tuple[int, int], half_life_s: float):
+        self.c = np.zeros(shape)
+        self.t = 0.0
+        self.half_life_s = half_life_s
+
+    def add(self, i: int, j: int, now: float, w: float = 1.0) -> None:
+        self._decay(now)
+        self.c[i, j] += w
+
+    def _decay(self, now: float) -> None:
+        if now > self.t:
+            self.c *= 0.5 ** ((now - self.t) / self.half_life_s)
+            self.t = now
+
+    def rows(self, now: float) -> np.ndarray:
+        self._decay(now)
+        return self.c
+
+
+@dataclass
+class ToolWaitModel:
+    """Log-normal tool waits per class from exponentially weighted moments of log-durations."""
+    prior: dict[str, tuple[float, float]]  # class -> (median_s, sigma)
+    prior_weight: float = 5.0
+    half_life_n: float = 200.0  # observations
+    stats: dict[str, list[float]] = field(default_factory=dict)  # class -> [w, sum log, sum log^2]
+
+    @classmethod
+    def from_fit(cls) -> "ToolWaitModel":
+        tools = load_fitted()["tools"]
+        return cls({k: (v["median_s"], v["sigma"]) for k, v in tools.items()})
+
+    def observe(self, tool: str, duration_s: float) -> None:
+        """One observed wait, for its class and for `any` (the pooled wait after a call)."""
+        x = math.log(max(duration_s, 1e-3))
+        keep = 0.5 ** (1.0 / self.half_life_n)
+        for cls in (tool, ANY):
+            s = self.stats.setdefault(cls, [0.0, 0.0, 0.0])
+            s[0] = s[0] * keep + 1.0
+            s[1] = s[1] * keep + x
+            s[2] = s[2] * keep + x * x
+
+    def params(self, tool: str) -> tuple[float, float]:
+        """(mu, sigma) of the log-duration."""
+        med, sig = self.prior.get(tool, self.prior.get("shell", (1.0, 1.0)))
+        w0 = self.prior_weight
+        mu0, var0 = math.log(med), sig * sig
+        w, s1, s2 = self.stats.get(tool, (0.0, 0.0, 0.0))
+        n = w0 + w
+        mu = (w0 * mu0 + s1) / n
+        ex2 = (w0 * (var0 + mu0 * mu0) + s2) / n
+        return mu, math.sqrt(max(ex2 - mu * mu, 0.01))
+
+    def _cdf(self, tool: str):
+        mu, sig = self.params(tool)
+        return lambda t: 0.5 * (1.0 + math.erf((math.log(max(t, 1e-6)) - mu) / (sig * _SQRT2)))
+
+    def p_end_within(self, tool: str, elapsed_s: float, horizon_s: float) -> float:
+        """P(wait <= elapsed + h | wait > elapsed)."""
+        f = self._cdf(tool)
+        done = f(elapsed_s) if elapsed_s > 0 else 0.0
+        if done >= 1.0:
+            return 1.0
+        return min(1.0, max(0.0, (f(elapsed_s + horizon_s) - done) / (1.0 - done)))
+
+    def quantile_remaining(self, tool: str, elapsed_s: float, q: float) -> float:
+        """The q-quantile of the remaining wait given it has lasted `elapsed_s`."""
+        mu, sig = self.params(tool)
+        f = self._cdf(tool)
+        done = f(elapsed_s) if elapsed_s > 0 else 0.0
+        target = done + q * (1.0 - done)
+        lo, hi = max(elapsed_s, 1e-6), max(elapsed_s, 1e-3) * 2 + math.exp(mu + 4 * sig)
+        for _ in range(50):  # bisection on the CDF
+            mid = 0.5 * (lo + hi)
+            if f(mid) < target:
+                lo = mid
+            else:
+                hi = mid
+        return max(0.0, hi - elapsed_s)
+
+
+@dataclass
+class LiveProgram:
+    """What the predictor knows of one running program."""
+    program: str
+    tenant: str
+    last_model: str | None = None
+    phase: str = "call"  # "call" (a call is running) or "tool" (waiting on a tool)
+    tool: str | None = None
+    since: float = 0.0
+    call_end_s: float = 0.0  # when the running call is expected to end
+    running_calls: int = 0
+    hint: tuple[str, float] | None = None  # (model, confidence) announced for the next call
+
+
+class Predictor:
+    def __init__(self, models: list[str], half_life_s: float = 1800.0, prior: float = 0.5,
+                 tenant_weight: float = 2.0):
+        self.models = list(models)
+        self.idx = {m: i for i, m in enumerate(self.models)}
+        self.half_life_s, self.prior, self.tenant_weight = half_life_s, prior, tenant_weight
+        n = len(self.models)
+        self.global_switch = DecayedCounts((n + 1, n), half_life_s)  # row n: a program's first call
+        self.tenant_switch: dict[str, DecayedCounts] = {}
+        self.tools = ToolWaitModel.from_fit()
+        self.live: dict[str, LiveProgram] = {}
+        self.program_starts = DecayedCounts((1, 1), half_life_s)  # [0,0]: decayed count of starts
+
+    # ---- events -------------------------------------------------------------------------------
+    def program_started(self, program: str, tenant: str, now: float) -> None:
+        self.live[program] = LiveProgram(program, tenant, since=now)
+        self.program_starts.add(0, 0, now)
+
+    def call_arrived(self, program: str, model: str, now: float, expected_s: float = 0.0) -> None:
+        lp = self.live.get(program)
+        if lp is None or model not in self.idx:
+            return
+        row = self.idx[lp.last_model] if lp.last_model in self.idx else len(self.models)
+        self.global_switch.add(row, self.idx[model], now)
+        ts = self.tenant_switch.get(lp.tenant)
+        if ts is None:
+            ts = self.tenant_switch[lp.tenant] = DecayedCounts((len(self.models) + 1, len(self.models)), self.half_life_s)
+        ts.add(row, self.idx[model], now)
+        lp.last_model, lp.phase, lp.since, lp.hint = model, "call", now, None
+        lp.call_end_s = max(lp.call_end_s if lp.running_calls else 0.0, now + expected_s)
+        lp.running_calls += 1
+
+    def call_finished(self, program: str, now: float) -> None:
+        lp = self.live.get(program)
+        if lp is not None:
+            lp.running_calls = max(0, lp.running_calls - 1)
+            if lp.running_calls == 0 and lp.phase == "call":
+                lp.phase, lp.tool, lp.since = "tool", None, now
+
+    def tool_started(self, program: str, tool: str, now: float) -> None:
+        lp = self.live.get(program)
+        if lp is not None and lp.running_calls == 0:
+            lp.phase, lp.tool, lp.since = "tool", tool, now
+
+    def tool_finished(self, program: str, tool: str, duration_s: float, now: float) -> None:
+        self.tools.observe(tool, duration_s)
+
+    def hinted(self, program: str, model: str, confidence: float) -> None:
+        lp = self.live.get(program)
+        if lp is not None:
+            lp.hint = (model, confidence)
+
+    def program_finished(self, program: str) -> None:
+        self.live.pop(program, None)
+
+    # ---- estimates ----------------------------------------------------------------------------
+    def switch_matrix(self, now: float, tenant: str | None = None) -> np.ndarray:
+        """Row-stochastic P(next | last); the last row is P(first model of a program)."""
+        c = self.global_switch.rows(now).copy()
+        if tenant is not None and tenant in self.tenant_switch:
+            c += self.tenant_weight * self.tenant_switch[tenant].rows(now)
+        c += self.prior / c.shape[1]
+        return c / c.sum(axis=1, keepdims=True)
+
+    def next_model_probs(self, now: float, use_hints: bool = True) -> tuple[list[str], np.ndarray]:
+        """(program ids, matrix [programs x models]) of P(the program's next call is on model m)."""
+        progs = list(self.live.values())
+        n = len(self.models)
+        out = np.zeros((len(progs), n))
+        mats: dict[str | None, np.ndarray] = {}
+        for k, lp in enumerate(progs):
+            if use_hints and lp.hint is not None and lp.hint[0] in self.idx:
+                model, conf = lp.hint
+                m = mats.get(lp.tenant)
+                if m is None:
+                    m = mats[lp.tenant] = self.switch_matrix(now, lp.tenant)
+                row = m[self.idx[lp.last_model]] if lp.last_model in self.idx else m[n]
+                out[k] = row * (1.0 - conf)
+                out[k, self.idx[model]] += conf
+                continue
+            m = mats.get(lp.tenant)
+            if m is None:
+                m = mats[lp.tenant] = self.switch_matrix(now, lp.tenant)
+            out[k] = m[self.idx[lp.last_model]] if lp.last_model in self.idx else m[n]
+        return [lp.program for lp in progs], out
+
+    def p_next_within(self, now: float, horizon_s: float) -> np.ndarray:
+        """For each live program (in `live` order): P(its next call arrives within the horizon)."""
+        out = np.empty(len(self.live))
+        for k, lp in enumerate(self.live.values()):
+            if lp.phase == "tool" and lp.tool is not None:
+                out[k] = self.tools.p_end_within(lp.tool, now - lp.since, horizon_s)
+            elif lp.phase == "tool":
+                out[k] = 0.9  # between a call's end and the next event: soon
+            else:  # a call runs: the next one comes after it ends and after some tool wait
+                left = horizon_s - max(0.0, lp.call_end_s - now)
+                out[k] = self.tools.p_end_within(ANY, 0.0, left) if left > 0 else 0.0
+        return out
+
+    def need_within(self, now: float, horizon_s: float, use_hints: bool = True) -> tuple[list[str], np.ndarray]:
+        """(programs, [programs x models]) of P(the program needs model m within the horizon)."""
+        progs, nxt = self.next_model_probs(now, use_hints)
+        return progs, nxt * self.p_next_within(now, horizon_s)[:, None]
+
+    def model_need_within(self, now: float, horizon_s: float, use_hints: bool = True) -> np.ndarray:
+        """Per model: P(some program, live or new, calls it within the horizon)."""
+        _, p = self.need_within(now, horizon_s, use_hints)
+        miss = np.prod(1.0 - p, axis=0) if len(p) else np.ones(len(self.models))
+        rate = self.program_starts.rows(now)[0, 0] * math.log(2) / self.half_life_s  # starts per second
+        first = self.switch_matrix(now)[len(self.models)]
+        miss = miss * np.exp(-rate * horizon_s * first)
+        return 1.0 - miss

@@ -1,0 +1,152 @@
+"""Our policies: the planner core (`statebudget.planner`) behind the policy interface. The
+simulator calls these hooks; the service feeds the same core from runtime events."""
+
+from __future__ import annotations
+
+from ...models.state import kv_key
+from ...planner.core import PlannerCore
+from ...planner.leases import LeaseRequest
+from .base import Policy
+from .baselines import place_model
+
+
+class StateBudget(Policy):
+    """Online greedy residency over weights, KV and expert pages, driven by the Markov switch
+    matrix and the tool-wait model (no runtime hints)."""
+    name = "statebudget"
+    demote_to = "host"
+    tick_s = 5.0
+    use_hints = False
+
+    def __init__(self):
+        self.core: PlannerCore | None = None
+
+    def _core(self, sim) -> PlannerCore:
+        if self.core is None:
+            self.core = PlannerCore(sim.catalog, sim.cost, use_hints=self.use_hints)
+        return self.core
+
+    # ---- events into the predictor, plans out ---------------------------------------------------
+    def on_program_start(self, sim, program):
+        self._core(sim).predictor.program_started(program.program, program.tenant, sim.now)
+
+    def on_call_arrive(self, sim, call):
+        core = self._core(sim)
+        m = sim.catalog.by_name[call.model]
+        group = sim.groups(m.tp)[0] if sim.groups(m.tp) else tuple(range(m.tp))
+        expected = sim.cost.prefill_s(m, call.context_tokens, group) + \
+            sim.cost.decode_s(m, call.output_tokens, call.context_tokens, group)
+        core.predictor.call_arrived(call.program, call.model, sim.now, expected)
+
+    def on_call_admitted(self, sim, call):
+        return self._core(sim).plan(sim, sim.now)
+
+    def on_call_end(self, sim, call):
+        core = self._core(sim)
+        core.predictor.call_finished(call.program, sim.now)
+        return core.plan(sim, sim.now)
+
+    def on_tool_start(self, sim, program, node, tool):
+        core = self._core(sim)
+        core.predictor.tool_started(program.program, tool, sim.now)
+        return core.plan(sim, sim.now)
+
+    def on_tool_end(self, sim, program, node, tool, duration_s):
+        self._core(sim).predictor.tool_finished(program.program, tool, duration_s, sim.now)
+
+    def on_program_end(self, sim, program):
+        self._core(sim).predictor.program_finished(program.program)
+
+    def on_tick(self, sim):
+        return self._core(sim).plan(sim, sim.now)
+
+    # ---- eviction --------------------------------------------------------------------------------
+    def evict_priority(self, sim, copy):
+        return (self._core(sim).evict_priority(copy), copy.last_use)
+
+    def may_evict_for_prefetch(self, sim, victim, key):
+        core = self._core(sim)
+        mine = max((d for (k, _), d in core.density.items() if k == key), default=0.0)
+        return core.evict_priority(victim) < mine
+
+
+class StateBudgetLease(StateBudget):
+    """StateBudget plus HandoffLeases made from the runtime's hints: each hint becomes a lease
+    (deadline = a low quantile of the remaining tool wait), quoted, ranked and admitted; accepted
+    leases prepare their state ahead; cancels and version changes stop their transfers."""
+    name = "statebudget-lease"
+    use_hints = True
+
+    def __init__(self):
+        super().__init__()
+        self.group_of: dict[str, tuple] = {}
+        self.tool_of: dict[str, tuple[str, float]] = {}  # program -> (tool running, since)
+
+    def on_tool_start(self, sim, program, node, tool):
+        self.tool_of[program.program] = (tool, sim.now)
+        return super().on_tool_start(sim, program, node, tool)
+
+    def on_hints(self, sim, program, hints):
+        core = self._core(sim)
+        reqs = []
+        for h in hints:
+            if h.model not in sim.catalog.by_name:
+                continue
+            core.predictor.hinted(program.program, h.model, h.confidence)
+            tool, since = self.tool_of.get(program.program, ("shell", sim.now))
+            wait = core.predictor.tools.quantile_remaining(tool, sim.now - since, core.cfg.lease_deadline_q)
+            kvk = kv_key(program.program, h.model)
+            kv = sim.kv_tokens.get(kvk) or None
+            group = place_model(sim, h.model, program=program.program)
+            if group is None:
+                continue
+            version = sim.catalog.by_name[h.model].version
+            reqs.append((LeaseRequest(program=program.program, tenant=program.tenant, model=h.model, version=version,
+                                      deadline_s=sim.now + wait, confidence=h.confidence,
+                                      cancel_token=f"{program.program}/{h.for_}", earliest_s=sim.now,
+                                      kv_version=kv, for_call=h.for_), group))
+        out = []
+        for lease, group in core.admit(sim, reqs, sim.now):
+            if not lease.state.live:
+                continue
+            self.group_of[lease.lease_id] = group
+            for key in lease.objects:
+                core.ledger.begin(lease.lease_id, key)
+                out.append(("promote", key, group, lease.lease_id))
+        return out + core.plan(sim, sim.now)
+
+    def on_copy_ready(self, sim, copy):
+        core = self._core(sim)
+        version = sim.kv_tokens.get(copy.key) if copy.key[0] == "kv" else sim.catalog.by_name[copy.key[1]].version
+        for lid in copy.lease or ():
+            core.ledger.commit(lid, copy.key, version, sim.now)
+        copy.lease = None
+
+    def on_call_arrive(self, sim, call):
+        super().on_call_arrive(sim, call)
+        core = self._core(sim)
+        lid = core.lease_of_call.pop((call.program, call.node), None)
+        if lid is not None:
+            core.ledger.consume(lid, sim.now)
+
+    def _stop(self, sim, stopped) -> list:
+        out = []
+        for lid, keys in stopped:
+            group = self.group_of.get(lid)
+            for key in keys:
+                if group is not None:
+                    out.append(("cancel", key, group))
+        return out
+
+    def on_call_cancelled(self, sim, call):
+        return self._stop(sim, self._core(sim).ledger.cancel_token(f"{call.program}/{call.node}", sim.now))
+
+    def on_call_end(self, sim, call):
+        core = self._core(sim)
+        kvk = kv_key(call.program, call.model)
+        out = self._stop(sim, core.ledger.version_changed(kvk, sim.kv_tokens.get(kvk), sim.now))
+        return out + (super().on_call_end(sim, call) or [])
+
+    def on_tick(self, sim):
+        self._core(sim).ledger.expire(sim.now)
+        return super().on_tick(sim)

@@ -32,14 +32,17 @@ from .predictor import Predictor
 @dataclass
 class PlannerConfig:
     horizon_s: float = 30.0          # value = P(needed within this) x restore seconds
-    idle_horizon_s: float = 90.0     # residents unlikely to be needed within this are demoted
-    idle_threshold: float = 0.12     #   ... when that probability is below this
+    idle_horizon_s: float = 90.0     # idle residents are ranked by P(needed within this)
+    idle_threshold: float = 0.08     # models less likely than this within it are not staged in host
+    warm_budget: float = 1.0        # share of cluster HBM that idle weights and pages may hold
+    min_dwell_s: float = 30.0        # a promoted copy stays at least this long (no promote/demote ping-pong)
     promote_min_p: float = 0.35      # promote only what is at least this likely within the horizon
     hysteresis: float = 0.3          # residents' density bonus against thrashing
     gpu_headroom: float = 0.05       # fraction of each GPU left for on-demand loads
     link_headroom: float = 0.3       # fraction of each link left for on-demand traffic
     window_s: float = 10.0           # promotions are budgeted over this window
-    page_min_touch: float = 0.3      # expert pages prepared with a model: touched at least this often
+    page_min_touch: float = 0.2      # expert pages prepared with a model: touched at least this often
+    lease_page_min_touch: float = 0.05  # a lease prepares the pages a call touches at least this often
     lease_deadline_q: float = 0.25   # a hint's deadline: this quantile of the remaining tool wait
     lease_slo_margin: float = 0.2    # link share leases may not take (left for non-lease calls)
 
@@ -55,6 +58,7 @@ class PlannerCore:
         self.density: dict[tuple, float] = {}  # (key, group) -> last computed density
         self.lease_of_call: dict[tuple, str] = {}  # (program, call) -> lease id
         self._hot_pages = {m.name: _hot_pages(m, self.cfg.page_min_touch) for m in catalog.models}
+        self._lease_pages = {m.name: _hot_pages(m, self.cfg.lease_page_min_touch) for m in catalog.models}
 
     # ---- the greedy step ------------------------------------------------------------------------
     def plan(self, view, now: float) -> list:
@@ -101,8 +105,13 @@ class PlannerCore:
                 add(weights_key(m.name), g, 0.25 * p_model[mi] * restore, src, 0.0)
             if m.moe:
                 fault = m.moe.page_bytes / len(home) / self.cost.link_bw[f"h2d:{view.gpus[home[0]].id}"]
-                for page, touch in self._hot_pages[m.name]:
-                    add(expert_key(m.name, page), home, p_model[mi] * touch * fault, f"nvme:{node}", p_model[mi] * touch)
+                touch = page_touch_probs(m.moe)
+                hot = {p for p, _ in self._hot_pages[m.name]}
+                for page in range(m.moe.pages):
+                    # hot pages are candidates anywhere; the tail only where a call left it
+                    if page in hot or (expert_key(m.name, page), home) in tiers.gpu:
+                        add(expert_key(m.name, page), home, p_model[mi] * touch[page] * fault, f"nvme:{node}",
+                            p_model[mi] * touch[page])
         for k, prog in enumerate(progs):
             for mi, m in enumerate(self.catalog.models):
                 kvk = kv_key(prog, m.name)
@@ -124,16 +133,18 @@ class PlannerCore:
         pinned = np.zeros(n_gpu)
         cand = set(zip(keys, groups))
         for (key, group), c in tiers.gpu.items():
-            if (key, group) not in cand or c.pins > 0 or not c.ready:
+            if (key, group) not in cand or c.pins > 0:
                 for i in group:
                     pinned[i] += c.per_gpu
         for group, b in tiers.private.values():
             for i in group:
                 pinned[i] += b
         res_arr = np.asarray(resident)
-        # Pinned residents are not candidates for the budget: they stay whatever the solver says.
-        is_pinned = np.array([(c := tiers.gpu.get((k, g))) is not None and (c.pins > 0 or not c.ready)
-                              for k, g in zip(keys, groups)])
+        # Residents a call pins are not candidates for the budget: they stay whatever the solver
+        # says. A prefetch still loading is a resident like any other (it cannot be demoted yet).
+        is_pinned = np.array([(c := tiers.gpu.get((k, g))) is not None and c.pins > 0 for k, g in zip(keys, groups)])
+        young = np.array([(c := tiers.gpu.get((k, g))) is not None and (not c.ready or now - c.created < cfg.min_dwell_s)
+                          for k, g in zip(keys, groups)])
         cap = np.asarray(tiers.hbm_cap)
         budget = cap * (1 - cfg.gpu_headroom) - pinned
         backlog = view.link_backlog()
@@ -143,16 +154,51 @@ class PlannerCore:
                            res_arr & ~is_pinned, paths)
         plan = solve(cands, budget, link_budget, cfg.hysteresis)
         self.density = {(k, g): float(d) for k, g, d in zip(keys, groups, plan.density)}
-        out = [("promote", keys[i], groups[i]) for i in plan.promote if probs[i] >= cfg.promote_min_p]
-        # Idle residents: demote one tier if they are unlikely to be needed for a while.
+        # The warm tax is spent, not minimised: idle state (weights and pages with no running call
+        # on their group, resident or about to be promoted) holds HBM in density order —
+        # P(needed within the idle horizon) x restore seconds per byte — up to `warm_budget` of
+        # the cluster's HBM. Residents past it go one tier down, only once host DRAM holds a copy
+        # (the demotion moves nothing, a restore is a wake); candidates past it are not promoted.
         p_idle = pred.model_need_within(now, cfg.idle_horizon_s, self.use_hints)
+        promote = {i for i in plan.promote if probs[i] >= cfg.promote_min_p}
+        idle = []
         for i, (k, g) in enumerate(zip(keys, groups)):
-            if not resident[i] or is_pinned[i] or k[0] == "kv":
+            if is_pinned[i] or k[0] == "kv" or view.running_models.get((k[1], g), 0):
+                continue
+            if not resident[i] and i not in promote:
                 continue
             mi = self.models.index(k[1])
-            duplicate = k[0] == "w" and g != homes.get(k[1]) and view.running_models.get((k[1], g), 0) == 0
-            if (p_idle[mi] < cfg.idle_threshold or duplicate) and not self._leased(k):
+            duplicate = resident[i] and k[0] == "w" and g != homes.get(k[1])
+            leased = self._leased(k) or young[i]
+            keep = math.inf if leased else 0.0 if duplicate else \
+                plan.density[i] * (p_idle[mi] / max(p_model[mi], 1e-9))
+            idle.append((keep, i))
+        room = cfg.warm_budget * float(cap.sum())
+        out = []
+        for keep, i in sorted(idle, key=lambda x: (-x[0], x[1])):
+            k, g = keys[i], groups[i]
+            nbytes = per_gpu[i] * len(g)
+            if keep > 0 and room >= nbytes:
+                room -= nbytes
+                continue
+            if not resident[i]:
+                promote.discard(i)
+                continue
+            hc = tiers.host.get((k, view.gpus[g[0]].node))
+            if hc is not None and hc.ready:
                 out.append(("demote", k, g, "host"))
+        out = [("promote", keys[i], groups[i]) for i in plan.promote if i in promote] + out
+        # Stage in host DRAM what a restore would read (weights, expert pages of the home node) for
+        # models likely to be used at all: a restore from DRAM is a wake, from NVMe a cold start.
+        for m in self.catalog.models:
+            home = homes.get(m.name)
+            if home is None or p_idle[self.models.index(m.name)] < cfg.idle_threshold / 2:
+                continue
+            node = view.gpus[home[0]].node
+            stage = [weights_key(m.name)] + ([expert_key(m.name, p) for p in range(m.moe.pages)] if m.moe else [])
+            for k in stage:
+                if (k, node) not in tiers.host:
+                    out.append(("promote_host", k, node))
         return out
 
     def _leased(self, key) -> bool:
@@ -192,13 +238,14 @@ class PlannerCore:
         """P50/P95 ready time of a lease's objects on `group` from the cost model and the bytes
         already queued on the links (P50 assumes half the queue is ahead of us, P95 all of it)."""
         m = self.catalog.by_name[req.model]
-        objects = [weights_key(m.name)] + [expert_key(m.name, p) for p, _ in self._hot_pages[m.name]]
+        objects = [weights_key(m.name)] + [expert_key(m.name, p) for p, _ in self._lease_pages[m.name]]
         if req.kv_version is not None:
             objects.append(kv_key(req.program, m.name))
         backlog = view.link_backlog()
-        p50 = p95 = w95 = 0.0
+        on_link: dict[str, float] = {}      # bytes this lease puts on each link (objects share them)
+        w_link: dict[str, float] = {}       # the same for weights and pages alone
+        compute = reconf = 0.0
         total = 0.0
-        stall = 0.0
         need = []
         for key in objects:
             if (key, group) in view.tiers.gpu:
@@ -207,23 +254,24 @@ class PlannerCore:
             per_gpu = view.size_of(key) / len(group)
             need.append(key)
             if src == "none":  # KV to recompute: compute time, no link
-                t = self.cost.prefill_s(m, view.kv_tokens.get(key, 0), group)
-                p50, p95 = max(p50, t), max(p95, t)
-                stall = max(stall, t)
+                compute = max(compute, self.cost.prefill_s(m, view.kv_tokens.get(key, 0), group))
                 continue
             total += per_gpu * len(group)
             kind = src.split(":", 1)[0]
-            reconf = self.cost.reconfig_s(group, kind) if key[0] == "w" else 0.0
-            t50 = t95 = 0.0
+            if key[0] == "w":
+                reconf = self.cost.reconfig_s(group, kind)
             for link, b in self._path_bytes(view, src, group, per_gpu).items():
-                bw = self.cost.link_bw[link]
-                q = backlog.get(link, 0.0)
-                t50 = max(t50, (q / 2 + b) / bw)
-                t95 = max(t95, (q + b) / bw)
-            p50, p95 = max(p50, t50 + reconf), max(p95, t95 + reconf)
-            stall = max(stall, (t50 + reconf))
-            if key[0] != "kv":
-                w95 = max(w95, t95 + reconf)
+                on_link[link] = on_link.get(link, 0.0) + b
+                if key[0] != "kv":
+                    w_link[link] = w_link.get(link, 0.0) + b
+
+        def finish(loads: dict, ahead: float) -> float:
+            return max((((ahead * backlog.get(l, 0.0)) + b) / self.cost.link_bw[l] for l, b in loads.items()), default=0.0)
+
+        p50 = max(finish(on_link, 0.5) + reconf, compute)
+        p95 = max(finish(on_link, 1.0) + reconf, compute)
+        w95 = finish(w_link, 1.0) + reconf
+        stall = p50
         return Quote(p50_s=p50, p95_s=p95, weights_p95_s=w95, bytes=total, stall_saved_s=stall, objects=tuple(need))
 
     def lease_budget_ok(self, view, quote: Quote, group, deadline_s: float, now: float, committed: dict) -> bool:

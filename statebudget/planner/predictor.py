@@ -123,6 +123,7 @@ class LiveProgram:
     tool: str | None = None
     since: float = 0.0
     call_end_s: float = 0.0  # when the running call is expected to end
+    last_arrival: float | None = None
     running_calls: int = 0
     hint: tuple[str, float] | None = None  # (model, confidence) announced for the next call
 
@@ -134,7 +135,10 @@ class Predictor:
         self.idx = {m: i for i, m in enumerate(self.models)}
         self.half_life_s, self.prior, self.tenant_weight = half_life_s, prior, tenant_weight
         n = len(self.models)
-        self.global_switch = DecayedCounts((n + 1, n), half_life_s)  # row n: a program's first call
+        # rows: last model, then START (a program's first call); columns: next model, then END
+        self.global_switch = DecayedCounts((n + 1, n + 1), half_life_s)
+        self.cycle_s = 20.0  # EWMA of the time between a program's successive call arrivals
+        self.lookahead = 3
         self.tenant_switch: dict[str, DecayedCounts] = {}
         self.tools = ToolWaitModel.from_fit()
         self.live: dict[str, LiveProgram] = {}
@@ -153,8 +157,12 @@ class Predictor:
         self.global_switch.add(row, self.idx[model], now)
         ts = self.tenant_switch.get(lp.tenant)
         if ts is None:
-            ts = self.tenant_switch[lp.tenant] = DecayedCounts((len(self.models) + 1, len(self.models)), self.half_life_s)
+            ts = self.tenant_switch[lp.tenant] = DecayedCounts((len(self.models) + 1, len(self.models) + 1),
+                                                                self.half_life_s)
         ts.add(row, self.idx[model], now)
+        if lp.last_arrival is not None:
+            self.cycle_s = 0.9 * self.cycle_s + 0.1 * (now - lp.last_arrival)
+        lp.last_arrival = now
         lp.last_model, lp.phase, lp.since, lp.hint = model, "call", now, None
         lp.call_end_s = max(lp.call_end_s if lp.running_calls else 0.0, now + expected_s)
         lp.running_calls += 1
@@ -179,12 +187,19 @@ class Predictor:
         if lp is not None:
             lp.hint = (model, confidence)
 
-    def program_finished(self, program: str) -> None:
-        self.live.pop(program, None)
+    def program_finished(self, program: str, now: float = 0.0) -> None:
+        lp = self.live.pop(program, None)
+        if lp is not None and lp.last_model in self.idx:
+            n = len(self.models)
+            self.global_switch.add(self.idx[lp.last_model], n, now)
+            ts = self.tenant_switch.get(lp.tenant)
+            if ts is not None:
+                ts.add(self.idx[lp.last_model], n, now)
 
     # ---- estimates ----------------------------------------------------------------------------
     def switch_matrix(self, now: float, tenant: str | None = None) -> np.ndarray:
-        """Row-stochastic P(next | last); the last row is P(first model of a program)."""
+        """Row-stochastic P(next | last) over the models then END (the program ends); the last
+        row is P(first model of a program)."""
         c = self.global_switch.rows(now).copy()
         if tenant is not None and tenant in self.tenant_switch:
             c += self.tenant_weight * self.tenant_switch[tenant].rows(now)
@@ -204,13 +219,13 @@ class Predictor:
                 if m is None:
                     m = mats[lp.tenant] = self.switch_matrix(now, lp.tenant)
                 row = m[self.idx[lp.last_model]] if lp.last_model in self.idx else m[n]
-                out[k] = row * (1.0 - conf)
+                out[k] = row[:n] * (1.0 - conf)
                 out[k, self.idx[model]] += conf
                 continue
             m = mats.get(lp.tenant)
             if m is None:
                 m = mats[lp.tenant] = self.switch_matrix(now, lp.tenant)
-            out[k] = m[self.idx[lp.last_model]] if lp.last_model in self.idx else m[n]
+            out[k] = (m[self.idx[lp.last_model]] if lp.last_model in self.idx else m[n])[:n]
         return [lp.program for lp in progs], out
 
     def p_next_within(self, now: float, horizon_s: float) -> np.ndarray:
@@ -227,15 +242,26 @@ class Predictor:
         return out
 
     def need_within(self, now: float, horizon_s: float, use_hints: bool = True) -> tuple[list[str], np.ndarray]:
-        """(programs, [programs x models]) of P(the program needs model m within the horizon)."""
-        progs, nxt = self.next_model_probs(now, use_hints)
-        return progs, nxt * self.p_next_within(now, horizon_s)[:, None]
+        """(programs, [programs x models]) of P(the program needs model m within the horizon),
+        looking `lookahead` calls ahead along the switch matrix: the j-th next call comes about
+        (j - 1) call cycles after the next one."""
+        progs, q = self.next_model_probs(now, use_hints)
+        n = len(self.models)
+        step = self.switch_matrix(now)[:n, :n]  # model -> model, END mass dropped
+        miss = 1.0 - q * self.p_next_within(now, horizon_s)[:, None]
+        for j in range(1, self.lookahead):
+            left = horizon_s - j * self.cycle_s
+            if left <= 0:
+                break
+            q = q @ step
+            miss *= 1.0 - q * self.p_next_within(now, left)[:, None]
+        return progs, 1.0 - miss
 
     def model_need_within(self, now: float, horizon_s: float, use_hints: bool = True) -> np.ndarray:
         """Per model: P(some program, live or new, calls it within the horizon)."""
         _, p = self.need_within(now, horizon_s, use_hints)
         miss = np.prod(1.0 - p, axis=0) if len(p) else np.ones(len(self.models))
         rate = self.program_starts.rows(now)[0, 0] * math.log(2) / self.half_life_s  # starts per second
-        first = self.switch_matrix(now)[len(self.models)]
+        first = self.switch_matrix(now)[len(self.models), :len(self.models)]
         miss = miss * np.exp(-rate * horizon_s * first)
         return 1.0 - miss

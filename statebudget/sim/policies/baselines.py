@@ -238,7 +238,8 @@ def home_or_default(sim, call, home):
 
 def place_model(sim, model: str, program: str | None = None):
     """Where a prefetch of `model` should go: a group already holding the program's KV for it, else
-    the group with the most free HBM among those its dense weights fit."""
+    one already holding the model's weights (the most recently used), else the group with the
+    most free HBM among those its dense weights fit."""
     m = sim.catalog.by_name[model]
     groups = sim.groups(m.tp)
     if program is not None:
@@ -246,6 +247,9 @@ def place_model(sim, model: str, program: str | None = None):
         for g in groups:
             if (kvk, g) in sim.tiers.gpu:
                 return g
+    have = [c for c in sim.copies_of(model) if c.group in groups]
+    if have:
+        return max(have, key=lambda c: (c.last_use, [-i for i in c.group])).group
     fits = [g for g in groups if all(m.dense_bytes / m.tp <= sim.tiers.hbm_cap[i] for i in g)]
     if not fits:
         return None

@@ -55,7 +55,7 @@ class StateBudget(Policy):
         self._core(sim).predictor.tool_finished(program.program, tool, duration_s, sim.now)
 
     def on_program_end(self, sim, program):
-        self._core(sim).predictor.program_finished(program.program)
+        self._core(sim).predictor.program_finished(program.program, sim.now)
 
     def on_tick(self, sim):
         return self._core(sim).plan(sim, sim.now)

@@ -86,6 +86,7 @@ class Lease:
     created_s: float
     objects: dict = field(default_factory=dict)  # key -> "pending" | "moving" | "done" | "stopped"
     ready_s: float | None = None
+    ended_s: float | None = None
     reason: str = ""
 
     @property
@@ -239,6 +240,7 @@ class LeaseLedger:
             if not ids:
                 del self._by_token[lease.request.cancel_token]
         lease.state = state
+        lease.ended_s = now
         lease.reason = reason or lease.reason
         return stop
 

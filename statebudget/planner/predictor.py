@@ -125,7 +125,7 @@ class LiveProgram:
     call_end_s: float = 0.0  # when the running call is expected to end
     last_arrival: float | None = None
     running_calls: int = 0
-    hint: tuple[str, float] | None = None  # (model, confidence) announced for the next call
+    hint: tuple[str, float, str | None] | None = None  # (model, confidence, call) announced for the next call
 
 
 class Predictor:
@@ -182,10 +182,16 @@ class Predictor:
     def tool_finished(self, program: str, tool: str, duration_s: float, now: float) -> None:
         self.tools.observe(tool, duration_s)
 
-    def hinted(self, program: str, model: str, confidence: float) -> None:
+    def hinted(self, program: str, model: str, confidence: float, call: str | None = None) -> None:
         lp = self.live.get(program)
         if lp is not None:
-            lp.hint = (model, confidence)
+            lp.hint = (model, confidence, call)
+
+    def call_cancelled(self, program: str, call: str) -> None:
+        """A branch was abandoned: a hint announced for it no longer holds."""
+        lp = self.live.get(program)
+        if lp is not None and lp.hint is not None and lp.hint[2] == call:
+            lp.hint = None
 
     def program_finished(self, program: str, now: float = 0.0) -> None:
         lp = self.live.pop(program, None)
@@ -214,7 +220,7 @@ class Predictor:
         mats: dict[str | None, np.ndarray] = {}
         for k, lp in enumerate(progs):
             if use_hints and lp.hint is not None and lp.hint[0] in self.idx:
-                model, conf = lp.hint
+                model, conf, _ = lp.hint
                 m = mats.get(lp.tenant)
                 if m is None:
                     m = mats[lp.tenant] = self.switch_matrix(now, lp.tenant)

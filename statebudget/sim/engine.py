@@ -205,7 +205,10 @@ class Simulator:
         heap, pop = self._heap, heapq.heappop
         next_report = 0.0
         end = None  # when the last program finished; later events only finish transfers
-        while heap:
+        while heap or self.waiting:
+            if not heap:
+                self._push_all(self._unstick(force=True))
+                continue
             t, _, _, fn, args = pop(heap)
             if t > self.now:
                 if end is None:
@@ -265,6 +268,8 @@ class Simulator:
     def _tick(self, period):
         if self._open_programs == 0:
             return None
+        if not self._heap:
+            self._push_all(self._unstick())
         self._apply(self._decide(self.policy.on_tick))
         return [(self.now + period, PRIO_TICK, self._tick, (period,))]
 
@@ -612,6 +617,7 @@ class Simulator:
             c.waiting_on -= 1
             if c.waiting_on == 0:
                 events += self._on_ready(c)
+        self._retry_waiting()  # a copy that was loading can now be evicted for a waiting call
         return events
 
     def _on_ready(self, c: CallRec):
@@ -716,6 +722,16 @@ class Simulator:
         events += self._start_queued()
         self._retry_waiting()
         return events
+
+    def _unstick(self, force: bool = False) -> list:
+        """Nothing left to happen but calls still wait for HBM: retry them, and report the first
+        that still cannot be admitted as unplaceable rather than wait forever."""
+        self._retry_waiting()
+        idle = not self.flows.flows and not self.queued and not any(self.running_on)
+        if self.waiting and (force or idle):
+            c = self.waiting.pop(0)
+            return self._unplaceable(c) or []
+        return []
 
     def _retry_waiting(self):
         if not self.waiting:

@@ -4,7 +4,7 @@ simulator calls these hooks; the service feeds the same core from runtime events
 from __future__ import annotations
 
 from ...models.state import kv_key
-from ...planner.core import PlannerCore
+from ...planner.core import PlannerConfig, PlannerCore
 from ...planner.leases import LeaseRequest
 from .base import Policy
 from .baselines import place_model
@@ -18,12 +18,13 @@ class StateBudget(Policy):
     tick_s = 5.0
     use_hints = False
 
-    def __init__(self):
+    def __init__(self, config: PlannerConfig | None = None):
+        self.config = config
         self.core: PlannerCore | None = None
 
     def _core(self, sim) -> PlannerCore:
         if self.core is None:
-            self.core = PlannerCore(sim.catalog, sim.cost, use_hints=self.use_hints)
+            self.core = PlannerCore(sim.catalog, sim.cost, self.config, use_hints=self.use_hints)
         return self.core
 
     # ---- events into the predictor, plans out ---------------------------------------------------
@@ -77,8 +78,8 @@ class StateBudgetLease(StateBudget):
     name = "statebudget-lease"
     use_hints = True
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, config: PlannerConfig | None = None):
+        super().__init__(config)
         self.group_of: dict[str, tuple] = {}
         self.tool_of: dict[str, tuple[str, float]] = {}  # program -> (tool running, since)
 
@@ -92,7 +93,7 @@ class StateBudgetLease(StateBudget):
         for h in hints:
             if h.model not in sim.catalog.by_name:
                 continue
-            core.predictor.hinted(program.program, h.model, h.confidence)
+            core.predictor.hinted(program.program, h.model, h.confidence, h.for_)
             tool, since = self.tool_of.get(program.program, ("shell", sim.now))
             wait = core.predictor.tools.quantile_remaining(tool, sim.now - since, core.cfg.lease_deadline_q)
             kvk = kv_key(program.program, h.model)
@@ -139,7 +140,9 @@ class StateBudgetLease(StateBudget):
         return out
 
     def on_call_cancelled(self, sim, call):
-        return self._stop(sim, self._core(sim).ledger.cancel_token(f"{call.program}/{call.node}", sim.now))
+        core = self._core(sim)
+        core.predictor.call_cancelled(call.program, call.node)
+        return self._stop(sim, core.ledger.cancel_token(f"{call.program}/{call.node}", sim.now))
 
     def on_call_end(self, sim, call):
         core = self._core(sim)

@@ -1,0 +1,191 @@
+"""The online planner: predictor, greedy solver, and the statebudget policies in the simulator,
+including random lease storms (hypothesis)."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helpers import GB, call, catalog, cluster, program, tool, trace
+from statebudget.planner.core import PlannerConfig
+from statebudget.planner.leases import LeaseState
+from statebudget.planner.predictor import Predictor, ToolWaitModel
+from statebudget.sim.engine import Simulator
+from statebudget.sim.policies import make_policy
+from statebudget.sim.policies.ours import StateBudgetLease
+from statebudget.solvers.greedy import Candidates, solve
+
+
+def test_switch_matrix_learns_and_forgets():
+    p = Predictor(["a", "b", "c"], half_life_s=100.0)
+    for i in range(20):
+        p.program_started(f"p{i}", "t", now=float(i))
+        p.call_arrived(f"p{i}", "a", now=float(i))
+        p.call_arrived(f"p{i}", "b", now=float(i))
+    m = p.switch_matrix(20.0)
+    assert m[0, 1] > 0.9  # a -> b
+    for i in range(20, 40):  # the phase drifts: a -> c
+        p.program_started(f"p{i}", "t", now=1000.0 + i)
+        p.call_arrived(f"p{i}", "a", now=1000.0 + i)
+        p.call_arrived(f"p{i}", "c", now=1000.0 + i)
+    m = p.switch_matrix(1040.0)
+    assert m[0, 2] > 0.9 and m[0, 1] < 0.05
+    assert np.allclose(m.sum(axis=1), 1.0)
+
+
+def test_tenant_rows_blend_with_the_team():
+    p = Predictor(["a", "b"], half_life_s=1e9)
+    for i in range(30):
+        p.program_started(f"x{i}", "alice", 0.0)
+        p.call_arrived(f"x{i}", "a", 0.0)
+        p.call_arrived(f"x{i}", "b", 0.0)
+        p.program_started(f"y{i}", "bob", 0.0)
+        p.call_arrived(f"y{i}", "a", 0.0)
+        p.call_arrived(f"y{i}", "a", 0.0)
+    assert p.switch_matrix(1.0, "alice")[0, 1] > 0.6 > p.switch_matrix(1.0)[0, 1] > p.switch_matrix(1.0, "bob")[0, 1]
+
+
+def test_tool_waits_condition_on_elapsed_time():
+    t = ToolWaitModel({"test": (10.0, 0.5)})
+    fresh = t.p_end_within("test", 0.0, 10.0)
+    assert fresh == pytest.approx(0.5, abs=0.01)  # the median
+    assert t.p_end_within("test", 20.0, 10.0) > fresh  # a long wait is more likely to end soon
+    for _ in range(500):
+        t.observe("test", 1.0)
+    assert t.p_end_within("test", 0.0, 2.0) > 0.9  # learned: tests got fast
+    assert t.quantile_remaining("test", 0.0, 0.5) == pytest.approx(1.0, rel=0.2)
+
+
+def test_need_within_follows_a_hint_and_the_clock():
+    p = Predictor(["planner", "coder", "reviewer"])
+    p.program_started("p", "t", 0.0)
+    p.call_arrived("p", "planner", 0.0)
+    p.call_finished("p", 1.0)
+    p.tool_started("p", "search", 1.0)
+    p.hinted("p", "reviewer", 0.95)
+    _, with_hint = p.need_within(1.0, 60.0, use_hints=True)
+    _, without = p.need_within(1.0, 60.0, use_hints=False)
+    assert with_hint[0, 2] > 0.5 > without[0, 2]
+    _, soon = p.need_within(1.0, 0.01, use_hints=True)
+    assert soon[0, 2] < 0.05
+
+
+def _cands(values, resident, per_gpu, groups, n_gpu):
+    member = np.zeros((len(values), n_gpu), bool)
+    for i, g in enumerate(groups):
+        member[i, list(g)] = True
+    paths = [{} if r else {f"h2d:{g[0]}": per_gpu[i]} for i, (r, g) in enumerate(zip(resident, groups))]
+    return Candidates([("w", str(i)) for i in range(len(values))], groups, member, np.asarray(per_gpu, float),
+                      np.asarray(values, float), np.asarray(resident), paths)
+
+
+def test_greedy_takes_the_most_stall_saved_per_byte_within_hbm_and_links():
+    # One GPU of 10 bytes: densities 1.0 (5 B), 0.5 (4 B), 2.0 (8 B) -> takes the 8 B one only.
+    c = _cands([5.0, 2.0, 16.0], [False] * 3, [5, 4, 8], [(0,)] * 3, 1)
+    plan = solve(c, np.array([10.0]), {"h2d:0": 100.0}, hysteresis=0.0)
+    assert plan.target.tolist() == [False, False, True] and plan.promote == [2]
+    # Link budget: the target is kept but not promoted now.
+    plan = solve(c, np.array([10.0]), {"h2d:0": 1.0}, hysteresis=0.0)
+    assert plan.target[2] and plan.promote == []
+
+
+def test_greedy_hysteresis_keeps_a_resident_against_a_slightly_better_newcomer():
+    c = _cands([10.0, 11.0], [True, False], [8, 8], [(0,), (0,)], 1)
+    assert solve(c, np.array([10.0]), {"h2d:0": 100.0}, hysteresis=0.3).target.tolist() == [True, False]
+    assert solve(c, np.array([10.0]), {"h2d:0": 100.0}, hysteresis=0.0).target.tolist() == [False, True]
+
+
+def test_tp_groups_need_room_on_every_gpu():
+    c = _cands([100.0, 1.0], [False, False], [6, 6], [(0, 1), (1,)], 2)
+    plan = solve(c, np.array([10.0, 5.0]), {"h2d:0": 100.0, "h2d:1": 100.0}, hysteresis=0.0)
+    assert plan.target.tolist() == [False, False]
+
+
+def _handoff_trace(tool_s=20.0, n=4):
+    progs = []
+    for i in range(n):
+        nodes = [call("a", "m1"), tool("t", ["a"], duration=tool_s), call("b", "m2", ["t"]),
+                 tool("u", ["b"], duration=tool_s), call("c", "m1", ["u"])]
+        hints = [{"issued_at": "t", "for": "b", "model": "m2", "confidence": 0.9},
+                 {"issued_at": "u", "for": "c", "model": "m1", "confidence": 0.9}]
+        progs.append(program(f"p{i}", nodes, start=200.0 * i, hints=hints))
+    return trace(*progs)
+
+
+def test_statebudget_lease_prepares_the_hinted_model_before_the_handoff():
+    # One 24 GB GPU, two 14 GB models: every handoff needs a swap; the tool wait hides it.
+    cl, cat = cluster(hbm_gb=24.0, cold=5.0, wake=0.5), catalog(("m1", 14.0), ("m2", 14.0))
+    tr = _handoff_trace()
+    pol = make_policy("statebudget-lease")
+    res = Simulator(cl, cat, tr, pol, check_invariants=True).run()
+    od = Simulator(cl, cat, tr, make_policy("lru-keepwarm")).run()
+    handoff = [c.ready - c.arrive for c in res.calls if c.handoff]
+    baseline = [c.ready - c.arrive for c in od.calls if c.handoff]
+    assert max(handoff[2:]) < 0.05 < min(baseline)
+    assert pol.core.ledger.counts().get("consumed", 0) >= 4
+
+
+def test_a_cancelled_branch_stops_its_lease_transfer():
+    # No room in host DRAM to stage anything: m2 comes from a 3 GB/s NVMe (3.3 s), well within the
+    # lease's deadline (a low quantile of a search's wait), and the branch is abandoned after 1 s.
+    cl, cat = cluster(hbm_gb=40.0, cold=0.0, nvme_read=3.0, host_gb=1.0), catalog(("m1", 10.0), ("m2", 10.0))
+    nodes = [call("a", "m1"), tool("t", ["a"], duration=30.0, name="search"), call("b", "m2", ["t"]),
+             tool("fast", ["a"], duration=1.0)]
+    hints = [{"issued_at": "t", "for": "b", "model": "m2", "confidence": 0.9}]
+    tr = trace(program("p", nodes, hints=hints, cancel=[{"node": "t", "at_after": "fast"}]))
+    pol = StateBudgetLease(PlannerConfig(promote_min_p=1.1))  # leases only: no speculative promotions
+    sim = Simulator(cl, cat, tr, pol, check_invariants=True)
+    res = sim.run()
+    assert [c.state for c in res.calls] == ["done", "cancelled"]
+    states = [l.state for l in pol.core.ledger.leases.values()]
+    assert states == [LeaseState.CANCELLED]
+    # m1 (10 GB), then m2 stopped after ~1 s of its 3.3 s: it never became usable.
+    assert 12 * GB < res.bytes_by_pair["nvme->gpu"] < 14 * GB
+    assert res.wasted_bytes == pytest.approx(res.bytes_by_pair["nvme->gpu"] - 10 * GB)
+    assert ("w", "m2") not in {k for k, _ in sim.tiers.gpu}
+
+
+@st.composite
+def storms(draw):
+    n_gpu = draw(st.integers(1, 3))
+    cl = cluster(gpus=n_gpu, hbm_gb=draw(st.sampled_from([16.0, 24.0])), cold=draw(st.sampled_from([0.0, 2.0])),
+                 host_gb=draw(st.sampled_from([8.0, 64.0])))
+    models = [(f"m{i}", draw(st.floats(1.0, 12.0)), draw(st.sampled_from([1000, 200_000]))) for i in range(3)]
+    cat = catalog(*models)
+    names = [m[0] for m in models]
+    progs = []
+    for p in range(draw(st.integers(1, 6))):
+        nodes, prev, hints, cancels = [], [], [], []
+        for k in range(draw(st.integers(1, 4))):
+            c, t = f"c{k}", f"t{k}"
+            nodes.append(call(c, draw(st.sampled_from(names)), prev, ctx=draw(st.integers(0, 20_000)), out=50))
+            nodes.append(tool(t, [c], duration=draw(st.floats(0.0, 20.0))))
+            prev = [t]
+        calls = [n["id"] for n in nodes if n["kind"] == "call"]
+        ids = [n["id"] for n in nodes]
+        for c in calls:  # a storm: several hints per call, some wrong, some for branches to cancel
+            for _ in range(draw(st.integers(0, 3))):
+                hints.append({"issued_at": draw(st.sampled_from(ids)), "for": c, "model": draw(st.sampled_from(names)),
+                              "confidence": draw(st.floats(0.05, 1.0))})
+        if draw(st.booleans()):
+            cancels.append({"node": draw(st.sampled_from(ids)), "at_after": draw(st.sampled_from(ids))})
+        progs.append(program(f"p{p}", nodes, start=draw(st.floats(0, 30)), hints=hints, cancel=cancels))
+    return cl, cat, trace(*progs)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(storms())
+def test_capacities_hold_under_random_lease_storms(sc):
+    cl, cat, tr = sc
+    pol = make_policy("statebudget-lease")
+    sim = Simulator(cl, cat, tr, pol, check_invariants=True)
+    res = sim.run()
+    assert {c.state for c in res.calls} <= {"done", "cancelled", "unplaceable"}
+    assert all(pr.end >= 0 for pr in res.programs.values())
+    assert not sim.flows.flows and not sim.tiers.private
+    ledger = pol.core.ledger
+    for lease in ledger.leases.values():
+        # Nothing is published once a lease is cancelled, stale or expired (it may have been before).
+        if lease.state in (LeaseState.CANCELLED, LeaseState.STALE, LeaseState.EXPIRED) and lease.ready_s is not None:
+            assert lease.ready_s <= lease.ended_s, f"{lease.lease_id} published after it ended"
+        assert lease.state != LeaseState.SUBMITTED

@@ -19,6 +19,8 @@ from .models.errors import InputError
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 trace_app = typer.Typer(no_args_is_help=True, help="Generate, inspect and fit traces.")
 app.add_typer(trace_app, name="trace")
+bench_app = typer.Typer(no_args_is_help=True, help="Measure the planner itself.")
+app.add_typer(bench_app, name="bench")
 # Reports are read in logs and CI too: keep tables whole when there is no terminal to size them to.
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -183,6 +185,29 @@ def replay(
 
         paths = write_plots(result.results, plots)
         console.print(f"plots: {', '.join(str(p) for p in paths)}")
+
+
+@bench_app.command("planner")
+@_guard
+def bench_planner_cmd(
+    cluster: Annotated[str, typer.Option(help="cluster file or preset")] = "hetero16",
+    catalog: Annotated[str, typer.Option(help="catalog file or preset")] = "agent-team",
+    programs: Annotated[int, typer.Option(help="live programs", min=1)] = 200,
+    iterations: Annotated[int, typer.Option(help="timed decisions", min=10)] = 500,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the result here")] = None,
+):
+    """Wall time of one online planning decision with N live programs."""
+    from .models.load import check_compatible, load_catalog, load_cluster
+    from .planner.bench import bench_planner
+
+    cl, cat = load_cluster(cluster), load_catalog(catalog)
+    check_compatible(cl, cat)
+    res = bench_planner(cl, cat, programs, iterations)
+    console.print(f"{programs} live programs: decision p50 {res['decision_ms']['p50']:.3f} ms, "
+                  f"p99 {res['decision_ms']['p99']:.3f} ms ({iterations} decisions)")
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(res, indent=1) + "\n")
 
 
 @app.command()

@@ -57,6 +57,9 @@ class PlannerCore:
         self.ledger = LeaseLedger()
         self.density: dict[tuple, float] = {}  # (key, group) -> last computed density
         self.lease_of_call: dict[tuple, str] = {}  # (program, call) -> lease id
+        self._kv_rate_cache: dict[tuple, tuple[float, float]] = {}
+        self._group_rows: dict[tuple, np.ndarray] = {}
+        self._kv_view = None
         self._hot_pages = {m.name: _hot_pages(m, self.cfg.page_min_touch) for m in catalog.models}
         self._lease_pages = {m.name: _hot_pages(m, self.cfg.lease_page_min_touch) for m in catalog.models}
 
@@ -67,69 +70,83 @@ class PlannerCore:
         p_model = pred.model_need_within(now, cfg.horizon_s, self.use_hints)
         progs, p_prog = pred.need_within(now, cfg.horizon_s, self.use_hints)
         tiers = view.tiers
-        n_gpu = len(tiers.hbm_cap)
-        keys, groups, per_gpu, values, resident, paths, probs = [], [], [], [], [], [], []
+        gpu_copies = tiers.gpu
+        keys, groups, per_gpu, values, copies, paths, probs = [], [], [], [], [], [], []
 
         def add(key, group, value, src, p):
-            probs.append(p)
+            c = gpu_copies.get((key, group))
             keys.append(key)
             groups.append(group)
-            c = tiers.gpu.get((key, group))
+            copies.append(c)
             per_gpu.append(c.per_gpu if c is not None else view.size_of(key) / len(group))
             values.append(value)
-            resident.append(c is not None)
+            probs.append(p)
             paths.append({} if c is not None else self._path_bytes(view, src, group, per_gpu[-1]))
 
-        w_copies: dict[str, list] = {}
-        kv_groups: dict[tuple, list] = {}
-        for (key, group), c in tiers.gpu.items():
-            if key[0] == "w":
-                w_copies.setdefault(key[1], []).append(c)
-            elif key[0] == "kv":
-                kv_groups.setdefault(key, []).append(group)
+        # Weights and expert pages: each model on the group it was last used on (its home), or
+        # where it would go; extra copies are worth their keep only while calls overlap.
         homes: dict[str, tuple] = {}
         for mi, m in enumerate(self.catalog.models):
-            copies = sorted(w_copies.get(m.name, ()), key=lambda c: (-c.last_use, c.group))
-            if copies:
-                home, extra = copies[0].group, [c.group for c in copies[1:]]
-            else:
-                home, extra = self._home(view, m), []
-                if home is None:
-                    continue
+            wk = weights_key(m.name)
+            held = sorted(tiers.groups_of.get(wk, ()), key=lambda g: (-gpu_copies[(wk, g)].last_use, g))
+            home = held[0] if held else self._home(view, m)
+            if home is None:
+                continue
             homes[m.name] = home
             node = view.gpus[home[0]].node
             restore = self.cost.weights_restore_s(m, "host", node, home)
-            src = view.best_source(weights_key(m.name), home)
-            add(weights_key(m.name), home, p_model[mi] * restore, src, p_model[mi])
-            for g in extra:  # a second copy is worth its keep only while calls overlap
-                add(weights_key(m.name), g, 0.25 * p_model[mi] * restore, src, 0.0)
+            src = view.best_source(wk, home)
+            add(wk, home, p_model[mi] * restore, src, p_model[mi])
+            for g in held[1:]:
+                add(wk, g, 0.25 * p_model[mi] * restore, src, 0.0)
             if m.moe:
                 fault = m.moe.page_bytes / len(home) / self.cost.link_bw[f"h2d:{view.gpus[home[0]].id}"]
                 touch = page_touch_probs(m.moe)
                 hot = {p for p, _ in self._hot_pages[m.name]}
                 for page in range(m.moe.pages):
                     # hot pages are candidates anywhere; the tail only where a call left it
-                    if page in hot or (expert_key(m.name, page), home) in tiers.gpu:
-                        add(expert_key(m.name, page), home, p_model[mi] * touch[page] * fault, f"nvme:{node}",
-                            p_model[mi] * touch[page])
-        for k, prog in enumerate(progs):
-            for mi, m in enumerate(self.catalog.models):
-                kvk = kv_key(prog, m.name)
-                T = view.kv_tokens.get(kvk, 0)
-                if T == 0 or p_prog[k, mi] < 1e-3:
-                    continue
-                where = kv_groups.get(kvk)
-                group = where[0] if where else homes.get(m.name)
-                if group is None:
-                    continue
-                src = view.best_source(kvk, group) if not where else None
-                restore = self.cost.kv_restore(m, T, f"host:{view.gpus[group[0]].node}", group)[1]
-                add(kvk, group, p_prog[k, mi] * restore, src, p_prog[k, mi])
+                    ek = expert_key(m.name, page)
+                    if page in hot or (ek, home) in gpu_copies:
+                        add(ek, home, p_model[mi] * touch[page] * fault, f"nvme:{node}", p_model[mi] * touch[page])
+        n_state = len(keys)  # candidates before this index are weights and pages
+        # KV out of HBM that a live program is likely to need soon, brought next to its model's
+        # weights: value = P(needed) x the cheaper of onboarding it from host DRAM and recomputing
+        # it. KV already in HBM is not a candidate: it stays unless the mechanism needs room, and
+        # then goes in density order (`evict_priority`, computed from the same estimates).
+        self._kv_view = (view, {p: k for k, p in enumerate(progs)}, p_prog)
+        kv_tokens = view.kv_tokens
+        ks, mis = np.nonzero(p_prog >= cfg.promote_min_p)
+        kv_T, kv_rates = [], []
+        for k, mi in zip(ks.tolist(), mis.tolist()):
+            m = self.catalog.models[mi]
+            kvk = ("kv", progs[k], m.name)
+            T = kv_tokens.get(kvk, 0)
+            if T == 0 or kvk in tiers.groups_of:
+                continue
+            group = homes.get(m.name)
+            if group is None:
+                continue
+            p = p_prog[k, mi]
+            c = None
+            nbytes = T * m.kv_bytes_per_token
+            keys.append(kvk)
+            groups.append(group)
+            copies.append(c)
+            per_gpu.append(c.per_gpu if c is not None else nbytes / len(group))
+            probs.append(p)
+            src = view.best_source(kvk, group)
+            paths.append(self._path_bytes(view, src, group, per_gpu[-1]))
+            kv_T.append(nbytes)
+            kv_rates.append(self._kv_rates(m, group))
+        if len(keys) > n_state:
+            rates = np.asarray(kv_rates)
+            nbytes = np.asarray(kv_T)
+            restore = np.minimum(nbytes / rates[:, 0], nbytes * rates[:, 1])
+            values.extend((np.asarray(probs[n_state:]) * restore).tolist())
         if not keys:
             return []
-        member = np.zeros((len(keys), n_gpu), bool)
-        for i, g in enumerate(groups):
-            member[i, list(g)] = True
+        n_gpu = len(tiers.hbm_cap)
+        member = np.array([self._group_row(g, n_gpu) for g in groups])
         pinned = np.zeros(n_gpu)
         cand = set(zip(keys, groups))
         for (key, group), c in tiers.gpu.items():
@@ -139,12 +156,11 @@ class PlannerCore:
         for group, b in tiers.private.values():
             for i in group:
                 pinned[i] += b
+        resident = [c is not None for c in copies]
         res_arr = np.asarray(resident)
         # Residents a call pins are not candidates for the budget: they stay whatever the solver
         # says. A prefetch still loading is a resident like any other (it cannot be demoted yet).
-        is_pinned = np.array([(c := tiers.gpu.get((k, g))) is not None and c.pins > 0 for k, g in zip(keys, groups)])
-        young = np.array([(c := tiers.gpu.get((k, g))) is not None and (not c.ready or now - c.created < cfg.min_dwell_s)
-                          for k, g in zip(keys, groups)])
+        is_pinned = np.array([c is not None and c.pins > 0 for c in copies])
         cap = np.asarray(tiers.hbm_cap)
         budget = cap * (1 - cfg.gpu_headroom) - pinned
         backlog = view.link_backlog()
@@ -162,14 +178,15 @@ class PlannerCore:
         p_idle = pred.model_need_within(now, cfg.idle_horizon_s, self.use_hints)
         promote = {i for i in plan.promote if probs[i] >= cfg.promote_min_p}
         idle = []
-        for i, (k, g) in enumerate(zip(keys, groups)):
-            if is_pinned[i] or k[0] == "kv" or view.running_models.get((k[1], g), 0):
+        for i in range(n_state):
+            k, g, c = keys[i], groups[i], copies[i]
+            if is_pinned[i] or view.running_models.get((k[1], g), 0):
                 continue
             if not resident[i] and i not in promote:
                 continue
             mi = self.models.index(k[1])
             duplicate = resident[i] and k[0] == "w" and g != homes.get(k[1])
-            leased = self._leased(k) or young[i]
+            leased = self._leased(k) or (c is not None and (not c.ready or now - c.created < cfg.min_dwell_s))
             keep = math.inf if leased else 0.0 if duplicate else \
                 plan.density[i] * (p_idle[mi] / max(p_model[mi], 1e-9))
             idle.append((keep, i))
@@ -201,6 +218,23 @@ class PlannerCore:
                     out.append(("promote_host", k, node))
         return out
 
+    def _group_row(self, group, n_gpu: int) -> np.ndarray:
+        row = self._group_rows.get(group)
+        if row is None:
+            row = self._group_rows[group] = np.zeros(n_gpu, bool)
+            row[list(group)] = True
+        return row
+
+    def _kv_rates(self, m, group) -> tuple[float, float]:
+        """(bytes/s onboarding KV from host DRAM onto `group`, seconds per token recomputing it)."""
+        key = (m.name, group)
+        r = self._kv_rate_cache.get(key)
+        if r is None:
+            probe = 1e9
+            onboard = self.cost.group_transfer_s(probe, "host", "", group)
+            r = self._kv_rate_cache[key] = (probe / onboard, self.cost.prefill_s(m, 1.0, group))
+        return r
+
     def _leased(self, key) -> bool:
         return any(l.state.live for l in self.ledger.live_for(key))
 
@@ -228,10 +262,25 @@ class PlannerCore:
 
     # ---- eviction order for the mechanism -------------------------------------------------------
     def evict_priority(self, copy) -> float:
-        d = self.density.get((copy.key, copy.group))
+        """Lower leaves HBM first: the density of the last plan (leased state never)."""
         if self._leased(copy.key):
             return math.inf
+        d = self.density.get((copy.key, copy.group))
+        if d is None and copy.key[0] == "kv" and self._kv_view is not None:
+            d = self._kv_density(copy)
         return d if d is not None else -1.0 / (1.0 + copy.last_use)
+
+    def _kv_density(self, copy) -> float | None:
+        view, row_of, p_prog = self._kv_view
+        k = row_of.get(copy.key[1])
+        if k is None:
+            return 0.0  # its program is over or unknown: first to go
+        m = self.catalog.by_name[copy.key[2]]
+        p = p_prog[k, self.models.index(m.name)]
+        nbytes = view.kv_tokens.get(copy.key, 0) * m.kv_bytes_per_token
+        onboard_bps, recompute_s_per_token = self._kv_rates(m, copy.group)
+        restore = min(nbytes / onboard_bps, view.kv_tokens.get(copy.key, 0) * recompute_s_per_token)
+        return p * restore / max(nbytes, 1.0) * (1.0 + self.cfg.hysteresis)
 
     # ---- leases ---------------------------------------------------------------------------------
     def quote(self, view, req: LeaseRequest, group, now: float) -> Quote:

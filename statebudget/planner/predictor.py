@@ -29,6 +29,19 @@ _SQRT2 = math.sqrt(2.0)
 ANY = "any"  # the wait between a call's end and the program's next call, whatever the tool
 
 
+def _norm_cdf(x: np.ndarray) -> np.ndarray:
+    """Standard normal CDF, vectorised (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7)."""
+    z = np.abs(x) / _SQRT2
+    t = 1.0 / (1.0 + 0.3275911 * z)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    erf = 1.0 - poly * np.exp(-z * z)
+    return 0.5 * (1.0 + np.sign(x) * erf)
+
+
+def _lognorm_cdf(t: np.ndarray, mu: np.ndarray, sig: np.ndarray) -> np.ndarray:
+    return _norm_cdf((np.log(np.maximum(t, 1e-9)) - mu) / sig)
+
+
 class DecayedCounts:
     """A matrix of counts that halves every `half_life_s` of (simulated or wall) time."""
 
@@ -143,13 +156,18 @@ class Predictor:
         self.tools = ToolWaitModel.from_fit()
         self.live: dict[str, LiveProgram] = {}
         self.program_starts = DecayedCounts((1, 1), half_life_s)  # [0,0]: decayed count of starts
+        self._version = 0  # bumped by every event; keys the per-program arrays
+        self._cache_key = None
+        self._cache = None
 
     # ---- events -------------------------------------------------------------------------------
     def program_started(self, program: str, tenant: str, now: float) -> None:
+        self._version += 1
         self.live[program] = LiveProgram(program, tenant, since=now)
         self.program_starts.add(0, 0, now)
 
     def call_arrived(self, program: str, model: str, now: float, expected_s: float = 0.0) -> None:
+        self._version += 1
         lp = self.live.get(program)
         if lp is None or model not in self.idx:
             return
@@ -168,6 +186,7 @@ class Predictor:
         lp.running_calls += 1
 
     def call_finished(self, program: str, now: float) -> None:
+        self._version += 1
         lp = self.live.get(program)
         if lp is not None:
             lp.running_calls = max(0, lp.running_calls - 1)
@@ -175,25 +194,30 @@ class Predictor:
                 lp.phase, lp.tool, lp.since = "tool", None, now
 
     def tool_started(self, program: str, tool: str, now: float) -> None:
+        self._version += 1
         lp = self.live.get(program)
         if lp is not None and lp.running_calls == 0:
             lp.phase, lp.tool, lp.since = "tool", tool, now
 
     def tool_finished(self, program: str, tool: str, duration_s: float, now: float) -> None:
+        self._version += 1
         self.tools.observe(tool, duration_s)
 
     def hinted(self, program: str, model: str, confidence: float, call: str | None = None) -> None:
+        self._version += 1
         lp = self.live.get(program)
         if lp is not None:
             lp.hint = (model, confidence, call)
 
     def call_cancelled(self, program: str, call: str) -> None:
         """A branch was abandoned: a hint announced for it no longer holds."""
+        self._version += 1
         lp = self.live.get(program)
         if lp is not None and lp.hint is not None and lp.hint[2] == call:
             lp.hint = None
 
     def program_finished(self, program: str, now: float = 0.0) -> None:
+        self._version += 1
         lp = self.live.pop(program, None)
         if lp is not None and lp.last_model in self.idx:
             n = len(self.models)
@@ -212,40 +236,58 @@ class Predictor:
         c += self.prior / c.shape[1]
         return c / c.sum(axis=1, keepdims=True)
 
-    def next_model_probs(self, now: float, use_hints: bool = True) -> tuple[list[str], np.ndarray]:
-        """(program ids, matrix [programs x models]) of P(the program's next call is on model m)."""
+    def _state(self, now: float, use_hints: bool):
+        """Per-live-program arrays, rebuilt only when an event changed something (or the clock moved)."""
+        key = (self._version, now, use_hints)
+        if self._cache_key == key:
+            return self._cache
         progs = list(self.live.values())
         n = len(self.models)
-        out = np.zeros((len(progs), n))
-        mats: dict[str | None, np.ndarray] = {}
+        rows = np.array([self.idx.get(lp.last_model, n) for lp in progs], dtype=int)
+        q = np.zeros((len(progs), n))
+        by_tenant: dict[str, list[int]] = {}
         for k, lp in enumerate(progs):
-            if use_hints and lp.hint is not None and lp.hint[0] in self.idx:
-                model, conf, _ = lp.hint
-                m = mats.get(lp.tenant)
-                if m is None:
-                    m = mats[lp.tenant] = self.switch_matrix(now, lp.tenant)
-                row = m[self.idx[lp.last_model]] if lp.last_model in self.idx else m[n]
-                out[k] = row[:n] * (1.0 - conf)
-                out[k, self.idx[model]] += conf
-                continue
-            m = mats.get(lp.tenant)
-            if m is None:
-                m = mats[lp.tenant] = self.switch_matrix(now, lp.tenant)
-            out[k] = (m[self.idx[lp.last_model]] if lp.last_model in self.idx else m[n])[:n]
-        return [lp.program for lp in progs], out
+            by_tenant.setdefault(lp.tenant, []).append(k)
+        for tenant, ks in by_tenant.items():
+            ks = np.asarray(ks)
+            q[ks] = self.switch_matrix(now, tenant)[rows[ks], :n]
+        if use_hints:
+            for k, lp in enumerate(progs):
+                if lp.hint is not None and lp.hint[0] in self.idx:
+                    conf = lp.hint[1]
+                    q[k] *= 1.0 - conf
+                    q[k, self.idx[lp.hint[0]]] += conf
+        classes = sorted({lp.tool for lp in progs if lp.tool is not None} | {ANY})
+        cls_idx = {c: i for i, c in enumerate(classes)}
+        params = np.array([self.tools.params(c) for c in classes])
+        in_call = np.array([lp.phase != "tool" for lp in progs], dtype=bool)
+        no_tool = np.array([lp.phase == "tool" and lp.tool is None for lp in progs], dtype=bool)
+        cls = np.array([cls_idx[lp.tool] if (lp.phase == "tool" and lp.tool is not None) else cls_idx[ANY]
+                        for lp in progs], dtype=int)
+        elapsed = np.array([now - lp.since if lp.phase == "tool" else 0.0 for lp in progs])
+        call_left = np.array([max(0.0, lp.call_end_s - now) if lp.phase != "tool" else 0.0 for lp in progs])
+        mu, sig = (params[cls, 0], params[cls, 1]) if len(progs) else (np.zeros(0), np.ones(0))
+        self._cache_key = key
+        self._cache = (progs, q, in_call, no_tool, mu, sig, elapsed, call_left)
+        return self._cache
 
-    def p_next_within(self, now: float, horizon_s: float) -> np.ndarray:
-        """For each live program (in `live` order): P(its next call arrives within the horizon)."""
-        out = np.empty(len(self.live))
-        for k, lp in enumerate(self.live.values()):
-            if lp.phase == "tool" and lp.tool is not None:
-                out[k] = self.tools.p_end_within(lp.tool, now - lp.since, horizon_s)
-            elif lp.phase == "tool":
-                out[k] = 0.9  # between a call's end and the next event: soon
-            else:  # a call runs: the next one comes after it ends and after some tool wait
-                left = horizon_s - max(0.0, lp.call_end_s - now)
-                out[k] = self.tools.p_end_within(ANY, 0.0, left) if left > 0 else 0.0
-        return out
+    def next_model_probs(self, now: float, use_hints: bool = True) -> tuple[list[str], np.ndarray]:
+        """(program ids, matrix [programs x models]) of P(the program's next call is on model m);
+        a runtime hint replaces the row by its confidence (the rest keeps the row's shape)."""
+        progs, q, *_ = self._state(now, use_hints)
+        return [lp.program for lp in progs], q
+
+    def p_next_within(self, now: float, horizon_s: float, use_hints: bool = True) -> np.ndarray:
+        """For each live program (in `live` order): P(its next call arrives within the horizon):
+        the rest of its tool wait, or — while a call runs — the call's end plus a tool wait."""
+        _, _, in_call, no_tool, mu, sig, elapsed, call_left = self._state(now, use_hints)
+        start = np.where(in_call, 0.0, elapsed)
+        end = np.where(in_call, horizon_s - call_left, elapsed + horizon_s)
+        f0 = np.where(start > 0, _lognorm_cdf(start, mu, sig), 0.0)
+        f1 = np.where(end > 0, _lognorm_cdf(np.maximum(end, 1e-9), mu, sig), 0.0)
+        p = np.where(f0 < 1.0, (f1 - f0) / np.maximum(1.0 - f0, 1e-12), 1.0)
+        p = np.where(no_tool, 0.9, p)  # between a call's end and the next event: soon
+        return np.clip(p, 0.0, 1.0)
 
     def need_within(self, now: float, horizon_s: float, use_hints: bool = True) -> tuple[list[str], np.ndarray]:
         """(programs, [programs x models]) of P(the program needs model m within the horizon),
@@ -254,13 +296,13 @@ class Predictor:
         progs, q = self.next_model_probs(now, use_hints)
         n = len(self.models)
         step = self.switch_matrix(now)[:n, :n]  # model -> model, END mass dropped
-        miss = 1.0 - q * self.p_next_within(now, horizon_s)[:, None]
+        miss = 1.0 - q * self.p_next_within(now, horizon_s, use_hints)[:, None]
         for j in range(1, self.lookahead):
             left = horizon_s - j * self.cycle_s
             if left <= 0:
                 break
             q = q @ step
-            miss *= 1.0 - q * self.p_next_within(now, left)[:, None]
+            miss *= 1.0 - q * self.p_next_within(now, left, use_hints)[:, None]
         return progs, 1.0 - miss
 
     def model_need_within(self, now: float, horizon_s: float, use_hints: bool = True) -> np.ndarray:

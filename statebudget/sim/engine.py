@@ -487,8 +487,8 @@ class Simulator:
         if key[0] != "kv":
             return f"host:{node}" if hc is not None and hc.ready else f"nvme:{node}"
         candidates = []
-        for (k, g), copy in self.tiers.gpu.items():
-            if k == key and g != group and copy.ready and self.gpus[g[0]].node == node:
+        for g in sorted(self.tiers.groups_of.get(key, ())):
+            if g != group and self.tiers.gpu[(key, g)].ready and self.gpus[g[0]].node == node:
                 candidates.append(f"gpu:{g[0]}")
         if hc is not None and hc.ready:
             candidates.append(f"host:{node}")
@@ -520,7 +520,7 @@ class Simulator:
         delay = self.cost.reconfig_s(group, kind) if key[0] == "w" else 0.0
         src_gpu_copy = None
         if kind == "gpu":
-            src_group = next(g for (k, g) in self.tiers.gpu if k == key and g[0] == int(src.split(":")[1]))
+            src_group = next(g for g in sorted(self.tiers.groups_of[key]) if g[0] == int(src.split(":")[1]))
             src_gpu_copy = self.tiers.gpu[(key, src_group)]
             src_gpu_copy.pins += 1
 
@@ -832,8 +832,9 @@ class Simulator:
         self._dirty = True
 
     def _drop_stale_kv(self, kvk, keep: GpuCopy):
-        for (k, g), copy in list(self.tiers.gpu.items()):
-            if k == kvk and copy is not keep and copy.pins == 0:
+        for g in sorted(self.tiers.groups_of.get(kvk, ())):
+            copy = self.tiers.gpu[(kvk, g)]
+            if copy is not keep and copy.pins == 0:
                 if not copy.ready:
                     self.cancel_load(copy)
                 else:
@@ -845,10 +846,12 @@ class Simulator:
             self.tiers.remove_nvme(k, n)
 
     def _drop_everywhere(self, kvk):
-        for (k, g), copy in list(self.tiers.gpu.items()):
-            if k == kvk:
-                copy.used = True  # KV of a finished program is not a wasted promotion
-                self.tiers.remove_gpu_copy(copy)
+        for g in sorted(self.tiers.groups_of.get(kvk, ())):
+            copy = self.tiers.gpu[(kvk, g)]
+            copy.used = True  # KV of a finished program is not a wasted promotion
+            if not copy.ready and copy.transfer is not None:
+                self.cancel_transfer(copy.transfer)
+            self.tiers.remove_gpu_copy(copy)
         for (k, n), hc in list(self.tiers.host.items()):
             if k == kvk:
                 self._remove_host(hc)

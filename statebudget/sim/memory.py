@@ -61,6 +61,7 @@ class Tiers:
         self.nvme_cap = {n.name: n.nvme_gb * GB for n in cluster.nodes}
         self.nvme_used = {n.name: 0.0 for n in cluster.nodes}
         self.gpu: dict[tuple, GpuCopy] = {}          # (key, group) -> copy
+        self.groups_of: dict[tuple, set] = {}        # key -> groups holding a copy (an index of `gpu`)
         self.on_gpu: list[dict[tuple, GpuCopy]] = [dict() for _ in self.hbm_cap]
         self.host: dict[tuple, HostCopy] = {}        # (key, node) -> copy
         self.nvme: dict[tuple, float] = {}           # (key, node) -> bytes
@@ -88,11 +89,16 @@ class Tiers:
 
     def add_gpu_copy(self, c: GpuCopy) -> None:
         self.gpu[(c.key, c.group)] = c
+        self.groups_of.setdefault(c.key, set()).add(c.group)
         for i in c.group:
             self.on_gpu[i][(c.key, c.group)] = c
 
     def remove_gpu_copy(self, c: GpuCopy) -> None:
         del self.gpu[(c.key, c.group)]
+        gs = self.groups_of[c.key]
+        gs.discard(c.group)
+        if not gs:
+            del self.groups_of[c.key]
         for i in c.group:
             del self.on_gpu[i][(c.key, c.group)]
         self.free_gpu(c.group, c.per_gpu)

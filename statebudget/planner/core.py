@@ -34,15 +34,15 @@ class PlannerConfig:
     horizon_s: float = 30.0          # value = P(needed within this) x restore seconds
     idle_horizon_s: float = 90.0     # idle residents are ranked by P(needed within this)
     idle_threshold: float = 0.08     # models less likely than this within it are not staged in host
-    warm_budget: float = 1.0        # share of cluster HBM that idle weights and pages may hold
-    min_dwell_s: float = 30.0        # a promoted copy stays at least this long (no promote/demote ping-pong)
+    warm_budget: float = 0.4        # share of cluster HBM that idle weights and pages may hold
+    min_dwell_s: float = 0.0        # a promoted copy stays at least this long (no promote/demote ping-pong)
     promote_min_p: float = 0.35      # promote only what is at least this likely within the horizon
     hysteresis: float = 0.3          # residents' density bonus against thrashing
     gpu_headroom: float = 0.05       # fraction of each GPU left for on-demand loads
     link_headroom: float = 0.3       # fraction of each link left for on-demand traffic
     window_s: float = 10.0           # promotions are budgeted over this window
     page_min_touch: float = 0.2      # expert pages prepared with a model: touched at least this often
-    lease_page_min_touch: float = 0.05  # a lease prepares the pages a call touches at least this often
+    lease_page_min_touch: float = 0.4  # a lease prepares the pages a call touches at least this often
     lease_deadline_q: float = 0.25   # a hint's deadline: this quantile of the remaining tool wait
     lease_slo_margin: float = 0.2    # link share leases may not take (left for non-lease calls)
 
@@ -195,7 +195,7 @@ class PlannerCore:
         for keep, i in sorted(idle, key=lambda x: (-x[0], x[1])):
             k, g = keys[i], groups[i]
             nbytes = per_gpu[i] * len(g)
-            if keep > 0 and room >= nbytes:
+            if keep == math.inf or (keep > 0 and room >= nbytes):  # leased state always stays
                 room -= nbytes
                 continue
             if not resident[i]:

@@ -66,7 +66,11 @@ class StateBudget(Policy):
         return (self._core(sim).evict_priority(copy), copy.last_use)
 
     def may_evict_for_prefetch(self, sim, victim, key):
+        """A promotion evicts only state worth less per byte; an admitted lease evicts anything
+        no live lease holds (it was admitted against the deadline, not against the others)."""
         core = self._core(sim)
+        if core._leased(key):
+            return not core._leased(victim.key)
         mine = max((d for (k, _), d in core.density.items() if k == key), default=0.0)
         return core.evict_priority(victim) < mine
 

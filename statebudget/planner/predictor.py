@@ -159,6 +159,7 @@ class Predictor:
         self._version = 0  # bumped by every event; keys the per-program arrays
         self._cache_key = None
         self._cache = None
+        self._memo: dict[tuple, object] = {}
 
     # ---- events -------------------------------------------------------------------------------
     def program_started(self, program: str, tenant: str, now: float) -> None:
@@ -230,6 +231,13 @@ class Predictor:
     def switch_matrix(self, now: float, tenant: str | None = None) -> np.ndarray:
         """Row-stochastic P(next | last) over the models then END (the program ends); the last
         row is P(first model of a program)."""
+        key = ("switch", self._version, now, tenant)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._switch_matrix(now, tenant)
+        return hit
+
+    def _switch_matrix(self, now: float, tenant: str | None) -> np.ndarray:
         c = self.global_switch.rows(now).copy()
         if tenant is not None and tenant in self.tenant_switch:
             c += self.tenant_weight * self.tenant_switch[tenant].rows(now)
@@ -241,6 +249,7 @@ class Predictor:
         key = (self._version, now, use_hints)
         if self._cache_key == key:
             return self._cache
+        self._memo.clear()  # every memo is keyed by the same version and clock
         progs = list(self.live.values())
         n = len(self.models)
         rows = np.array([self.idx.get(lp.last_model, n) for lp in progs], dtype=int)
@@ -257,15 +266,24 @@ class Predictor:
                     conf = lp.hint[1]
                     q[k] *= 1.0 - conf
                     q[k, self.idx[lp.hint[0]]] += conf
-        classes = sorted({lp.tool for lp in progs if lp.tool is not None} | {ANY})
-        cls_idx = {c: i for i, c in enumerate(classes)}
+        classes: dict[str, int] = {ANY: 0}
+        n_p = len(progs)
+        in_call = np.zeros(n_p, bool)
+        no_tool = np.zeros(n_p, bool)
+        cls = np.zeros(n_p, int)
+        elapsed = np.zeros(n_p)
+        call_left = np.zeros(n_p)
+        for k, lp in enumerate(progs):
+            if lp.phase == "tool":
+                elapsed[k] = now - lp.since
+                if lp.tool is None:
+                    no_tool[k] = True
+                else:
+                    cls[k] = classes.setdefault(lp.tool, len(classes))
+            else:
+                in_call[k] = True
+                call_left[k] = max(0.0, lp.call_end_s - now)
         params = np.array([self.tools.params(c) for c in classes])
-        in_call = np.array([lp.phase != "tool" for lp in progs], dtype=bool)
-        no_tool = np.array([lp.phase == "tool" and lp.tool is None for lp in progs], dtype=bool)
-        cls = np.array([cls_idx[lp.tool] if (lp.phase == "tool" and lp.tool is not None) else cls_idx[ANY]
-                        for lp in progs], dtype=int)
-        elapsed = np.array([now - lp.since if lp.phase == "tool" else 0.0 for lp in progs])
-        call_left = np.array([max(0.0, lp.call_end_s - now) if lp.phase != "tool" else 0.0 for lp in progs])
         mu, sig = (params[cls, 0], params[cls, 1]) if len(progs) else (np.zeros(0), np.ones(0))
         self._cache_key = key
         self._cache = (progs, q, in_call, no_tool, mu, sig, elapsed, call_left)
@@ -293,6 +311,13 @@ class Predictor:
         """(programs, [programs x models]) of P(the program needs model m within the horizon),
         looking `lookahead` calls ahead along the switch matrix: the j-th next call comes about
         (j - 1) call cycles after the next one."""
+        key = ("need", self._version, now, horizon_s, use_hints)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._need_within(now, horizon_s, use_hints)
+        return hit
+
+    def _need_within(self, now: float, horizon_s: float, use_hints: bool) -> tuple[list[str], np.ndarray]:
         progs, q = self.next_model_probs(now, use_hints)
         n = len(self.models)
         step = self.switch_matrix(now)[:n, :n]  # model -> model, END mass dropped

@@ -29,7 +29,7 @@ from ..models.cluster import Cluster
 from ..models.state import expert_key, kv_key, weights_key
 from ..models.trace import Program, Trace
 from ..solvers.costs import CostModel, page_touch_probs
-from ..traces.graph import descendants, handoff_calls, hinted_calls
+from ..traces.graph import children_of, descendants, handoff_calls, hinted_calls
 from .flows import FairShare
 from .memory import GpuCopy, HostCopy, Tiers
 
@@ -275,10 +275,7 @@ class Simulator:
 
     # ---- programs and nodes ------------------------------------------------------------------
     def _program_start(self, prog: Program):
-        children: dict[str, list[str]] = {}
-        for n in prog.nodes:
-            for a in n.after:
-                children.setdefault(a, []).append(n.id)
+        children = children_of(prog)
         handoffs, hinted = handoff_calls(prog), hinted_calls(prog)
         calls = {}
         for n in prog.nodes:

@@ -46,16 +46,26 @@ def count_handoffs(trace: Trace) -> int:
     return sum(len(handoff_calls(p)) for p in trace.programs)
 
 
-def descendants(program: Program, root: str) -> list[str]:
-    """`root` and every node after it (transitively), in file order."""
+def children_of(program: Program) -> dict[str, list[str]]:
     children: dict[str, list[str]] = {}
     for n in program.nodes:
         for a in n.after:
             children.setdefault(a, []).append(n.id)
+    return children
+
+
+def reachable(children: dict[str, list[str]], root: str) -> set[str]:
+    """`root` and every node after it, transitively."""
     out, stack = {root}, [root]
     while stack:
         for c in children.get(stack.pop(), ()):
             if c not in out:
                 out.add(c)
                 stack.append(c)
+    return out
+
+
+def descendants(program: Program, root: str) -> list[str]:
+    """`root` and every node after it (transitively), in file order."""
+    out = reachable(children_of(program), root)
     return [n.id for n in program.nodes if n.id in out]

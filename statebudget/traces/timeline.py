@@ -10,6 +10,7 @@ from ..models.catalog import Catalog
 from ..models.cluster import Cluster, GpuKind, Node
 from ..models.trace import Trace
 from ..solvers.costs import CostModel
+from .graph import children_of, reachable
 
 # A reference machine for nominal call durations: 8 A100-40G on one node.
 REFERENCE = Cluster(name="reference", gpu_kinds={"A100-40G": GpuKind(
@@ -25,10 +26,7 @@ def nominal_timeline(trace: Trace, catalog: Catalog | None, cluster: Cluster = R
     out = {}
     for p in trace.programs:
         by_id = {n.id: n for n in p.nodes}
-        children: dict[str, list[str]] = {}
-        for n in p.nodes:
-            for a in n.after:
-                children.setdefault(a, []).append(n.id)
+        children = children_of(p)
         deps = {n.id: len(n.after) for n in p.nodes}
         cancels: dict[str, list[str]] = {}
         for c in p.cancel:
@@ -47,22 +45,12 @@ def nominal_timeline(trace: Trace, catalog: Catalog | None, cluster: Cluster = R
             for v in cancels.get(nid, ()):
                 if v in out and out[(p.program, v)][1] > t + dur:
                     del out[(p.program, v)]
-                cancelled.update(_desc(children, v))
+                cancelled.update(reachable(children, v))
             for ch in children.get(nid, ()):
                 deps[ch] -= 1
                 ready_at[ch] = max(ready_at.get(ch, 0.0), t + dur)
                 if deps[ch] == 0:
                     heapq.heappush(heap, (ready_at[ch], ch))
-    return out
-
-
-def _desc(children, root):
-    out, stack = {root}, [root]
-    while stack:
-        for c in children.get(stack.pop(), ()):
-            if c not in out:
-                out.add(c)
-                stack.append(c)
     return out
 
 

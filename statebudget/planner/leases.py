@@ -49,7 +49,7 @@ class LeaseState(IntEnum):
 
 
 class UnknownLease(KeyError):
-    pass
+    """No lease has that id (the service answers 404)."""
 
 
 @dataclass(frozen=True)

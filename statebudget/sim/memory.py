@@ -18,7 +18,7 @@ _SLACK = 1.0  # bytes; float sums of GB-sized objects must not trip the capacity
 
 
 class CapacityError(AssertionError):
-    pass
+    """A tier above its capacity, or books that do not add up: a bug in the mechanism."""
 
 
 @dataclass(slots=True, eq=False)

@@ -1,0 +1,116 @@
+"""The offline MILP: tiny instances against an exact dynamic program, both backends agree, and the
+independent checker rejects infeasible solutions."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from statebudget.solvers.milp import Call, Instance, Obj, Solution, brute_force, evaluate, solve
+
+GB = 1e9
+
+
+def two_models(slots=(10.0, 10.0, 10.0, 10.0), hbm=20 * GB, lam=1e-12):
+    """One GPU that holds one of two 15 GB models; calls alternate m0, m1, m0, m1."""
+    objs = (Obj("w:m0", (0,), "n0", 15 * GB, 1.0, 5.0, (0, 3)), Obj("w:m1", (0,), "n0", 15 * GB, 1.0, 5.0, (0, 3)))
+    calls = tuple(Call(f"c{t}", t, (t % 2,), ()) for t in range(4))
+    return Instance(slot_s=slots, objects=objs, calls=calls, hbm=(hbm,), h2d=(25 * GB,), dram={"n0": 100 * GB},
+                    root={"n0": 50 * GB}, nvme={"n0": 7 * GB}, lam=lam)
+
+
+def test_hand_computed_optimum():
+    # t=0: m0 must come on demand from NVMe (5 s). From then on the other model can be staged in
+    # DRAM (NVMe 7 GB/s x 10 s) and prefetched over the 10 s slot (25 GB/s): no more stall.
+    inst = two_models()
+    sol = solve(inst, "scip", time_limit_s=30)
+    assert sol.status == "OPTIMAL"
+    assert sol.stall.tolist() == pytest.approx([5.0, 0.0, 0.0, 0.0])
+    bad, obj = evaluate(inst, sol)
+    assert bad == [] and obj == pytest.approx(sol.objective, rel=1e-6)
+    assert sol.objective == pytest.approx(brute_force(inst), rel=1e-6)
+
+
+def test_slots_too_short_to_prefetch_force_on_demand_loads():
+    inst = two_models(slots=(0.1, 0.1, 0.1, 0.1))  # 15 GB cannot cross a link in 0.1 s
+    sol = solve(inst, "scip", time_limit_s=30)
+    # m0 from NVMe (5), then m1 from NVMe (5); m0 and m1 come back from DRAM (1 each) after
+    # demotions, which are free.
+    assert sol.stall.sum() == pytest.approx(12.0)
+    assert sol.objective == pytest.approx(brute_force(inst), rel=1e-6)
+
+
+@st.composite
+def tiny(draw):
+    n_gpu = draw(st.integers(1, 2))
+    T = draw(st.integers(2, 5))
+    objs = []
+    for o in range(draw(st.integers(1, 3))):
+        g = draw(st.sampled_from([(i,) for i in range(n_gpu)] + ([(0, 1)] if n_gpu == 2 else [])))
+        first = draw(st.integers(0, T - 1))
+        objs.append(Obj(f"o{o}", g, "n0", draw(st.sampled_from([5, 10, 15])) * GB,
+                        draw(st.sampled_from([0.5, 1.0])), draw(st.sampled_from([2.0, 6.0])),
+                        (first, draw(st.integers(first, T - 1)))))
+    calls = []
+    for t in range(T):
+        live = [o for o, ob in enumerate(objs) if ob.live[0] <= t <= ob.live[1]]
+        if live and draw(st.booleans()):
+            needs = tuple(sorted(draw(st.sets(st.sampled_from(live), min_size=1, max_size=2))))
+            produces = tuple(o for o in needs if objs[o].live[0] == t and draw(st.booleans()))
+            calls.append(Call(f"c{t}", t, needs, produces))
+    return Instance(slot_s=tuple(draw(st.sampled_from([0.2, 1.0, 3.0])) for _ in range(T)), objects=tuple(objs),
+                    calls=tuple(calls), hbm=tuple(draw(st.sampled_from([12.0, 20.0, 40.0])) * GB for _ in range(n_gpu)),
+                    h2d=(10 * GB,) * n_gpu, dram={"n0": draw(st.sampled_from([0.0, 12.0, 100.0])) * GB},
+                    root={"n0": 15 * GB}, nvme={"n0": 5 * GB}, lam=draw(st.sampled_from([0.0, 1e-11])))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny())
+def test_milp_equals_brute_force_and_backends_agree(inst):
+    exact = brute_force(inst)
+    a = solve(inst, "scip", time_limit_s=30)
+    b = solve(inst, "highs", time_limit_s=30)
+    if exact == np.inf:
+        assert a.status == "INFEASIBLE" and b.status == "INFEASIBLE"
+        return
+    assert a.status == "OPTIMAL" and b.status == "OPTIMAL"
+    assert a.objective == pytest.approx(exact, rel=1e-6, abs=1e-6)
+    assert b.objective == pytest.approx(exact, rel=1e-6, abs=1e-6)
+    for sol in (a, b):
+        bad, obj = evaluate(inst, sol)
+        assert bad == []
+        assert obj == pytest.approx(exact, rel=1e-6, abs=1e-6)
+
+
+def _feasible():
+    inst = two_models()
+    return inst, solve(inst, "scip", time_limit_s=30)
+
+
+def _copy(sol, **arrays):
+    s = Solution(sol.x.copy(), sol.y.copy(), sol.u.copy(), sol.d.copy(), sol.v.copy(), sol.stall.copy())
+    for k, v in arrays.items():
+        setattr(s, k, v)
+    return s
+
+
+def test_checker_rejects_hand_made_infeasible_solutions():
+    inst, sol = _feasible()
+    x = sol.x.copy()
+    x[:, 1] = 1  # both 15 GB models in a 20 GB GPU, and m0 without a promotion
+    bad, _ = evaluate(inst, _copy(sol, x=x))
+    assert any(b.startswith("(7)") for b in bad) and any(b.startswith("(1)") or b.startswith("(2)") for b in bad)
+    x = sol.x.copy()
+    x[1, 1] = 0  # the call at t=1 runs without its model
+    assert any(b.startswith("(5)") for b in evaluate(inst, _copy(sol, x=x))[0])
+    s = sol.stall.copy()
+    s[0] = 0.0  # the first call claims no stall although it loaded from NVMe
+    assert any(b.startswith("(6)") for b in evaluate(inst, _copy(sol, stall=s))[0])
+    u = sol.u.copy()
+    u[0, 0] = 1  # a prefetch before time 0
+    assert any(b.startswith("(4)") for b in evaluate(inst, _copy(sol, u=u))[0])
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="unknown MILP backend"):
+        solve(two_models(), "gurobi")

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statebudget.solvers.milp import Call, Instance, Obj, Solution, brute_force, evaluate, solve
+from statebudget.solvers.milp import Call, Instance, Obj, Solution, brute_force, evaluate, solve, solve_rolling
 
 GB = 1e9
 
@@ -114,3 +114,37 @@ def test_checker_rejects_hand_made_infeasible_solutions():
 def test_unknown_backend():
     with pytest.raises(ValueError, match="unknown MILP backend"):
         solve(two_models(), "gurobi")
+
+
+def test_rolling_horizon_stitches_a_feasible_schedule_close_to_the_full_solve():
+    inst = two_models(slots=(10.0,) * 8)
+    inst = Instance(slot_s=(10.0,) * 8, objects=tuple(o.__class__(o.name, o.gpus, o.node, o.bytes, o.restore_host_s,
+                                                                  o.restore_nvme_s, (0, 7)) for o in inst.objects),
+                    calls=tuple(Call(f"c{t}", t, (t % 2,), ()) for t in range(8)), hbm=inst.hbm, h2d=inst.h2d,
+                    dram=inst.dram, root=inst.root, nvme=inst.nvme, lam=inst.lam)
+    full = solve(inst, "scip", 30)
+    rolled = solve_rolling(inst, window=4, overlap=2, backend="scip", time_limit_s=30)
+    assert rolled.violations == []
+    assert [w["status"] for w in rolled.windows] == ["OPTIMAL"] * len(rolled.windows)
+    assert len(rolled.windows) == 3
+    assert rolled.solution.objective >= full.objective - 1e-9
+    assert rolled.solution.objective == pytest.approx(full.objective, rel=1e-6)  # this one is easy
+
+
+def test_oracle_cli_on_a_generated_trace(tmp_path):
+    from typer.testing import CliRunner
+
+    from statebudget.cli import app
+    from statebudget.models.load import write_trace
+    from statebudget.traces.generators import generate
+
+    write_trace(generate("swe-team", 2, 0.15), tmp_path / "t.jsonl")
+    res = CliRunner().invoke(app, ["oracle", "--cluster", "hetero16", "--catalog", "agent-team", "--trace",
+                                   str(tmp_path / "t.jsonl"), "--json", str(tmp_path / "o.json"), "--time-limit", "20"])
+    assert res.exit_code == 0, res.output
+    import json
+    doc = json.loads((tmp_path / "o.json").read_text())
+    assert doc["oracle"]["status"] in ("OPTIMAL", "FEASIBLE")
+    assert doc["violations"] == []
+    assert all(w["status"] == "OPTIMAL" for w in doc["windows"])
+    assert doc["stall_s"]["n"] == doc["calls"]

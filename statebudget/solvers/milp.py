@@ -21,9 +21,11 @@ Variables (binary unless said)
 Constraints
     (1) x[o,t] + y[o,t] <= 1                                   one tier at a time
     (2) x[o,t] <= x[o,t-1] + u[o,t] + d[o,t]                    HBM residency needs a promotion
-        (x[o,-1] = y[o,-1] = 0: every policy starts with the weights on NVMe)
+        (x[o,-1], y[o,-1] from the initial tiers: by default every object starts on NVMe, as
+        every policy does; a rolling-horizon window starts where the previous one left off)
     (3) y[o,t] <= y[o,t-1] + x[o,t-1] + v[o,t]                  DRAM residency: demotion or staging
-    (4) d[o,t] = 0 unless a call at t needs o; u[o,0] = v[o,0] = 0; outside L_o: x = y = 0
+    (4) d[o,t] = 0 unless a call at t needs o; outside L_o: x = y = 0; u[o,0] = v[o,0] = 0
+        unless the instance has a lead time before slot 0 (Δ_{-1}, a rolling window's predecessor)
     (5) x[o,t_c] = 1 for o in N_c                               a call runs with its state
     (6) s_c >= R^n_o d[o,t_c] - (R^n_o - R^h_o) y[o,t_c-1]      for o in N_c \\ P_c
     (7) sum_{o on i} b_o/k_o x[o,t] <= H_i                      HBM per GPU
@@ -80,10 +82,19 @@ class Instance:
     root: dict = field(default_factory=dict)   # node -> bytes/s
     nvme: dict = field(default_factory=dict)   # node -> bytes/s
     lam: float = 1e-12             # seconds of objective per byte moved
+    init: tuple[int, ...] = ()     # tier of each object before slot 0: 0 HBM, 1 DRAM, 2 neither (default)
+    lead_s: float = 0.0            # link time before slot 0 for prefetching into it (a window's predecessor)
 
     @property
     def T(self) -> int:
         return len(self.slot_s)
+
+    def init_tier(self, o: int) -> int:
+        return self.init[o] if self.init else 2
+
+    def window_s(self, t: int) -> float:
+        """Link time for moves into slot t: the previous slot's duration."""
+        return self.slot_s[t - 1] if t > 0 else self.lead_s
 
 
 @dataclass
@@ -129,8 +140,8 @@ def evaluate(inst: Instance, sol: Solution, tol: float = 1e-6) -> tuple[list[str
             bad.append(f"{name} is not binary")
     for o, ob in enumerate(inst.objects):
         for t in range(T):
-            xp = x[o, t - 1] if t > 0 else 0.0
-            yp = y[o, t - 1] if t > 0 else 0.0
+            xp = x[o, t - 1] if t > 0 else float(inst.init_tier(o) == 0)
+            yp = y[o, t - 1] if t > 0 else float(inst.init_tier(o) == 1)
             if x[o, t] + y[o, t] > 1 + tol:
                 bad.append(f"(1) {ob.name} t={t}: in HBM and DRAM")
             if x[o, t] > xp + u[o, t] + d[o, t] + tol:
@@ -139,7 +150,7 @@ def evaluate(inst: Instance, sol: Solution, tol: float = 1e-6) -> tuple[list[str
                 bad.append(f"(3) {ob.name} t={t}: in DRAM without staging or demotion")
             if d[o, t] > tol and (o, t) not in need:
                 bad.append(f"(4) {ob.name} t={t}: on-demand load with no call needing it")
-            if t == 0 and (u[o, t] > tol or v[o, t] > tol):
+            if t == 0 and inst.lead_s <= 0 and (u[o, t] > tol or v[o, t] > tol):
                 bad.append(f"(4) {ob.name}: prefetch before time 0")
             if not (ob.live[0] <= t <= ob.live[1]) and (x[o, t] > tol or y[o, t] > tol):
                 bad.append(f"(4) {ob.name} t={t}: resident outside its life")
@@ -152,7 +163,7 @@ def evaluate(inst: Instance, sol: Solution, tol: float = 1e-6) -> tuple[list[str
             if o in c.produces:
                 continue
             ob = inst.objects[o]
-            yp = y[o, t - 1] if t > 0 else 0.0
+            yp = y[o, t - 1] if t > 0 else float(inst.init_tier(o) == 1)
             need_s = ob.restore_nvme_s * d[o, t] - (ob.restore_nvme_s - ob.restore_host_s) * yp
             if s[ci] < need_s - tol:
                 bad.append(f"(6) call {c.name}: stall {s[ci]:.3f} < {need_s:.3f} for {ob.name}")
@@ -174,7 +185,7 @@ def evaluate(inst: Instance, sol: Solution, tol: float = 1e-6) -> tuple[list[str
             dram[ob.node] = dram.get(ob.node, 0.0) + ob.bytes * y[o, t]
             root[ob.node] = root.get(ob.node, 0.0) + ob.bytes * u[o, t]
             nv[ob.node] = nv.get(ob.node, 0.0) + ob.bytes * v[o, t]
-        window = inst.slot_s[t - 1] if t > 0 else 0.0
+        window = inst.window_s(t)
         for i in range(n_gpu):
             if hbm[i] > inst.hbm[i] * (1 + tol) + 1:
                 bad.append(f"(7) GPU {i} t={t}: {hbm[i]:.0f} B > {inst.hbm[i]:.0f} B")
@@ -207,15 +218,16 @@ class _Builder:
         need = needers(inst)
         X = [[be.var(f"x_o{o}_t{t}", 0, 1, True) for t in range(T)] for o in range(O)]
         Y = [[be.var(f"y_o{o}_t{t}", 0, 1, True) for t in range(T)] for o in range(O)]
-        U = [[be.var(f"u_o{o}_t{t}", 0, 1 if t > 0 else 0, True) for t in range(T)] for o in range(O)]
+        lead = 1 if inst.lead_s > 0 else 0
+        U = [[be.var(f"u_o{o}_t{t}", 0, 1 if t > 0 else lead, True) for t in range(T)] for o in range(O)]
         D = [[be.var(f"d_o{o}_t{t}", 0, 1 if (o, t) in need else 0, True) for t in range(T)] for o in range(O)]
-        V = [[be.var(f"v_o{o}_t{t}", 0, 1 if t > 0 else 0, True) for t in range(T)] for o in range(O)]
+        V = [[be.var(f"v_o{o}_t{t}", 0, 1 if t > 0 else lead, True) for t in range(T)] for o in range(O)]
         S = [be.var(f"s_c{ci}", 0, None, False) for ci in range(len(inst.calls))]
         for o, ob in enumerate(inst.objects):
             for t in range(T):
                 be.add(X[o][t] + Y[o][t] <= 1, f"c1_o{o}_t{t}")  # Constraint (1)
-                xp = X[o][t - 1] if t > 0 else 0
-                yp = Y[o][t - 1] if t > 0 else 0
+                xp = X[o][t - 1] if t > 0 else int(inst.init_tier(o) == 0)
+                yp = Y[o][t - 1] if t > 0 else int(inst.init_tier(o) == 1)
                 be.add(X[o][t] - xp - U[o][t] - D[o][t] <= 0, f"c2_o{o}_t{t}")  # Constraint (2)
                 be.add(Y[o][t] - yp - xp - V[o][t] <= 0, f"c3_o{o}_t{t}")  # Constraint (3)
                 if not (ob.live[0] <= t <= ob.live[1]):  # Constraint (4)
@@ -227,25 +239,25 @@ class _Builder:
                 if o in c.produces:
                     continue
                 ob = inst.objects[o]
-                yp = Y[o][t - 1] if t > 0 else 0
+                yp = Y[o][t - 1] if t > 0 else int(inst.init_tier(o) == 1)
                 # Constraint (6)
                 be.add(S[ci] - ob.restore_nvme_s * D[o][t] + (ob.restore_nvme_s - ob.restore_host_s) * yp >= 0,
                        f"c6_c{ci}_o{o}")
         n_gpu = len(inst.hbm)
         nodes = sorted({ob.node for ob in inst.objects})
         for t in range(T):
-            window = inst.slot_s[t - 1] if t > 0 else 0.0
+            window = inst.window_s(t)
             for i in range(n_gpu):
                 on = [(o, ob.bytes / len(ob.gpus)) for o, ob in enumerate(inst.objects) if i in ob.gpus]
                 if not on:
                     continue
                 be.add(be.sum(b * X[o][t] for o, b in on) <= inst.hbm[i], f"c7_g{i}_t{t}")  # Constraint (7)
-                if t > 0:
+                if window > 0:
                     be.add(be.sum(b * U[o][t] for o, b in on) <= inst.h2d[i] * window, f"c9_g{i}_t{t}")  # (9)
             for n in nodes:
                 on = [(o, ob.bytes) for o, ob in enumerate(inst.objects) if ob.node == n]
                 be.add(be.sum(b * Y[o][t] for o, b in on) <= inst.dram.get(n, 0.0), f"c8_{n}_t{t}")  # (8)
-                if t > 0:
+                if window > 0:
                     be.add(be.sum(b * U[o][t] for o, b in on) <= inst.root.get(n, 0.0) * window, f"c10_{n}_t{t}")
                     be.add(be.sum(b * V[o][t] for o, b in on) <= inst.nvme.get(n, 0.0) * window, f"c11_{n}_t{t}")
         moved = be.sum(inst.objects[o].bytes * (U[o][t] + D[o][t] + V[o][t]) for o in range(O) for t in range(T))
@@ -406,7 +418,7 @@ def brute_force(inst: Instance) -> float:
         for c in calls_at.get(t, ()):
             if any(cur[o] != 0 for o in c.needs):
                 return np.inf
-        window = inst.slot_s[t - 1] if t > 0 else 0.0
+        window = inst.window_s(t)
         moved = 0.0
         nv: dict[str, float] = {}
         promote = []  # objects entering HBM
@@ -415,7 +427,7 @@ def brute_force(inst: Instance) -> float:
             if cur[o] == 0 and prev[o] != 0:
                 promote.append(o)
             if cur[o] == 1 and prev[o] == 2:  # staging from NVMe
-                if t == 0:
+                if window <= 0:
                     return np.inf
                 nv[ob.node] = nv.get(ob.node, 0.0) + ob.bytes
                 moved += ob.bytes
@@ -431,7 +443,7 @@ def brute_force(inst: Instance) -> float:
             for o, on_demand in zip(promote, choice):
                 if on_demand:
                     continue
-                if t == 0:
+                if window <= 0:
                     ok = False
                     break
                 ob = inst.objects[o]
@@ -455,7 +467,7 @@ def brute_force(inst: Instance) -> float:
             best = min(best, cost)
         return best
 
-    start = tuple([2] * O)
+    start = tuple(inst.init_tier(o) for o in range(O))
     cost = {start: 0.0}
     for t in range(T):
         nxt: dict[tuple, float] = {}
@@ -467,3 +479,173 @@ def brute_force(inst: Instance) -> float:
                 nxt[cur] = best
         cost = nxt
     return min(cost.values()) if cost else np.inf
+
+
+def build_instance(cluster, catalog, trace, cost, max_slots: int | None = None, lam: float = 1e-12,
+                   hot_touch: float = 0.5) -> tuple[Instance, dict]:
+    """The MILP instance of a whole trace. Slots are aligned to call arrivals of the zero-stall
+    timeline: one slot per distinct arrival time, or `max_slots` cut at arrival quantiles (then
+    calls sharing a slot must fit HBM together). Each model gets one home GPU group,
+    largest models first onto the group with most HBM left; a model's object is its dense weights
+    plus the expert pages a call touches with P >= `hot_touch`. A program's KV for a model is an
+    object from that model's first call in the program to the program's end; its "NVMe" restore is
+    a recompute. Returns (instance, index) where index maps names back to trace entities."""
+    from ..traces.timeline import nominal_timeline
+    from .costs import page_touch_probs
+
+    tl = nominal_timeline(trace, catalog)
+    calls = sorted(((tl[(p.program, n.id)][0], p.program, n.id, n) for p in trace.programs for n in p.nodes
+                    if n.kind == "call" and (p.program, n.id) in tl), key=lambda c: (c[0], c[1], c[2]))
+    if not calls:
+        raise ValueError("the trace has no call that runs")
+    times = np.array([c[0] for c in calls])
+    if max_slots is None:
+        edges = np.unique(times)
+    else:
+        edges = np.unique(np.quantile(times, np.linspace(0, 1, max_slots + 1)[:-1], method="lower"))
+    end = max(e for (_, e) in tl.values())
+    bounds = np.append(edges, max(end, edges[-1] + 1.0))
+    slot_s = tuple(float(x) for x in np.diff(bounds))
+    slot_of = lambda t: int(np.searchsorted(edges, t, side="right") - 1)  # noqa: E731
+    T = len(slot_s)
+    gpus = cluster.gpus
+    left = [cluster.usable_hbm_bytes(g) for g in gpus]
+    homes, objs, index = {}, [], {"objects": [], "calls": [], "homes": {}}
+    max_kv: dict[str, float] = {}  # a home must hold the model with its largest call's KV
+    for _, _, _, n in calls:
+        kv = (n.context_tokens + n.output_tokens) * catalog.by_name[n.model].kv_bytes_per_token
+        max_kv[n.model] = max(max_kv.get(n.model, 0.0), kv)
+    for m in sorted(catalog.models, key=lambda m: (-m.total_bytes, m.name)):
+        groups = cluster.groups(m.tp)
+        hot = int((page_touch_probs(m.moe) >= hot_touch).sum()) if m.moe else 0
+        nbytes = m.dense_bytes + hot * (m.moe.page_bytes if m.moe else 0.0)
+        need = (nbytes + max_kv.get(m.name, 0.0)) / m.tp
+        fit = [g for g in groups if all(need <= cluster.usable_hbm_bytes(gpus[i]) for i in g)]
+        if not fit:
+            continue
+        g = max(fit, key=lambda g: (min(left[i] for i in g), [-i for i in g]))
+        for i in g:
+            left[i] -= nbytes / m.tp
+        homes[m.name] = g
+        node = gpus[g[0]].node
+        extra = nbytes - m.dense_bytes
+        objs.append(Obj(f"w:{m.name}", g, node, nbytes, cost.weights_restore_s(m, "host", node, g, extra),
+                        cost.weights_restore_s(m, "nvme", node, g, extra), (0, T - 1)))
+    w_index = {o.name[2:]: k for k, o in enumerate(objs)}
+    prog_end = {}
+    for p in trace.programs:
+        ends = [tl[(p.program, n.id)][1] for n in p.nodes if (p.program, n.id) in tl]
+        prog_end[p.program] = slot_of(max(ends)) if ends else 0
+    kv_calls: dict[tuple, list] = {}
+    for t0, prog, nid, n in calls:
+        kv_calls.setdefault((prog, n.model), []).append((slot_of(t0), nid, n))
+    kv_index = {}
+    for (prog, model), cs in sorted(kv_calls.items()):
+        if model not in homes:
+            continue
+        m = catalog.by_name[model]
+        g = homes[model]
+        tokens = max(n.context_tokens + n.output_tokens for _, _, n in cs)
+        nbytes = tokens * m.kv_bytes_per_token
+        first = cs[0][0]
+        kv_index[(prog, model)] = len(objs)
+        objs.append(Obj(f"kv:{prog}:{model}", g, gpus[g[0]].node, nbytes,
+                        cost.group_transfer_s(nbytes, "host", gpus[g[0]].node, g), cost.prefill_s(m, tokens, g),
+                        (first, max(first, prog_end[prog]))))
+    out_calls = []
+    first_seen: set = set()
+    for t0, prog, nid, n in calls:
+        if n.model not in homes:
+            continue
+        needs = [w_index[n.model]]
+        produces = []
+        k = kv_index.get((prog, n.model))
+        if k is not None:
+            needs.append(k)
+            if (prog, n.model) not in first_seen:
+                produces.append(k)
+                first_seen.add((prog, n.model))
+        out_calls.append(Call(f"{prog}/{nid}", slot_of(t0), tuple(needs), tuple(produces)))
+        index["calls"].append((prog, nid))
+    nodes = {nd.name: nd for nd in cluster.nodes}
+    inst = Instance(slot_s=slot_s, objects=tuple(objs), calls=tuple(out_calls),
+                    hbm=tuple(cluster.usable_hbm_bytes(g) for g in gpus),
+                    h2d=tuple(cost.link_bw[f"h2d:{g.id}"] for g in gpus),
+                    dram={n: nd.host_dram_gb * 1e9 for n, nd in nodes.items()},
+                    root={n: cost.link_bw[f"root:{n}"] for n in nodes},
+                    nvme={n: cost.link_bw[f"nvme_r:{n}"] for n in nodes}, lam=lam)
+    index["objects"] = [o.name for o in objs]
+    index["homes"] = homes
+    index["slot_starts"] = [float(x) for x in edges]
+    return inst, index
+
+
+@dataclass
+class RollingResult:
+    solution: Solution                 # stitched over the whole instance
+    windows: list[dict]                # per window: slots, status, objective, bound, gap, solve_s
+    violations: list[str]              # the checker on the stitched solution
+
+
+def solve_rolling(inst: Instance, window: int = 24, overlap: int = 8, backend: str = "scip",
+                  time_limit_s: float = 10.0, threads: int = 2, progress=None) -> RollingResult:
+    """Rolling horizon: solve overlapping windows of `window` slots in order, keep the first
+    `window - overlap` slots of each, and start the next window from the tiers they left. Each
+    window holds the objects alive in it; its first slot cannot be prefetched into (the previous
+    window's plan already decided what is there). The stitched schedule is checked by `evaluate`
+    on the whole instance."""
+    if window <= overlap:
+        raise ValueError(f"window ({window}) must exceed overlap ({overlap})")
+    O, T = len(inst.objects), inst.T
+    full = Solution(*(np.zeros((O, T)) for _ in range(5)), np.zeros(len(inst.calls)))
+    tiers = [inst.init_tier(o) for o in range(O)]
+    windows = []
+    start = 0
+    while start < T:
+        end = min(T, start + window)
+        keep_to = end if end == T else start + window - overlap
+        objs = [o for o, ob in enumerate(inst.objects) if ob.live[1] >= start and ob.live[0] < end]
+        remap = {o: k for k, o in enumerate(objs)}
+        sub_objs = tuple(Obj(ob.name, ob.gpus, ob.node, ob.bytes, ob.restore_host_s, ob.restore_nvme_s,
+                             (max(ob.live[0] - start, 0), min(ob.live[1], end - 1) - start))
+                         for ob in (inst.objects[o] for o in objs))
+        call_ids = [ci for ci, c in enumerate(inst.calls) if start <= c.slot < end]
+        sub_calls = tuple(Call(inst.calls[ci].name, inst.calls[ci].slot - start,
+                               tuple(remap[o] for o in inst.calls[ci].needs),
+                               tuple(remap[o] for o in inst.calls[ci].produces)) for ci in call_ids)
+        sub = Instance(slot_s=inst.slot_s[start:end], objects=sub_objs, calls=sub_calls, hbm=inst.hbm, h2d=inst.h2d,
+                       dram=inst.dram, root=inst.root, nvme=inst.nvme, lam=inst.lam,
+                       init=tuple(tiers[o] for o in objs), lead_s=inst.window_s(start))
+        sol = solve(sub, backend, time_limit_s, threads)
+        windows.append({"slots": [start, end], "status": sol.status, "objective": sol.objective,
+                        "bound": sol.bound, "gap": sol.gap, "solve_s": round(sol.solve_s, 3)})
+        if sol.status not in (STATUS_OPTIMAL, STATUS_FEASIBLE):
+            break
+        n_keep = keep_to - start
+        for k, o in enumerate(objs):
+            for arr, part in ((full.x, sol.x), (full.y, sol.y), (full.u, sol.u), (full.d, sol.d), (full.v, sol.v)):
+                arr[o, start:keep_to] = part[k, :n_keep]
+            tiers[o] = 0 if sol.x[k, n_keep - 1] else 1 if sol.y[k, n_keep - 1] else 2
+        for k, ci in enumerate(call_ids):
+            if inst.calls[ci].slot < keep_to:
+                full.stall[ci] = sol.stall[k]
+        for o in range(O):
+            if o not in remap:
+                tiers[o] = 2  # not alive in this window: dead already, or not born yet
+        if progress is not None:
+            progress(keep_to, T)
+        start = keep_to
+    ok = all(w["status"] in (STATUS_OPTIMAL, STATUS_FEASIBLE) for w in windows)
+    bad, obj = evaluate(inst, full) if ok else (["a window found no feasible solution"], float("nan"))
+    # Each window is solved to its own optimum, but the stitched schedule is only feasible: no
+    # global bound follows from overlapping windows (NaN), and the gap reported is the worst window's.
+    full.status = STATUS_FEASIBLE if ok and not bad else STATUS_NOT_SOLVED
+    if len(windows) == 1 and windows[0]["status"] == STATUS_OPTIMAL and not bad:
+        full.status, full.bound = STATUS_OPTIMAL, windows[0]["bound"]
+    else:
+        full.bound = float("nan")
+    full.objective = obj
+    full.gap = max((w["gap"] for w in windows), default=0.0)
+    full.solve_s = sum(w["solve_s"] for w in windows)
+    full.backend = backend
+    return RollingResult(full, windows, bad)

@@ -20,12 +20,13 @@ def two_models(slots=(10.0, 10.0, 10.0, 10.0), hbm=20 * GB, lam=1e-12):
 
 
 def test_hand_computed_optimum():
-    # t=0: m0 must come on demand from NVMe (5 s). From then on the other model can be staged in
-    # DRAM (NVMe 7 GB/s x 10 s) and prefetched over the 10 s slot (25 GB/s): no more stall.
+    # t=0: m0 must come on demand from NVMe (5 s). m1 at t=1 too: a prefetch reads DRAM, and m1
+    # can only be staged there during slot 0 (NVMe 7 GB/s x 10 s), in DRAM from slot 1 on. From
+    # then on both models sit in DRAM and each is prefetched over the 10 s slot before its call.
     inst = two_models()
     sol = solve(inst, "scip", time_limit_s=30)
     assert sol.status == "OPTIMAL"
-    assert sol.stall.tolist() == pytest.approx([5.0, 0.0, 0.0, 0.0])
+    assert sol.stall.tolist() == pytest.approx([5.0, 5.0, 0.0, 0.0])
     bad, obj = evaluate(inst, sol)
     assert bad == [] and obj == pytest.approx(sol.objective, rel=1e-6)
     assert sol.objective == pytest.approx(brute_force(inst), rel=1e-6)

@@ -24,6 +24,8 @@ Constraints
         (x[o,-1], y[o,-1] from the initial tiers: by default every object starts on NVMe, as
         every policy does; a rolling-horizon window starts where the previous one left off)
     (3) y[o,t] <= y[o,t-1] + x[o,t-1] + v[o,t]                  DRAM residency: demotion or staging
+    (3b) u[o,t] <= y[o,t-1]                                      prefetch reads DRAM (NVMe is staged
+        first, at the NVMe's rate; only an on-demand load streams from NVMe, and pays R^n)
     (4) d[o,t] = 0 unless a call at t needs o; outside L_o: x = y = 0; u[o,0] = v[o,0] = 0
         unless the instance has a lead time before slot 0 (Δ_{-1}, a rolling window's predecessor)
     (5) x[o,t_c] = 1 for o in N_c                               a call runs with its state
@@ -148,6 +150,8 @@ def evaluate(inst: Instance, sol: Solution, tol: float = 1e-6) -> tuple[list[str
                 bad.append(f"(2) {ob.name} t={t}: in HBM without a promotion")
             if y[o, t] > yp + xp + v[o, t] + tol:
                 bad.append(f"(3) {ob.name} t={t}: in DRAM without staging or demotion")
+            if u[o, t] > yp + tol:
+                bad.append(f"(3b) {ob.name} t={t}: prefetched from NVMe")
             if d[o, t] > tol and (o, t) not in need:
                 bad.append(f"(4) {ob.name} t={t}: on-demand load with no call needing it")
             if t == 0 and inst.lead_s <= 0 and (u[o, t] > tol or v[o, t] > tol):
@@ -230,6 +234,7 @@ class _Builder:
                 yp = Y[o][t - 1] if t > 0 else int(inst.init_tier(o) == 1)
                 be.add(X[o][t] - xp - U[o][t] - D[o][t] <= 0, f"c2_o{o}_t{t}")  # Constraint (2)
                 be.add(Y[o][t] - yp - xp - V[o][t] <= 0, f"c3_o{o}_t{t}")  # Constraint (3)
+                be.add(U[o][t] - yp <= 0, f"c3b_o{o}_t{t}")  # Constraint (3b)
                 if not (ob.live[0] <= t <= ob.live[1]):  # Constraint (4)
                     be.add(X[o][t] + Y[o][t] <= 0, f"c4_o{o}_t{t}")
         for ci, c in enumerate(inst.calls):
@@ -358,7 +363,9 @@ BACKENDS = {"scip": lambda: _OrTools("SCIP"), "cp-sat": lambda: _OrTools("CP-SAT
             "highs": lambda: _Pulp("HiGHS"), "cbc": lambda: _Pulp("CBC")}
 
 
-def solve(inst: Instance, backend: str = "scip", time_limit_s: float = 60.0, threads: int = 2) -> Solution:
+def solve(inst: Instance, backend: str = "scip", time_limit_s: float = 60.0, threads: int = 1) -> Solution:
+    """Solve one instance. One thread by default: ties between optimal schedules then break the
+    same way every run (same inputs, same report)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown MILP backend {backend!r} (known: {', '.join(BACKENDS)})")
     t0 = time.perf_counter()
@@ -443,7 +450,7 @@ def brute_force(inst: Instance) -> float:
             for o, on_demand in zip(promote, choice):
                 if on_demand:
                     continue
-                if window <= 0:
+                if window <= 0 or prev[o] != 1:  # a prefetch reads DRAM
                     ok = False
                     break
                 ob = inst.objects[o]
@@ -496,14 +503,12 @@ def build_instance(cluster, catalog, trace, cost, max_slots: int | None = None, 
     tl = nominal_timeline(trace, catalog)
     calls = sorted(((tl[(p.program, n.id)][0], p.program, n.id, n) for p in trace.programs for n in p.nodes
                     if n.kind == "call" and (p.program, n.id) in tl), key=lambda c: (c[0], c[1], c[2]))
-    if not calls:
-        raise ValueError("the trace has no call that runs")
-    times = np.array([c[0] for c in calls])
+    times = np.array([c[0] for c in calls]) if calls else np.zeros(1)  # no call: one empty slot
     if max_slots is None:
         edges = np.unique(times)
     else:
         edges = np.unique(np.quantile(times, np.linspace(0, 1, max_slots + 1)[:-1], method="lower"))
-    end = max(e for (_, e) in tl.values())
+    end = max((e for (_, e) in tl.values()), default=0.0)
     bounds = np.append(edges, max(end, edges[-1] + 1.0))
     slot_s = tuple(float(x) for x in np.diff(bounds))
     slot_of = lambda t: int(np.searchsorted(edges, t, side="right") - 1)  # noqa: E731
@@ -588,7 +593,7 @@ class RollingResult:
 
 
 def solve_rolling(inst: Instance, window: int = 24, overlap: int = 8, backend: str = "scip",
-                  time_limit_s: float = 10.0, threads: int = 2, progress=None) -> RollingResult:
+                  time_limit_s: float = 10.0, threads: int = 1, progress=None) -> RollingResult:
     """Rolling horizon: solve overlapping windows of `window` slots in order, keep the first
     `window - overlap` slots of each, and start the next window from the tiers they left. Each
     window holds the objects alive in it; its first slot cannot be prefetched into (the previous
@@ -649,3 +654,35 @@ def solve_rolling(inst: Instance, window: int = 24, overlap: int = 8, backend: s
     full.solve_s = sum(w["solve_s"] for w in windows)
     full.backend = backend
     return RollingResult(full, windows, bad)
+
+
+def solve_static(inst: Instance, fill: float = 0.75, backend: str = "scip", time_limit_s: float = 30.0) -> list[int]:
+    """The same model with time collapsed: one set of weights objects held in HBM for the whole
+    trace (z_o binary), filling at most `fill` of each GPU (the rest for KV and on-demand models),
+    minimising the restores the trace's calls would pay from host DRAM for models left out:
+
+        min  sum_c sum_{o in N_c, o weights} R^h_o (1 - z_o)
+        s.t. sum_{o on i} b_o / k_o z_o <= fill x H_i      for every GPU i
+
+    Returns the indices of the objects kept."""
+    from ortools.linear_solver import pywraplp
+
+    if backend not in ("scip", "cp-sat"):
+        raise ValueError(f"the static placement solves with OR-Tools (scip or cp-sat), not {backend!r}")
+    weights = [o for o, ob in enumerate(inst.objects) if ob.name.startswith("w:")]
+    value = {o: 0.0 for o in weights}
+    for c in inst.calls:
+        for o in c.needs:
+            if o in value:
+                value[o] += inst.objects[o].restore_host_s
+    s = pywraplp.Solver.CreateSolver("SCIP" if backend == "scip" else "CP-SAT")
+    z = {o: s.BoolVar(f"z_o{o}") for o in weights}
+    for i, cap in enumerate(inst.hbm):
+        on = [o for o in weights if i in inst.objects[o].gpus]
+        if on:
+            s.Add(sum(inst.objects[o].bytes / len(inst.objects[o].gpus) * z[o] for o in on) <= fill * cap)
+    s.Maximize(sum(value[o] * z[o] for o in weights))
+    s.SetTimeLimit(int(time_limit_s * 1000))
+    if s.Solve() not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+        return []
+    return [o for o in weights if z[o].solution_value() > 0.5]

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from .base import Policy
 from .baselines import BASELINES
+from .oracle import MilpStatic, Oracle
 from .ours import StateBudget, StateBudgetLease
 
-REGISTRY: dict[str, type[Policy]] = dict(BASELINES)
-REGISTRY.update({p.name: p for p in (StateBudget, StateBudgetLease)})
+# Order: the baselines as DESIGN.md §6 lists them, then ours, then the oracle.
+REGISTRY: dict[str, type[Policy]] = {}
+for _p in ("ondemand", "lru-keepwarm", "frequency", "prefetch-all"):
+    REGISTRY[_p] = BASELINES[_p]
+REGISTRY["static"] = BASELINES["static"]
+for _p in ("llama-swap", "ray-multiplex"):
+    REGISTRY[_p] = BASELINES[_p]
+REGISTRY.update({p.name: p for p in (StateBudget, StateBudgetLease, Oracle, MilpStatic)})
 
 
 def make_policy(name: str) -> Policy:

@@ -34,9 +34,9 @@ class StateBudget(Policy):
     def on_call_arrive(self, sim, call):
         core = self._core(sim)
         m = sim.catalog.by_name[call.model]
-        group = sim.groups(m.tp)[0] if sim.groups(m.tp) else tuple(range(m.tp))
-        expected = sim.cost.prefill_s(m, call.context_tokens, group) + \
-            sim.cost.decode_s(m, call.output_tokens, call.context_tokens, group)
+        groups = sim.groups(m.tp)
+        expected = sim.cost.prefill_s(m, call.context_tokens, groups[0]) + \
+            sim.cost.decode_s(m, call.output_tokens, call.context_tokens, groups[0]) if groups else 0.0
         core.predictor.call_arrived(call.program, call.model, sim.now, expected)
 
     def on_call_admitted(self, sim, call):

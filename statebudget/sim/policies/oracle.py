@@ -1,0 +1,143 @@
+"""Policies made from the offline MILP (`solvers/milp.py`).
+
+`oracle` replays the MILP schedule in the closed-loop simulator. The schedule's slots are the
+call arrivals of the zero-stall timeline; in the closed loop the clock shifts, so the replay is
+keyed on calls, not seconds: when the call of slot t arrives, the state the schedule holds in HBM
+for slot t+1 is promoted (prefetched as planned), what it holds in neither slot is demoted (to
+host DRAM where the schedule keeps it there), and eviction under pressure goes by the schedule's
+next use (Belady with the MILP's foresight). Calls run on the MILP's home groups.
+
+`static-milp` is the best single placement for the whole trace from the same model with time
+collapsed: a knapsack per GPU that keeps the models whose restores the trace would pay most often.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ...models.state import expert_key, kv_key, weights_key
+from ...solvers.costs import page_touch_probs
+from ...solvers.milp import build_instance, solve_rolling, solve_static
+from .base import Policy
+from .baselines import home_or_default
+
+
+def _state_keys(name: str, catalog, hot_touch: float) -> list[tuple]:
+    """The simulator's state keys behind a MILP object name."""
+    kind, rest = name.split(":", 1)
+    if kind == "kv":
+        prog, model = rest.rsplit(":", 1)
+        return [kv_key(prog, model)]
+    m = catalog.by_name[rest]
+    pages = [expert_key(m.name, p) for p, t in enumerate(page_touch_probs(m.moe)) if t >= hot_touch] if m.moe else []
+    return [weights_key(m.name)] + pages
+
+
+class Oracle(Policy):
+    name = "oracle"
+    demote_to = "host"
+    hot_touch = 0.5
+
+    def __init__(self, backend: str = "scip", window: int = 24, overlap: int = 8, time_limit_s: float = 10.0):
+        self.backend, self.window, self.overlap, self.time_limit_s = backend, window, overlap, time_limit_s
+        self.result = None
+        self.ptr = -1
+
+    def _prepare(self, sim):
+        if self.result is not None:
+            return
+        inst, index = build_instance(sim.cluster, sim.catalog, sim.trace, sim.cost, hot_touch=self.hot_touch)
+        self.inst, self.index = inst, index
+        self.result = solve_rolling(inst, self.window, self.overlap, self.backend, self.time_limit_s)
+        sol = self.result.solution
+        self.x, self.y = sol.x, sol.y
+        self.slot_of = {key: inst.calls[ci].slot for ci, key in enumerate(index["calls"])}
+        self.homes = index["homes"]
+        self.keys = [_state_keys(o.name, sim.catalog, self.hot_touch) for o in inst.objects]
+        self.group_of = [o.gpus for o in inst.objects]
+        self.obj_of = {(k, g): i for i, (ks, g) in enumerate(zip(self.keys, self.group_of)) for k in ks}
+        # next slot (>= t) where each object is in HBM, for eviction by next use
+        T = inst.T
+        self.next_use = []
+        for o in range(len(inst.objects)):
+            nxt, row = [math.inf] * (T + 1), self.x[o]
+            for t in range(T - 1, -1, -1):
+                nxt[t] = t if row[t] > 0.5 else nxt[t + 1]
+            self.next_use.append(nxt)
+
+    def on_program_start(self, sim, program):
+        self._prepare(sim)
+
+    def place(self, sim, call):
+        self._prepare(sim)
+        return home_or_default(sim, call, self.homes.get(call.model))
+
+    def on_call_arrive(self, sim, call):
+        self._prepare(sim)
+        t = self.slot_of.get((call.program, call.node))
+        if t is None:
+            return None
+        self.ptr = max(self.ptr, t)
+        return self._plan_for(sim, self.ptr + 1)
+
+    def _plan_for(self, sim, t: int) -> list:
+        if t >= self.inst.T:
+            return []
+        out = []
+        for o, ks in enumerate(self.keys):
+            g = self.group_of[o]
+            if self.x[o, t] > 0.5:
+                out += [("promote", k, g) for k in ks]
+            elif self.x[o, t - 1] < 0.5:
+                to = "host" if self.y[o, t] > 0.5 else "none"
+                out += [("demote", k, g, to) for k in ks if (k, g) in sim.tiers.gpu]
+            if self.y[o, t] > 0.5 and ks[0][0] != "kv":
+                out += [("promote_host", k, sim.gpus[g[0]].node) for k in ks]
+        return out
+
+    def evict_priority(self, sim, copy):
+        o = self.obj_of.get((copy.key, copy.group)) if self.result is not None else None
+        if o is None:
+            return (-math.inf, copy.last_use)  # nothing the schedule keeps: first to go
+        nxt = self.next_use[o][min(self.ptr + 1, self.inst.T)] if self.ptr + 1 <= self.inst.T else math.inf
+        return (-nxt, copy.last_use)  # needed later -> lower -> evicted first
+
+
+class MilpStatic(Policy):
+    """One placement for the whole trace, from the MILP with time collapsed, loaded at time 0
+    and never changed; calls of models left out run on demand in what it leaves free. Registered
+    as `static-milp` beside the call-share `static` until it beats it in the closed loop."""
+    name = "static-milp"
+    demote_to = "host"
+    tick_s = 1e9  # one tick at t=0 loads the placement
+    kv_headroom = 0.25  # fraction of each GPU kept for KV and on-demand models
+
+    def __init__(self):
+        self.home: dict[str, tuple] = {}
+        self.pinned: set = set()
+        self.keys: list = []
+
+    def on_tick(self, sim):
+        if self.home or self.pinned:
+            return None
+        inst, index = build_instance(sim.cluster, sim.catalog, sim.trace, sim.cost, hot_touch=0.5)
+        keep = solve_static(inst, 1.0 - self.kv_headroom)
+        out = []
+        for o in keep:
+            ob = inst.objects[o]
+            model = ob.name.split(":", 1)[1]
+            self.home[model] = ob.gpus
+            for k in _state_keys(ob.name, sim.catalog, 0.5):
+                self.pinned.add((k, ob.gpus))
+                out.append(("promote", k, ob.gpus))
+        return out
+
+    def place(self, sim, call):
+        return home_or_default(sim, call, self.home.get(call.model))
+
+    def evict_priority(self, sim, copy):
+        return math.inf if (copy.key, copy.group) in self.pinned else copy.last_use
+
+    def may_evict_for_prefetch(self, sim, victim, key):
+        return (victim.key, victim.group) not in self.pinned
+

@@ -149,3 +149,27 @@ def test_oracle_cli_on_a_generated_trace(tmp_path):
     assert doc["violations"] == []
     assert all(w["status"] == "OPTIMAL" for w in doc["windows"])
     assert doc["stall_s"]["n"] == doc["calls"]
+
+
+def test_replay_with_the_oracle_adds_its_block_and_ratios(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from statebudget.cli import app
+    from statebudget.models.load import write_trace
+    from statebudget.traces.generators import generate
+
+    write_trace(generate("swe-team", 3, 0.15), tmp_path / "t.jsonl")
+    res = CliRunner().invoke(app, ["replay", "--cluster", "hetero16", "--catalog", "agent-team", "--trace",
+                                   str(tmp_path / "t.jsonl"), "--policy", "ondemand,statebudget,oracle",
+                                   "--json", str(tmp_path / "r.json")])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["oracle"]["status"] in ("OPTIMAL", "FEASIBLE")
+    for name in ("ondemand", "statebudget"):
+        ratio = doc["policies"][name]["vs_oracle"]
+        o, p = doc["policies"]["oracle"]["handoff_stall_s"], doc["policies"][name]["handoff_stall_s"]
+        if o["p95"] > 0:
+            assert ratio["handoff_stall_p95"] == pytest.approx(p["p95"] / o["p95"], rel=1e-5)
+    assert "vs_oracle" not in doc["policies"]["oracle"]

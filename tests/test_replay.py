@@ -16,8 +16,11 @@ from statebudget.traces.generators import generate
 
 
 def _strip_decision_ms(doc):
+    """Drop what is measured in wall time: each policy's decision_ms and the oracle's solve_s."""
     for p in doc["policies"].values():
         p.pop("decision_ms")
+    if doc.get("oracle"):
+        doc["oracle"].pop("solve_s")
     return doc
 
 

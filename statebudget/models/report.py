@@ -63,9 +63,11 @@ class TraceSummary(BaseModel):
 
 
 class OracleBlock(BaseModel):
+    """The MILP behind the `oracle` policy. `bound` is null for a rolling-horizon solve (no global
+    bound follows from overlapping windows); `gap` is then the worst window's."""
     status: str
     objective: float
-    bound: float
+    bound: float | None
     gap: float
     solve_s: float
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from .. import __version__
 from ..models.catalog import Catalog
 from ..models.cluster import Cluster
-from ..models.report import Report, TraceSummary
+from ..models.report import OracleBlock, Report, TraceSummary
 from ..models.trace import Trace
 from ..solvers.costs import CostModel
 from ..traces.graph import count_handoffs
@@ -27,16 +27,33 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
     """`progress(policy, sim_time)` is called now and then while a policy runs."""
     cost = CostModel(cluster, catalog, profile=profile)
     results, blocks = {}, {}
+    oracle = None
     for name in policies:
-        sim = Simulator(cluster, catalog, trace, make_policy(name), cost=cost, seed=seed,
-                        check_invariants=check_invariants)
+        policy = make_policy(name)
+        sim = Simulator(cluster, catalog, trace, policy, cost=cost, seed=seed, check_invariants=check_invariants)
         res = sim.run(progress=(lambda t, n=name: progress(n, t)) if progress else None)
         results[name] = res
         blocks[name] = policy_report(res, trace.header.slo_classes)
+        if name == "oracle" and policy.result is not None:
+            sol = policy.result.solution
+            oracle = OracleBlock(status=sol.status, objective=round(sol.objective, 6),
+                                 bound=round(sol.bound, 6) if sol.bound == sol.bound else None,
+                                 gap=sol.gap, solve_s=round(sol.solve_s, 3))
+    if oracle is not None:
+        ref = blocks["oracle"].handoff_stall_s
+        for name, block in blocks.items():
+            if name == "oracle":
+                continue
+            # Online policies against the oracle replayed in the same closed loop (§ issue 4).
+            mine = block.handoff_stall_s
+            block.vs_oracle = {
+                "handoff_stall_total": round(mine.mean * mine.n / (ref.mean * ref.n), 6) if ref.mean * ref.n > 0 else None,
+                "handoff_stall_p95": round(mine.p95 / ref.p95, 6) if ref.p95 > 0 else None,
+            }
     report = Report(
         statebudget=__version__, cluster=cluster.name, catalog=catalog.name,
         trace=TraceSummary(programs=len(trace.programs), calls=trace.n_calls, handoffs=count_handoffs(trace)),
-        policies=blocks)
+        policies=blocks, oracle=oracle)
     return Replay(report, results)
 
 

@@ -18,7 +18,7 @@ import math
 from ...models.state import expert_key, kv_key, weights_key
 from ...solvers.costs import page_touch_probs
 from ...solvers.milp import build_instance, solve_rolling, solve_static
-from .base import Policy
+from .base import Policy, default_place
 from .baselines import home_or_default
 
 
@@ -69,8 +69,15 @@ class Oracle(Policy):
         self._prepare(sim)
 
     def place(self, sim, call):
+        """The MILP's home group; calls that overlap there (the MILP sees one call per slot)
+        overflow to wherever the default placement finds room now."""
         self._prepare(sim)
-        return home_or_default(sim, call, self.homes.get(call.model))
+        home = self.homes.get(call.model)
+        if home is not None and sim.could_ever_fit(call, home):
+            keys, new, private = sim.call_need(call, home)
+            if sim.plan_eviction(home, new + private, protect={(k, home) for k in keys}) is not None:
+                return home
+        return default_place(sim, call)
 
     def on_call_arrive(self, sim, call):
         self._prepare(sim)

@@ -234,6 +234,52 @@ def oracle(
         json_out.write_text(json.dumps(out, indent=1) + "\n")
 
 
+@app.command()
+@_guard
+def sweep(
+    traces: Annotated[str, typer.Option(help="comma-separated trace presets")] = "swe-team,swe-team-shuffled",
+    seeds: Annotated[str, typer.Option(help="comma-separated seeds")] = "1,2,3",
+    policy: Annotated[str, typer.Option(help="comma-separated policies")] = "ondemand,lru-keepwarm,frequency,prefetch-all,static,llama-swap,ray-multiplex,statebudget,statebudget-lease",
+    clusters: Annotated[str, typer.Option(help="comma-separated cluster presets or files")] = "hetero16",
+    catalog: Annotated[str, typer.Option(help="catalog preset or file")] = "agent-team",
+    hours: Annotated[float, typer.Option(help="trace length")] = 2.0,
+    workers: Annotated[Optional[int], typer.Option(help="local processes (default: one per core)")] = None,
+    ray: Annotated[Optional[str], typer.Option("--ray", help="run on a Ray cluster: auto or HOST:PORT")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write all rows here")] = None,
+):
+    """Replay a grid (clusters x traces x seeds x policies) into one table."""
+    from .models.load import load_catalog, load_cluster
+    from .sim import sweep as sw
+    from .traces.generators import PRESETS
+
+    names = _policy_list(policy)
+    trace_list = [t.strip() for t in traces.split(",") if t.strip()]
+    for t in trace_list:
+        if t not in PRESETS:
+            raise ValueError(f"--traces: unknown trace preset {t!r} (known: {', '.join(PRESETS)})")
+    try:
+        seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds: expected comma-separated integers, got {seeds!r}") from None
+    cluster_list = [c.strip() for c in clusters.split(",") if c.strip()]
+    for c in cluster_list:
+        load_cluster(c)
+    load_catalog(catalog)
+    todo = sw.jobs(cluster_list, trace_list, seed_list, names, catalog, hours)
+    with Progress(TextColumn("sweep"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} replays"),
+                  TimeElapsedColumn(), console=err, transient=not sys.stderr.isatty()) as prog:
+        task = prog.add_task("sweep", total=len(todo))
+        report = lambda done, total: prog.update(task, completed=done)  # noqa: E731
+        rows = sw.run_ray(todo, ray, report) if ray else sw.run_local(todo, workers, report)
+    t = Table("cluster", "trace", "seed", "policy", *sw.COLUMNS, title=f"{len(rows)} replays ({'Ray ' + ray if ray else 'local processes'})")
+    for r in rows:
+        t.add_row(r["cluster"], r["trace"], str(r["seed"]), r["policy"], *[f"{r[c]:.3f}" for c in sw.COLUMNS])
+    console.print(t)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+
+
 @bench_app.command("planner")
 @_guard
 def bench_planner_cmd(

@@ -1,0 +1,61 @@
+"""`statebudget sweep`: the same rows from the local process pool and from a real Ray cluster (a
+head started by the test on 127.0.0.1 and stopped after it)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from statebudget.cli import app
+
+RAY = Path(sys.executable).with_name("ray")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_head():
+    port = _free_port()
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    subprocess.run([str(RAY), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
+                    "--include-dashboard=false", "--disable-usage-stats"], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([str(RAY), "stop", "--force"], env=env, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=120)
+
+
+ARGS = ["sweep", "--traces", "swe-team,mapreduce", "--seeds", "1,2", "--policy", "ondemand,frequency,statebudget",
+        "--hours", "0.1"]
+
+
+def test_process_pool_and_ray_give_the_same_rows(tmp_path, ray_head):
+    runner = CliRunner()
+    res = runner.invoke(app, ARGS + ["--workers", "2", "--json", str(tmp_path / "local.json")])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ARGS + ["--ray", ray_head, "--json", str(tmp_path / "ray.json")])
+    assert res.exit_code == 0, res.output
+    local = json.loads((tmp_path / "local.json").read_text())["rows"]
+    remote = json.loads((tmp_path / "ray.json").read_text())["rows"]
+    assert len(local) == 2 * 2 * 3
+    assert local == remote
+    assert {r["policy"] for r in local} == {"ondemand", "frequency", "statebudget"}
+
+
+def test_sweep_rejects_bad_grids():
+    runner = CliRunner()
+    res = runner.invoke(app, ["sweep", "--traces", "nope"])
+    assert res.exit_code == 2 and "unknown trace preset 'nope'" in res.output
+    res = runner.invoke(app, ["sweep", "--seeds", "1,x"])
+    assert res.exit_code == 2 and "--seeds" in res.output

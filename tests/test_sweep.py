@@ -25,7 +25,9 @@ def _free_port() -> int:
 @pytest.fixture
 def ray_head():
     port = _free_port()
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    # A one-node cluster on the loopback interface: without RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 Ray
+    # replaces 127.0.0.1 by the host's network address.
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     subprocess.run([str(RAY), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
                     "--include-dashboard=false", "--disable-usage-stats"], check=True, env=env,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)

@@ -45,6 +45,12 @@ def run_local(todo: list[dict], workers: int | None = None, progress=None) -> li
 
 
 def run_ray(todo: list[dict], address: str, progress=None) -> list[dict]:
+    import os
+
+    if address.split(":")[0] in ("127.0.0.1", "localhost"):
+        # Ray turns a loopback address into the host's network IP unless told it is a one-node
+        # cluster; keep a local cluster on the loopback interface (must precede `import ray`).
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
     ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)

@@ -34,7 +34,7 @@ class PlannerConfig:
     horizon_s: float = 30.0          # value = P(needed within this) x restore seconds
     idle_horizon_s: float = 90.0     # idle residents are ranked by P(needed within this)
     idle_threshold: float = 0.08     # models less likely than this within it are not staged in host
-    warm_budget: float = 0.4        # share of cluster HBM that idle weights and pages may hold
+    warm_budget: float = 0.36       # share of cluster HBM that idle weights and pages may hold
     min_dwell_s: float = 0.0        # a promoted copy stays at least this long (no promote/demote ping-pong)
     promote_min_p: float = 0.35      # promote only what is at least this likely within the horizon
     hysteresis: float = 0.3          # residents' density bonus against thrashing

@@ -122,14 +122,18 @@ def trace_fit(
 
 
 def _policy_list(spec: str) -> list[str]:
+    """Comma-separated specs `POLICY[:QUEUE[:KV]]`, each checked."""
+    from .planner.programs import parse_spec
     from .sim.policies import REGISTRY
 
     names = [p.strip() for p in spec.split(",") if p.strip()]
     if not names:
         raise ValueError("--policy names no policy")
     for n in names:
-        if n not in REGISTRY:
-            raise ValueError(f"--policy: unknown policy {n!r} (known: {', '.join(REGISTRY)})")
+        try:
+            parse_spec(n, REGISTRY)
+        except ValueError as e:
+            raise ValueError(f"--policy: {e}") from None
     return names
 
 
@@ -139,7 +143,8 @@ def replay(
     cluster: Annotated[str, typer.Option(help="cluster file or preset (hetero16, hetero8, h200x8, single-a100)")],
     catalog: Annotated[str, typer.Option(help="catalog file or preset (agent-team, solo)")],
     trace: Annotated[Path, typer.Option(help="trace file (JSONL, format v1)")],
-    policy: Annotated[str, typer.Option(help="comma-separated policies")] = "ondemand",
+    policy: Annotated[str, typer.Option(help="comma-separated POLICY[:QUEUE[:KV]]; queues fcfs|plas|atlas, "
+                                              "tool-wait KV preserve|swap|discard|adaptive")] = "ondemand",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the §8 report here")] = None,
     plots: Annotated[Optional[Path], typer.Option(help="write plots (PNG) into this folder")] = None,
     seed: Annotated[int, typer.Option(help="simulator seed (MoE page sampling)")] = 0,

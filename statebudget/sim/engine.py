@@ -28,6 +28,8 @@ from ..models.catalog import Catalog, ModelSpec
 from ..models.cluster import Cluster
 from ..models.state import expert_key, kv_key, weights_key
 from ..models.trace import Program, Trace
+from ..planner.predictor import ToolWaitModel
+from ..planner.programs import adaptive_choice, queue_key
 from ..solvers.costs import CostModel, page_touch_probs
 from ..traces.graph import children_of, descendants, handoff_calls, hinted_calls
 from .flows import FairShare
@@ -59,6 +61,7 @@ class CallRec:
     waiting_on: int = 0
     kv_reused_tokens: int = 0
     flow: int | None = None
+    path_service: float = 0.0  # attained service along the DAG path that leads to this call
 
 
 @dataclass(slots=True, eq=False)
@@ -72,8 +75,13 @@ class ProgRun:
     calls: dict[str, CallRec]
     durations: dict[str, float]
     tools: dict[str, str]
+    after: dict[str, list]
     open_nodes: int
     end: float = -1.0
+    service: float = 0.0  # attained service: compute seconds of its finished calls
+    path_in: dict = field(default_factory=dict)   # node -> attained service on the path into it
+    path_out: dict = field(default_factory=dict)  # node -> ... out of it
+    tool_wait: dict = field(default_factory=dict)  # running tool node -> (start, predicted wait or None)
 
 
 @dataclass
@@ -90,6 +98,10 @@ class SimResult:
     stale_events: int
     sim_end: float
     hbm_total: float
+    kv_actions: Counter = field(default_factory=Counter)
+    kv_hbm_byte_s: float = 0.0
+    recomputed_tokens: int = 0
+    ttl_errors: list = field(default_factory=list)
 
 
 class Transfer:
@@ -115,10 +127,18 @@ class _Barrier:
 
 class Simulator:
     def __init__(self, cluster: Cluster, catalog: Catalog, trace: Trace, policy, cost: CostModel | None = None,
-                 seed: int = 0, check_invariants: bool = False, max_batch: int = 32, sample_dt: float = 15.0):
+                 seed: int = 0, check_invariants: bool = False, max_batch: int = 32, sample_dt: float = 15.0,
+                 queue: str = "fcfs", kv_rule: str | None = None):
         self.cluster, self.catalog, self.trace, self.policy = cluster, catalog, trace, policy
         self.cost = cost or CostModel(cluster, catalog)
         self.seed, self.check_invariants, self.max_batch, self.sample_dt = seed, check_invariants, max_batch, sample_dt
+        self.queue = queue
+        self.kv_rule = kv_rule or getattr(policy, "kv_rule", "preserve")
+        self.tool_waits = ToolWaitModel.from_fit()  # the adaptive rule's predictions, learned as tools end
+        self.kv_actions: Counter = Counter()
+        self.kv_hbm_byte_s = 0.0
+        self.recomputed_tokens = 0
+        self.ttl_errors: list[float] = []
         self.gpus = cluster.gpus
         self._groups: dict[int, list] = {}
         self._group_cap: dict[tuple, float] = {}
@@ -233,7 +253,8 @@ class Simulator:
             wasted_bytes=self.wasted_bytes, warm_tax=self._wt_integral / end if end else 0.0,
             hbm_samples=self.hbm_samples, decision_ms=self.decision_ms, events=self.events,
             stale_events=self.stale_events, sim_end=end or 0.0,
-            hbm_total=sum(self.tiers.hbm_cap))
+            hbm_total=sum(self.tiers.hbm_cap), kv_actions=self.kv_actions, kv_hbm_byte_s=self.kv_hbm_byte_s,
+            recomputed_tokens=self.recomputed_tokens, ttl_errors=self.ttl_errors)
 
     def _refresh_hbm_metrics(self):
         self._dirty = False
@@ -293,7 +314,8 @@ class Simulator:
             cancels_at.setdefault(c.at_after, []).append(c.node)
         pr = ProgRun(prog, {n.id: len(n.after) for n in prog.nodes}, children, {n.id: "pending" for n in prog.nodes},
                      hints_at, cancels_at, calls, {n.id: n.duration for n in prog.nodes},
-                     {n.id: n.tool or "tool" for n in prog.nodes if n.kind == "tool"}, len(prog.nodes))
+                     {n.id: n.tool or "tool" for n in prog.nodes if n.kind == "tool"}, {n.id: n.after for n in prog.nodes},
+                     len(prog.nodes))
         self.programs[prog.program] = pr
         self.kv_of_program[prog.program] = set()
         self._apply(self._decide(self.policy.on_program_start, prog))
@@ -311,8 +333,12 @@ class Simulator:
         if pr.node_state[nid] != "pending":
             return None
         pr.node_state[nid] = "running"
-        if nid not in pr.calls:  # a tool wait
+        pr.path_in[nid] = max((pr.path_out.get(a, 0.0) for a in pr.after[nid]), default=0.0)
+        if nid in pr.calls:
+            pr.calls[nid].path_service = pr.path_in[nid]
+        else:  # a tool wait
             self._apply(self._decide(self.policy.on_tool_start, pr.prog, nid, pr.tools[nid]))
+            self._tool_wait_kv(pr, nid)
         hints = pr.hints_at.get(nid)
         if hints:
             self._apply(self._decide(self.policy.on_hints, pr.prog, hints))
@@ -325,7 +351,12 @@ class Simulator:
             return None
         pr.node_state[nid] = "done"
         pr.open_nodes -= 1
-        if nid not in pr.calls:
+        call = pr.calls.get(nid)
+        svc = call.end - call.start if call is not None and call.end >= 0 and call.start >= 0 else 0.0
+        pr.service += svc
+        pr.path_out[nid] = pr.path_in.get(nid, 0.0) + svc
+        if call is None:
+            self._tool_end_kv(pr, nid)
             self._apply(self._decide(self.policy.on_tool_end, pr.prog, nid, pr.tools[nid], pr.durations[nid]))
         events = []
         for victim in pr.cancels_at.get(nid, ()):
@@ -509,6 +540,7 @@ class Simulator:
         copy.transfer = token = Transfer()
         if kind == "none":  # KV recompute: a prefill of the tokens it held, on the group
             m = self.catalog.by_name[key[2]]
+            self.recomputed_tokens += self.kv_tokens.get(key, 0)
             amount = self.cost.prefill_s(m, self.kv_tokens.get(key, 0), group)
             return self.flows_add(amount, tuple(f"gpu:{i}" for i in group), lambda now: self._copy_ready(copy), key[2],
                                   token=token)
@@ -595,7 +627,7 @@ class Simulator:
             copy.src_copy.pins -= 1
             copy.src_copy = None
         self.wasted_bytes += moved
-        self.tiers.remove_gpu_copy(copy)
+        self._remove_copy(copy)
         self._dirty = True
         return True
 
@@ -626,10 +658,18 @@ class Simulator:
         self.queued.append(c)
         return self._start_queued()
 
+    def _order(self, calls: list) -> list:
+        """The queue discipline: FCFS by arrival, PLAS by the program's attained service, ATLAS by
+        the attained service on the call's critical path; both with aging."""
+        if self.queue == "fcfs" or len(calls) < 2:
+            return calls
+        return sorted(calls, key=lambda c: queue_key(self.queue, c.arrive, self.now, self.programs[c.program].service,
+                                                     c.path_service) + (c.program, c.node))
+
     def _start_queued(self):
         events = []
         keep = []
-        for c in self.queued:
+        for c in self._order(self.queued):
             if all(self.running_on[i] < self.max_batch for i in c.group):
                 events += self._start(c)
             else:
@@ -734,7 +774,7 @@ class Simulator:
         if not self.waiting:
             return
         still = []
-        for c in self.waiting:
+        for c in self._order(self.waiting):
             if not self._admit(c):
                 still.append(c)
         self.waiting = still
@@ -782,9 +822,67 @@ class Simulator:
                 self._push_all(self.flows_add(copy.per_gpu, self.cost.path(f"gpu:{i}", f"host:{node}"),
                                               barrier.hit, None, latency=self.cost.latency_s("gpu"), tag="gpu->host"))
             drains.append(hc)
-        self.tiers.remove_gpu_copy(copy)
+        self._remove_copy(copy)
         self._dirty = True
         return drains
+
+    def _remove_copy(self, copy: GpuCopy) -> None:
+        """Every HBM copy leaves through here: suspended KV stops counting its byte-seconds."""
+        if copy.suspended_since is not None:
+            self.kv_hbm_byte_s += copy.nbytes * (self.now - copy.suspended_since)
+            copy.suspended_since = None
+        self.tiers.remove_gpu_copy(copy)
+
+    # ---- tool waits: what happens to the program's KV (seed 003 §10-§12, §21) ------------------
+    def _program_busy(self, pr: ProgRun) -> bool:
+        return any(c.state in ("waiting", "loading", "queued", "running") for c in pr.calls.values())
+
+    def _tool_wait_kv(self, pr: ProgRun, nid: str) -> None:
+        tool = pr.tools[nid]
+        predicted = None
+        if self.kv_rule == "adaptive":
+            predicted = self.tool_waits.quantile_remaining(tool, 0.0, 0.5)
+        pr.tool_wait[nid] = (self.now, predicted)
+        if self._program_busy(pr):
+            return  # another thread of the program still runs: its KV is not suspended
+        for kvk in sorted(self.kv_of_program.get(pr.prog.program, ())):
+            for g in sorted(self.tiers.groups_of.get(kvk, ())):
+                copy = self.tiers.gpu[(kvk, g)]
+                if copy.pins or not copy.ready:
+                    continue
+                rule = self.kv_rule
+                if rule == "adaptive":
+                    m = self.catalog.by_name[kvk[2]]
+                    pcie = self.cost.link_bw[f"h2d:{self.gpus[g[0]].id}"] * len(g)
+                    rule = adaptive_choice(copy.nbytes, predicted, sum(self.tiers.hbm_cap[i] for i in g), pcie,
+                                           self.cost.prefill_s(m, self.kv_tokens.get(kvk, 0), g))
+                self.kv_actions[rule] += 1
+                if rule == "preserve":
+                    copy.suspended_since = self.now
+                elif rule == "swap":
+                    self._evict(copy, "host")
+                    if predicted is not None:  # bring it back before the predicted return
+                        back = max(0.0, predicted - 2 * copy.nbytes / (self.cost.link_bw[f"h2d:{self.gpus[g[0]].id}"] * len(g)))
+                        self.push(self.now + back, PRIO_TIMER, self._kv_back, (pr, nid, kvk, g))
+                else:
+                    self._evict(copy, "none")
+
+    def _kv_back(self, pr: ProgRun, nid: str, kvk, group):
+        if pr.node_state.get(nid) == "running" and kvk in self.kv_tokens and (kvk, group) not in self.tiers.gpu:
+            self._prefetch(kvk, group)
+        return None
+
+    def _tool_end_kv(self, pr: ProgRun, nid: str) -> None:
+        start, predicted = pr.tool_wait.pop(nid, (self.now, None))
+        self.tool_waits.observe(pr.tools[nid], self.now - start)
+        if predicted is not None:
+            self.ttl_errors.append(predicted - (self.now - start))
+        for kvk in sorted(self.kv_of_program.get(pr.prog.program, ())):
+            for g in sorted(self.tiers.groups_of.get(kvk, ())):
+                copy = self.tiers.gpu[(kvk, g)]
+                if copy.suspended_since is not None and not pr.tool_wait:
+                    self.kv_hbm_byte_s += copy.nbytes * (self.now - copy.suspended_since)
+                    copy.suspended_since = None
 
     def _host_ready(self, hc: HostCopy):
         if self.tiers.host.get((hc.key, hc.node)) is hc:
@@ -825,7 +923,7 @@ class Simulator:
     def _drop_gpu_copy(self, copy: GpuCopy):
         if not copy.used:
             self.wasted_bytes += copy.nbytes
-        self.tiers.remove_gpu_copy(copy)
+        self._remove_copy(copy)
         self._dirty = True
 
     def _drop_stale_kv(self, kvk, keep: GpuCopy):
@@ -848,7 +946,7 @@ class Simulator:
             copy.used = True  # KV of a finished program is not a wasted promotion
             if not copy.ready and copy.transfer is not None:
                 self.cancel_transfer(copy.transfer)
-            self.tiers.remove_gpu_copy(copy)
+            self._remove_copy(copy)
         for (k, n), hc in list(self.tiers.host.items()):
             if k == kvk:
                 self._remove_host(hc)

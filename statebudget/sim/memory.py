@@ -36,6 +36,7 @@ class GpuCopy:
     transfer: object = None   # the Transfer writing it, while not ready
     src_copy: object = None   # for a KV move between GPU groups: the copy it moves from
     lease: object = None      # the lease that asked for it, if any
+    suspended_since: float | None = None  # KV held in HBM while its program waits on a tool
 
     @property
     def nbytes(self) -> float:

@@ -4,11 +4,51 @@ from __future__ import annotations
 
 import numpy as np
 
+from collections import Counter
+
 from ..models.report import DecisionMs, Dist, PolicyReport
+from ..traces.timeline import nominal_timeline
 from .engine import SimResult
 
 
-def policy_report(res: SimResult, slo_classes: dict[str, float]) -> PolicyReport:
+def program_metrics(res: SimResult, nominal: dict | None) -> dict:
+    """Seed 003's program-level figures. slowdown = program latency / its zero-stall latency on the
+    reference machine (`traces/timeline.py`); max_wait = the longest a call of the program waited
+    between arriving and starting (stall + queueing)."""
+    done = [pr for pr in res.programs.values() if pr.end >= 0]
+    latency = {pr.prog.program: pr.end - pr.prog.start for pr in done}
+    forkjoin = [latency[pr.prog.program] for pr in done if any(len(n.after) >= 2 for n in pr.prog.nodes)]
+    slowdown = []
+    if nominal is not None:
+        for pr in done:
+            spans = [nominal[(pr.prog.program, n.id)] for n in pr.prog.nodes if (pr.prog.program, n.id) in nominal]
+            if spans:
+                base = max(e for _, e in spans) - pr.prog.start
+                if base > 0:
+                    slowdown.append(latency[pr.prog.program] / base)
+    max_wait = []
+    service: Counter = Counter()
+    for pr in done:
+        waits = [c.start - c.arrive for c in pr.calls.values() if c.state == "done"]
+        if waits:
+            max_wait.append(max(waits))
+        service[pr.prog.tenant] += pr.service
+    total = sum(service.values())
+    hours = res.sim_end / 3600.0
+    return {
+        "makespan_s": Dist.of(forkjoin),
+        "slowdown": Dist.of(slowdown),
+        "max_wait_s": Dist.of(max_wait),
+        "programs_per_hour": round(len(done) / hours, 6) if hours > 0 else 0.0,
+        "tenant_service_share": {t: round(v / total, 6) for t, v in sorted(service.items())} if total else {},
+        "kv_actions": {k: res.kv_actions.get(k, 0) for k in ("preserve", "swap", "discard")},
+        "kv_hbm_byte_s": round(res.kv_hbm_byte_s, 3),
+        "recomputed_tokens": res.recomputed_tokens,
+        "ttl_error_s": Dist.of(res.ttl_errors),
+    }
+
+
+def policy_report(res: SimResult, slo_classes: dict[str, float], nominal: dict | None = None) -> PolicyReport:
     done = [c for c in res.calls if c.state == "done"]
     stall = [c.ready - c.arrive for c in done]
     ttft = [c.first_token - c.arrive for c in done]
@@ -33,4 +73,5 @@ def policy_report(res: SimResult, slo_classes: dict[str, float]) -> PolicyReport
         calls_cancelled=sum(1 for c in res.calls if c.state == "cancelled"),
         unplaceable_calls=sum(1 for c in res.calls if c.state == "unplaceable"),
         events=res.events,
+        **program_metrics(res, nominal),
     )

@@ -11,9 +11,11 @@ from ..models.report import OracleBlock, Report, TraceSummary
 from ..models.trace import Trace
 from ..solvers.costs import CostModel
 from ..traces.graph import count_handoffs
+from ..traces.timeline import nominal_timeline
 from .engine import SimResult, Simulator
 from .metrics import policy_report
-from .policies import make_policy
+from ..planner.programs import parse_spec
+from .policies import REGISTRY, make_policy
 
 
 @dataclass
@@ -24,25 +26,29 @@ class Replay:
 
 def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str], seed: int = 0,
            check_invariants: bool = False, progress=None, profile: dict | None = None) -> Replay:
-    """`progress(policy, sim_time)` is called now and then while a policy runs."""
+    """Each entry of `policies` is a spec `POLICY[:QUEUE[:KV]]`; the report keys it by that exact
+    string. `progress(spec, sim_time)` is called now and then while a policy runs."""
     cost = CostModel(cluster, catalog, profile=profile)
     results, blocks = {}, {}
     oracle = None
+    nominal = nominal_timeline(trace, catalog)
     for name in policies:
-        policy = make_policy(name)
-        sim = Simulator(cluster, catalog, trace, policy, cost=cost, seed=seed, check_invariants=check_invariants)
+        base, queue, kv = parse_spec(name, REGISTRY)
+        policy = make_policy(base)
+        sim = Simulator(cluster, catalog, trace, policy, cost=cost, seed=seed, check_invariants=check_invariants,
+                        queue=queue, kv_rule=kv)
         res = sim.run(progress=(lambda t, n=name: progress(n, t)) if progress else None)
         results[name] = res
-        blocks[name] = policy_report(res, trace.header.slo_classes)
-        if name == "oracle" and policy.result is not None:
+        blocks[name] = policy_report(res, trace.header.slo_classes, nominal)
+        if base == "oracle" and policy.result is not None:
             sol = policy.result.solution
             oracle = OracleBlock(status=sol.status, objective=round(sol.objective, 6),
                                  bound=round(sol.bound, 6) if sol.bound == sol.bound else None,
                                  gap=sol.gap, solve_s=round(sol.solve_s, 3))
     if oracle is not None:
-        ref = blocks["oracle"].handoff_stall_s
+        ref = next(b for n, b in blocks.items() if parse_spec(n, REGISTRY)[0] == "oracle").handoff_stall_s
         for name, block in blocks.items():
-            if name == "oracle":
+            if parse_spec(name, REGISTRY)[0] == "oracle":
                 continue
             # Online policies against the oracle replayed in the same closed loop (§ issue 4).
             mine = block.handoff_stall_s

@@ -1,0 +1,97 @@
+"""Program-aware serving: policy specs, queue keys, and what each tool-wait KV rule does."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from helpers import GB, call, catalog, cluster, program, tool, trace
+from statebudget.cli import app
+from statebudget.models.load import write_trace
+from statebudget.planner.programs import adaptive_choice, parse_spec, queue_key
+from statebudget.sim.engine import Simulator
+from statebudget.sim.policies import REGISTRY, make_policy
+from statebudget.traces.generators import generate
+
+
+def test_policy_specs():
+    assert parse_spec("statebudget-lease:plas:adaptive", REGISTRY) == ("statebudget-lease", "plas", "adaptive")
+    assert parse_spec("ondemand", REGISTRY) == ("ondemand", "fcfs", None)
+    assert parse_spec("ondemand::swap", REGISTRY) == ("ondemand", "fcfs", "swap")
+    for bad, msg in (("nope:plas", "unknown policy"), ("ondemand:lifo", "unknown queue"),
+                     ("ondemand:fcfs:keep", "unknown tool-wait KV rule"), ("a:b:c:d", r"POLICY\[:QUEUE")):
+        with pytest.raises(ValueError, match=msg):
+            parse_spec(bad, REGISTRY)
+
+
+def test_plas_puts_the_program_with_less_service_first_and_aging_bounds_the_wait():
+    # Program A has 100 s of service, B 1 s: B's new call goes first under PLAS, not under FCFS.
+    a = queue_key("plas", arrive=0.0, now=10.0, program_service=100.0, path_service=0.0)
+    b = queue_key("plas", arrive=5.0, now=10.0, program_service=1.0, path_service=0.0)
+    assert b < a
+    assert queue_key("fcfs", 0.0, 10.0, 100.0, 0.0) < queue_key("fcfs", 5.0, 10.0, 1.0, 0.0)
+    # ATLAS looks at the critical path, not the whole program.
+    assert queue_key("atlas", 0.0, 10.0, 100.0, 1.0) < queue_key("atlas", 5.0, 10.0, 1.0, 50.0)
+    # Aging: after waiting long enough, A's call beats any newcomer with 1 s of service.
+    assert queue_key("plas", 0.0, 400.0, 100.0, 0.0) < queue_key("plas", 399.0, 400.0, 1.0, 0.0)
+
+
+def test_adaptive_picks_the_cheapest_rule():
+    assert adaptive_choice(1 * GB, wait_s=0.1, hbm_bytes=40 * GB, pcie_bps=25 * GB, recompute_s=1.0) == "preserve"
+    assert adaptive_choice(5 * GB, wait_s=60, hbm_bytes=40 * GB, pcie_bps=25 * GB, recompute_s=5.0) == "swap"
+    assert adaptive_choice(5 * GB, wait_s=60, hbm_bytes=40 * GB, pcie_bps=25 * GB, recompute_s=0.01) == "discard"
+
+
+def _tool_wait_trace(wait=50.0):
+    nodes = [call("a", "m", ctx=10_000, out=0), tool("t", ["a"], duration=wait, name="build"),
+             call("b", "m", ["t"], ctx=10_000, out=0)]
+    return trace(program("p", nodes))
+
+
+@pytest.mark.parametrize("rule", ["preserve", "swap", "discard"])
+def test_tool_wait_kv_rules(rule):
+    cl, cat = cluster(tflops=10.0), catalog(("m", 10.0, 100_000))
+    sim = Simulator(cl, cat, _tool_wait_trace(), make_policy("lru-keepwarm"), kv_rule=rule, check_invariants=True)
+    res = sim.run()
+    kv = 10_000 * 100_000
+    assert res.kv_actions[rule] == 1
+    second = res.calls[1]
+    if rule == "preserve":
+        assert res.kv_hbm_byte_s == pytest.approx(kv * 50.0)
+        assert second.ready - second.arrive == 0.0 and res.recomputed_tokens == 0
+    elif rule == "swap":
+        assert res.kv_hbm_byte_s == 0.0
+        assert res.bytes_by_pair["gpu->host"] == pytest.approx(kv)
+        assert res.bytes_by_pair["host->gpu"] == pytest.approx(kv)  # onboarded when the call came back
+        assert second.ready - second.arrive == pytest.approx(kv / (25 * GB), abs=1e-3)
+    else:
+        assert res.kv_hbm_byte_s == 0.0 and res.recomputed_tokens == 10_000
+        assert second.ready - second.arrive == pytest.approx(sim.cost.prefill_s(cat.by_name["m"], 10_000, (0,)), rel=1e-6)
+
+
+def test_adaptive_swaps_ahead_of_the_predicted_return():
+    # A build (median ~11 s) on a large KV: swapping beats holding a big share of the GPU, and the
+    # KV is brought back before the predicted end, so the next call finds it in HBM.
+    cl, cat = cluster(hbm_gb=40.0, tflops=10.0), catalog(("m", 10.0, 1_000_000))
+    sim = Simulator(cl, cat, _tool_wait_trace(wait=30.0), make_policy("lru-keepwarm"), kv_rule="adaptive")
+    res = sim.run()
+    assert res.kv_actions["swap"] == 1
+    assert res.calls[1].ready - res.calls[1].arrive == 0.0
+    assert len(res.ttl_errors) == 1 and res.ttl_errors[0] < 0  # it predicted a shorter build
+
+
+def test_report_keys_policies_by_spec_and_adds_program_metrics(tmp_path):
+    write_trace(generate("mapreduce", 1, 0.2), tmp_path / "t.jsonl")
+    specs = "ondemand,ondemand:plas,statebudget:atlas:adaptive"
+    res = CliRunner().invoke(app, ["replay", "--cluster", "hetero16", "--catalog", "agent-team", "--trace",
+                                   str(tmp_path / "t.jsonl"), "--policy", specs, "--json", str(tmp_path / "r.json")])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert list(doc["policies"]) == specs.split(",")
+    block = doc["policies"]["statebudget:atlas:adaptive"]
+    for key in ("program_latency_s", "makespan_s", "slowdown", "max_wait_s", "programs_per_hour",
+                "tenant_service_share", "kv_actions", "kv_hbm_byte_s", "recomputed_tokens", "ttl_error_s"):
+        assert key in block
+    assert block["makespan_s"]["n"] > 0  # mapreduce programs fork and join
+    assert sum(block["tenant_service_share"].values()) == pytest.approx(1.0, abs=1e-4)
+    assert block["slowdown"]["p50"] >= 0.9

@@ -170,6 +170,12 @@ class Simulator:
         self.hbm_samples: list = []
         self._last_sample = -1e18
         self._open_programs = 0
+        from .policies.base import Policy as _Base
+        overridden = {name for name in dir(_Base)
+                      if name.startswith("on_") and getattr(type(policy), name, None) is not getattr(_Base, name)}
+        if "on_hint" in overridden:
+            overridden.add("on_hints")  # the base on_hints hands each hint to on_hint
+        self._hooks = {name: getattr(policy, name) for name in overridden}
         self._setup_store()
 
     # ---- set-up ---------------------------------------------------------------------------------
@@ -279,6 +285,11 @@ class Simulator:
         if self.check_invariants:
             self.tiers.check()
 
+    def _hook(self, name: str, *args):
+        """A policy hook, timed as a decision; hooks the policy does not override cost nothing."""
+        fn = self._hooks.get(name)
+        return self._decide(fn, *args) if fn is not None else None
+
     def _decide(self, fn, *args):
         """Every policy call goes through here: it is timed as one decision."""
         t0 = time.perf_counter()
@@ -291,7 +302,7 @@ class Simulator:
             return None
         if not self._heap:
             self._push_all(self._unstick())
-        self._apply(self._decide(self.policy.on_tick))
+        self._apply(self._hook("on_tick"))
         return [(self.now + period, PRIO_TICK, self._tick, (period,))]
 
     # ---- programs and nodes ------------------------------------------------------------------
@@ -318,7 +329,7 @@ class Simulator:
                      len(prog.nodes))
         self.programs[prog.program] = pr
         self.kv_of_program[prog.program] = set()
-        self._apply(self._decide(self.policy.on_program_start, prog))
+        self._apply(self._hook("on_program_start", prog))
         return [(self.now, PRIO_NODE, self._node_ready, (pr, n.id)) for n in prog.nodes if not n.after]
 
     def _pages_for(self, program: str, node: str, model: str) -> tuple[int, ...]:
@@ -337,11 +348,11 @@ class Simulator:
         if nid in pr.calls:
             pr.calls[nid].path_service = pr.path_in[nid]
         else:  # a tool wait
-            self._apply(self._decide(self.policy.on_tool_start, pr.prog, nid, pr.tools[nid]))
+            self._apply(self._hook("on_tool_start", pr.prog, nid, pr.tools[nid]))
             self._tool_wait_kv(pr, nid)
         hints = pr.hints_at.get(nid)
         if hints:
-            self._apply(self._decide(self.policy.on_hints, pr.prog, hints))
+            self._apply(self._hook("on_hints", pr.prog, hints))
         if nid not in pr.calls:
             return [(self.now + pr.durations[nid], PRIO_NODE, self._node_done, (pr, nid))]
         return self._call_arrive(pr.calls[nid])
@@ -357,7 +368,7 @@ class Simulator:
         pr.path_out[nid] = pr.path_in.get(nid, 0.0) + svc
         if call is None:
             self._tool_end_kv(pr, nid)
-            self._apply(self._decide(self.policy.on_tool_end, pr.prog, nid, pr.tools[nid], pr.durations[nid]))
+            self._apply(self._hook("on_tool_end", pr.prog, nid, pr.tools[nid], pr.durations[nid]))
         events = []
         for victim in pr.cancels_at.get(nid, ()):
             events += self._cancel_from(pr, victim)
@@ -387,14 +398,14 @@ class Simulator:
         self._open_programs -= 1
         for kvk in sorted(self.kv_of_program.pop(pr.prog.program, ())):
             self._drop_everywhere(kvk)
-        self._apply(self._decide(self.policy.on_program_end, pr.prog))
+        self._apply(self._hook("on_program_end", pr.prog))
         self._retry_waiting()
 
     # ---- calls ----------------------------------------------------------------------------------
     def _call_arrive(self, c: CallRec):
         c.arrive = self.now
         c.state = "waiting"
-        self._apply(self._decide(self.policy.on_call_arrive, c))
+        self._apply(self._hook("on_call_arrive", c))
         c.group = self._decide(self.policy.place, c)
         self.last_use[c.model] = self.now
         if c.group is None or not self.could_ever_fit(c, c.group):
@@ -473,7 +484,7 @@ class Simulator:
         kvk = kv_key(c.program, c.model)
         c.kv_reused_tokens = self.kv_tokens.get(kvk, 0)
         self._dirty = True
-        self._apply(self._decide(self.policy.on_call_admitted, c))
+        self._apply(self._hook("on_call_admitted", c))
         events = self._after(drains, lambda now: self._start_loads(loads))
         self._push_all(events)
         if c.waiting_on == 0:
@@ -637,7 +648,7 @@ class Simulator:
         copy.ready = True
         self._dirty = True
         if copy.lease is not None:
-            self._apply(self._decide(self.policy.on_copy_ready, copy))
+            self._apply(self._hook("on_copy_ready", copy))
         events = []
         waiters, copy.waiters = copy.waiters, []
         for c in waiters:
@@ -737,7 +748,7 @@ class Simulator:
         c.end = self.now
         c.state = "done"
         pr = self.programs[c.program]
-        self._apply(self._decide(self.policy.on_call_end, c))
+        self._apply(self._hook("on_call_end", c))
         events = self._node_done(pr, c.node) or []
         events += self._start_queued()
         self._retry_waiting()
@@ -755,7 +766,7 @@ class Simulator:
         if c.state in ("loading", "queued", "running"):
             self._release(c, finished=False)
         c.state = "cancelled"
-        self._apply(self._decide(self.policy.on_call_cancelled, c))
+        self._apply(self._hook("on_call_cancelled", c))
         events += self._start_queued()
         self._retry_waiting()
         return events
@@ -985,7 +996,7 @@ class Simulator:
             if lease is not None:
                 existing.lease = (existing.lease or ()) + (lease,)
                 if existing.ready:
-                    self._apply(self._decide(self.policy.on_copy_ready, existing))
+                    self._apply(self._hook("on_copy_ready", existing))
             return False
         if key[0] == "kv" and self.kv_tokens.get(key, 0) == 0:
             return False

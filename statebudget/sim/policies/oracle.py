@@ -19,7 +19,7 @@ from ...models.state import expert_key, kv_key, weights_key
 from ...solvers.costs import page_touch_probs
 from ...solvers.milp import build_instance, solve_rolling, solve_static
 from .base import Policy, default_place
-from .baselines import home_or_default
+from .baselines import Static
 
 
 def _state_keys(name: str, catalog, hot_touch: float) -> list[tuple]:
@@ -110,41 +110,13 @@ class Oracle(Policy):
         return (-nxt, copy.last_use)  # needed later -> lower -> evicted first
 
 
-class MilpStatic(Policy):
-    """One placement for the whole trace, from the MILP with time collapsed, loaded at time 0
-    and never changed; calls of models left out run on demand in what it leaves free. Registered
-    as `static-milp` beside the call-share `static` until it beats it in the closed loop."""
+class MilpStatic(Static):
+    """`static` with its placement from the MILP with time collapsed (`solve_static`) instead of
+    call shares. Registered as `static-milp` beside the call-share `static` until it beats it in
+    the closed loop on every seed."""
     name = "static-milp"
-    demote_to = "host"
-    tick_s = 1e9  # one tick at t=0 loads the placement
-    kv_headroom = 0.25  # fraction of each GPU kept for KV and on-demand models
 
-    def __init__(self):
-        self.home: dict[str, tuple] = {}
-        self.pinned: set = set()
-        self.keys: list = []
-
-    def on_tick(self, sim):
-        if self.home or self.pinned:
-            return None
-        inst, index = build_instance(sim.cluster, sim.catalog, sim.trace, sim.cost, hot_touch=0.5)
+    def plan(self, sim) -> dict[str, tuple]:
+        inst, _ = build_instance(sim.cluster, sim.catalog, sim.trace, sim.cost, hot_touch=0.5)
         keep = solve_static(inst, 1.0 - self.kv_headroom)
-        out = []
-        for o in keep:
-            ob = inst.objects[o]
-            model = ob.name.split(":", 1)[1]
-            self.home[model] = ob.gpus
-            for k in _state_keys(ob.name, sim.catalog, 0.5):
-                self.pinned.add((k, ob.gpus))
-                out.append(("promote", k, ob.gpus))
-        return out
-
-    def place(self, sim, call):
-        return home_or_default(sim, call, self.home.get(call.model))
-
-    def evict_priority(self, sim, copy):
-        return math.inf if (copy.key, copy.group) in self.pinned else copy.last_use
-
-    def may_evict_for_prefetch(self, sim, victim, key):
-        return (victim.key, victim.group) not in self.pinned
-
+        return {inst.objects[o].name.split(":", 1)[1]: inst.objects[o].gpus for o in keep}

@@ -237,6 +237,10 @@ class Simulator:
                 continue
             t, _, _, fn, args = pop(heap)
             if t > self.now:
+                # HBM metrics are piecewise constant: computed once per instant, from the state
+                # all events at the previous instant left behind.
+                if self._dirty:
+                    self._refresh_hbm_metrics()
                 if end is None:
                     self._wt_integral += self._wt_value * (t - self.now)
                 self.now = t
@@ -244,8 +248,8 @@ class Simulator:
             out = fn(*args)
             if out:
                 self._push_all(out)
-            if self._dirty:
-                self._refresh_hbm_metrics()
+            if self.check_invariants and self._dirty:
+                self.tiers.check()
             if end is None and self._open_programs == 0:
                 end = self.now
             if progress is not None and t >= next_report:
@@ -282,8 +286,6 @@ class Simulator:
         if self.now - self._last_sample >= self.sample_dt:
             self._last_sample = self.now
             self.hbm_samples.append((self.now, w, e, kv))
-        if self.check_invariants:
-            self.tiers.check()
 
     def _hook(self, name: str, *args):
         """A policy hook, timed as a decision; hooks the policy does not override cost nothing."""

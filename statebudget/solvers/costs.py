@@ -37,6 +37,7 @@ class CostModel:
     mfu: float = 0.5  # fraction of peak FLOP/s prefill reaches
     profile: dict | None = None  # measured overrides: {"links": {name: bytes/s}, "prefill_tok_s": {...}}
     link_bw: dict[str, float] = field(init=False)
+    _restore_memo: dict = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self):
         bw: dict[str, float] = {}
@@ -147,8 +148,13 @@ class CostModel:
 
     def weights_restore_s(self, model: ModelSpec, src_kind: str, src_node: str, group: tuple[int, ...],
                           extra_bytes: float = 0.0) -> float:
-        """Uncontended restore of a model's dense weights (plus `extra_bytes`, e.g. expert pages)."""
+        """Uncontended restore of a model's dense weights (plus `extra_bytes`, e.g. expert pages).
+        Memoised: placement asks it for every candidate group of every call."""
         if src_kind == "gpu":
             return 0.0
-        return self.group_transfer_s(model.dense_bytes + extra_bytes, src_kind, src_node, group) + \
-            self.reconfig_s(group, src_kind)
+        key = (model.name, src_kind, src_node, group, extra_bytes)
+        hit = self._restore_memo.get(key)
+        if hit is None:
+            hit = self._restore_memo[key] = self.group_transfer_s(model.dense_bytes + extra_bytes, src_kind, src_node,
+                                                                  group) + self.reconfig_s(group, src_kind)
+        return hit

@@ -45,6 +45,8 @@ class PlannerConfig:
     lease_page_min_touch: float = 0.4  # a lease prepares the pages a call touches at least this often
     lease_deadline_q: float = 0.25   # a hint's deadline: this quantile of the remaining tool wait
     lease_slo_margin: float = 0.2    # link share leases may not take (left for non-lease calls)
+    lookahead: int = 3               # calls ahead the predictor follows the switch matrix
+    stage_host: bool = True          # stage weights and expert pages of models in use in host DRAM
 
 
 class PlannerCore:
@@ -54,6 +56,7 @@ class PlannerCore:
         self.use_hints = use_hints
         self.models = [m.name for m in catalog.models]
         self.predictor = Predictor(self.models)
+        self.predictor.lookahead = self.cfg.lookahead
         self.ledger = LeaseLedger()
         self.density: dict[tuple, float] = {}  # (key, group) -> last computed density
         self.lease_of_call: dict[tuple, str] = {}  # (program, call) -> lease id
@@ -207,7 +210,7 @@ class PlannerCore:
         out = [("promote", keys[i], groups[i]) for i in plan.promote if i in promote] + out
         # Stage in host DRAM what a restore would read (weights, expert pages of the home node) for
         # models likely to be used at all: a restore from DRAM is a wake, from NVMe a cold start.
-        for m in self.catalog.models:
+        for m in self.catalog.models if cfg.stage_host else ():
             home = homes.get(m.name)
             if home is None or p_idle[self.models.index(m.name)] < cfg.idle_threshold / 2:
                 continue

@@ -25,7 +25,7 @@ import numpy as np
 from ..models.state import expert_key, kv_key, weights_key
 from ..solvers.costs import page_touch_probs
 from ..solvers.greedy import Candidates, solve
-from .leases import LeaseLedger, LeaseRequest, LeaseState, Quote, decide, rank_key
+from .leases import LeaseLedger, LeaseRequest, Quote, decide, rank_key
 from .predictor import Predictor
 
 
@@ -84,7 +84,7 @@ class PlannerCore:
             per_gpu.append(c.per_gpu if c is not None else view.size_of(key) / len(group))
             values.append(value)
             probs.append(p)
-            paths.append({} if c is not None else self._path_bytes(view, src, group, per_gpu[-1]))
+            paths.append({} if c is not None else self._path_bytes(src, group, per_gpu[-1]))
 
         # Weights and expert pages: each model on the group it was last used on (its home), or
         # where it would go; extra copies are worth their keep only while calls overlap.
@@ -138,7 +138,7 @@ class PlannerCore:
             per_gpu.append(c.per_gpu if c is not None else nbytes / len(group))
             probs.append(p)
             src = view.best_source(kvk, group)
-            paths.append(self._path_bytes(view, src, group, per_gpu[-1]))
+            paths.append(self._path_bytes(src, group, per_gpu[-1]))
             kv_T.append(nbytes)
             kv_rates.append(self._kv_rates(m, group))
         if len(keys) > n_state:
@@ -241,7 +241,8 @@ class PlannerCore:
     def _leased(self, key) -> bool:
         return any(l.state.live for l in self.ledger.live_for(key))
 
-    def _path_bytes(self, view, src: str | None, group, per_gpu: float) -> dict:
+    def _path_bytes(self, src: str | None, group, per_gpu: float) -> dict:
+        """Bytes a transfer of `per_gpu` onto each GPU of `group` puts on every link it crosses."""
         if src is None or src.startswith("none"):
             return {}
         out: dict[str, float] = {}
@@ -312,7 +313,7 @@ class PlannerCore:
             kind = src.split(":", 1)[0]
             if key[0] == "w":
                 reconf = self.cost.reconfig_s(group, kind)
-            for link, b in self._path_bytes(view, src, group, per_gpu).items():
+            for link, b in self._path_bytes(src, group, per_gpu).items():
                 on_link[link] = on_link.get(link, 0.0) + b
                 if key[0] != "kv":
                     w_link[link] = w_link.get(link, 0.0) + b

@@ -1045,4 +1045,11 @@ class Simulator:
         return out
 
     def copies_of(self, model: str) -> list[GpuCopy]:
-        return [c for (k, g), c in self.tiers.gpu.items() if k[0] == "w" and k[1] == model]
+        """The model's weights copies in HBM (ready or loading)."""
+        key = weights_key(model)
+        return [self.tiers.gpu[(key, g)] for g in sorted(self.tiers.groups_of.get(key, ()))]
+
+    def has_room_now(self, c: CallRec, group) -> bool:
+        """Whether the call could be admitted on `group` now, evicting only unpinned ready state."""
+        keys, new, private = self.call_need(c, group)
+        return self.plan_eviction(group, new + private, protect={(k, group) for k in keys}) is not None

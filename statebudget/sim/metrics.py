@@ -7,7 +7,6 @@ import numpy as np
 from collections import Counter
 
 from ..models.report import DecisionMs, Dist, PolicyReport
-from ..traces.timeline import nominal_timeline
 from .engine import SimResult
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..models.catalog import Catalog, ModelSpec
-from ..models.cluster import GB, Cluster, Gpu
+from ..models.cluster import GB, Cluster
 
 # Fixed per-transfer latency by source tier (DMA set-up, file open); small against GB transfers.
 LATENCY_S = {"gpu": 20e-6, "host": 20e-6, "nvme": 200e-6}
@@ -132,6 +132,10 @@ class CostModel:
         hbm = min(self.gpu_kind(i).hbm_gbps for i in group) * GB * len(group)
         mean_kv = (kv_tokens + output_tokens / 2) * model.kv_bytes_per_token
         return output_tokens * (self.active_bytes(model) + mean_kv) / hbm
+
+    def call_s(self, model: ModelSpec, context_tokens: float, output_tokens: float, group: tuple[int, ...]) -> float:
+        """A call alone on `group`: prefill of its whole context, then its decode."""
+        return self.prefill_s(model, context_tokens, group) + self.decode_s(model, output_tokens, context_tokens, group)
 
     def kv_restore(self, model: ModelSpec, tokens: float, src: str, group: tuple[int, ...]) -> tuple[str, float]:
         """Load-vs-recompute crossover for a program's KV: ('onboard', s) or ('recompute', s)."""

@@ -59,4 +59,4 @@ def _call_s(cost: CostModel | None, catalog: Catalog | None, n) -> float:
         return n.context_tokens * 2 * 8e9 / 156e12 + n.output_tokens * 16e9 / 1555e9
     m = catalog.by_name[n.model]
     group = tuple(range(min(m.tp, 8)))
-    return cost.prefill_s(m, n.context_tokens, group) + cost.decode_s(m, n.output_tokens, n.context_tokens, group)
+    return cost.call_s(m, n.context_tokens, n.output_tokens, group)

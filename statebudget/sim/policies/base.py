@@ -113,8 +113,7 @@ def default_place(sim, call, groups=None):
         (restore_estimate_s(sim, call, g), sum(sim.running_on[i] for i in g), -min(sim.tiers.gpu_free(i) for i in g), g)
         for g in (groups if groups is not None else sim.groups(m.tp)) if sim.could_ever_fit(call, g, footprint))
     for *_, g in ranked:
-        keys, new, private = sim.call_need(call, g)
-        if sim.plan_eviction(g, new + private, protect={(k, g) for k in keys}) is not None:
+        if sim.has_room_now(call, g):
             return g
     return ranked[0][-1] if ranked else None
 

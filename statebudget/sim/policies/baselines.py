@@ -83,8 +83,8 @@ class PrefetchAll(Policy):
 
 class Static(Policy):
     """One placement for the whole trace, by call share, loaded at time 0 and never changed.
-    Models left out run on demand in the HBM the placement leaves free.
-    (The MILP issue replaces the call-share heuristic with the time-collapsed MILP.)"""
+    Models left out run on demand in the HBM the placement leaves free. `static-milp`
+    (`policies/oracle.py`) is the same policy with its placement from the time-collapsed MILP."""
     name = "static"
     demote_to = "host"
     tick_s = 1e9  # one tick at t=0 loads the placement

@@ -73,10 +73,8 @@ class Oracle(Policy):
         overflow to wherever the default placement finds room now."""
         self._prepare(sim)
         home = self.homes.get(call.model)
-        if home is not None and sim.could_ever_fit(call, home):
-            keys, new, private = sim.call_need(call, home)
-            if sim.plan_eviction(home, new + private, protect={(k, home) for k in keys}) is not None:
-                return home
+        if home is not None and sim.could_ever_fit(call, home) and sim.has_room_now(call, home):
+            return home
         return default_place(sim, call)
 
     def on_call_arrive(self, sim, call):

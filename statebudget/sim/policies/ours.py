@@ -35,8 +35,7 @@ class StateBudget(Policy):
         core = self._core(sim)
         m = sim.catalog.by_name[call.model]
         groups = sim.groups(m.tp)
-        expected = sim.cost.prefill_s(m, call.context_tokens, groups[0]) + \
-            sim.cost.decode_s(m, call.output_tokens, call.context_tokens, groups[0]) if groups else 0.0
+        expected = sim.cost.call_s(m, call.context_tokens, call.output_tokens, groups[0]) if groups else 0.0
         core.predictor.call_arrived(call.program, call.model, sim.now, expected)
 
     def on_call_admitted(self, sim, call):

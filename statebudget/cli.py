@@ -26,6 +26,12 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
+# The options every command that reads a cluster, a catalog or a trace file shares.
+ClusterOpt = Annotated[str, typer.Option(help="cluster file or preset (hetero16, hetero8, h200x8, single-a100)")]
+CatalogOpt = Annotated[str, typer.Option(help="catalog file or preset (agent-team, solo)")]
+TraceOpt = Annotated[Path, typer.Option(help="trace file (JSONL, format v1)")]
+
+
 def _fail(msg: str) -> None:
     err.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
@@ -140,9 +146,9 @@ def _policy_list(spec: str) -> list[str]:
 @app.command()
 @_guard
 def replay(
-    cluster: Annotated[str, typer.Option(help="cluster file or preset (hetero16, hetero8, h200x8, single-a100)")],
-    catalog: Annotated[str, typer.Option(help="catalog file or preset (agent-team, solo)")],
-    trace: Annotated[Path, typer.Option(help="trace file (JSONL, format v1)")],
+    cluster: ClusterOpt,
+    catalog: CatalogOpt,
+    trace: TraceOpt,
     policy: Annotated[str, typer.Option(help="comma-separated POLICY[:QUEUE[:KV]]; queues fcfs|plas|atlas, "
                                               "tool-wait KV preserve|swap|discard|adaptive")] = "ondemand",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the §8 report here")] = None,
@@ -195,9 +201,9 @@ def replay(
 @app.command()
 @_guard
 def oracle(
-    cluster: Annotated[str, typer.Option(help="cluster file or preset")],
-    catalog: Annotated[str, typer.Option(help="catalog file or preset")],
-    trace: Annotated[Path, typer.Option(help="trace file (JSONL, format v1)")],
+    cluster: ClusterOpt,
+    catalog: CatalogOpt,
+    trace: TraceOpt,
     time_limit: Annotated[float, typer.Option(help="seconds per rolling-horizon window")] = 10.0,
     backend: Annotated[str, typer.Option(help="scip | cp-sat | highs | cbc")] = "scip",
     window: Annotated[int, typer.Option(help="slots per window", min=2)] = 24,
@@ -246,7 +252,7 @@ def sweep(
     seeds: Annotated[str, typer.Option(help="comma-separated seeds")] = "1,2,3",
     policy: Annotated[str, typer.Option(help="comma-separated policies")] = "ondemand,lru-keepwarm,frequency,prefetch-all,static,llama-swap,ray-multiplex,statebudget,statebudget-lease",
     clusters: Annotated[str, typer.Option(help="comma-separated cluster presets or files")] = "hetero16",
-    catalog: Annotated[str, typer.Option(help="catalog preset or file")] = "agent-team",
+    catalog: CatalogOpt = "agent-team",
     hours: Annotated[float, typer.Option(help="trace length")] = 2.0,
     workers: Annotated[Optional[int], typer.Option(help="local processes (default: one per core)")] = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help="run on a Ray cluster: auto or HOST:PORT")] = None,
@@ -288,8 +294,8 @@ def sweep(
 @bench_app.command("planner")
 @_guard
 def bench_planner_cmd(
-    cluster: Annotated[str, typer.Option(help="cluster file or preset")] = "hetero16",
-    catalog: Annotated[str, typer.Option(help="catalog file or preset")] = "agent-team",
+    cluster: ClusterOpt = "hetero16",
+    catalog: CatalogOpt = "agent-team",
     programs: Annotated[int, typer.Option(help="live programs", min=1)] = 200,
     iterations: Annotated[int, typer.Option(help="timed decisions", min=10)] = 500,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the result here")] = None,

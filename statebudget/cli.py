@@ -4,6 +4,7 @@ problem, and exits 2 (no traceback)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -212,34 +213,23 @@ def oracle(
 ):
     """Solve the offline MILP (full future knowledge) over a trace, window by window."""
     from .models.load import check_compatible, load_catalog, load_cluster, load_trace
-    from .models.report import Dist
     from .solvers.costs import CostModel
-    from .solvers.milp import build_instance, solve_rolling
-    from .traces.graph import handoff_calls
+    from .solvers.milp import oracle_summary
 
     cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace(trace)
     check_compatible(cl, cat, tr, str(trace))
-    inst, index = build_instance(cl, cat, tr, CostModel(cl, cat))
     with Progress(TextColumn("MILP windows"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} slots"),
                   TimeElapsedColumn(), console=err, transient=not sys.stderr.isatty()) as prog:
-        task = prog.add_task("milp", total=inst.T)
-        res = solve_rolling(inst, window, overlap, backend, time_limit,
-                            progress=lambda done, total: prog.update(task, completed=done))
-    sol = res.solution
-    handoffs = {(p.program, c) for p in tr.programs for c in handoff_calls(p)}
-    stalls = list(sol.stall)
-    handoff_stalls = [s for s, key in zip(stalls, index["calls"]) if key in handoffs]
-    block = {"status": sol.status, "objective": sol.objective, "bound": sol.bound if sol.bound == sol.bound else None,
-             "gap": sol.gap, "solve_s": round(sol.solve_s, 3)}
-    out = {"oracle": block, "backend": backend, "objects": len(inst.objects), "calls": len(inst.calls),
-           "slots": inst.T, "stall_s": Dist.of(stalls).model_dump(), "handoff_stall_s": Dist.of(handoff_stalls).model_dump(),
-           "windows": res.windows, "violations": res.violations[:20]}
-    bound = f"{sol.bound:.3f}" if sol.bound == sol.bound else "none (rolling horizon)"
-    console.print(f"{sol.status}: objective {sol.objective:.3f}, bound {bound}, max window gap "
-                  f"{sol.gap:.2e}, {len(res.windows)} windows, {sol.solve_s:.1f} s solving; "
-                  f"handoff stall p95 {out['handoff_stall_s']['p95']:.3f} s over {len(handoff_stalls)} handoffs")
-    if res.violations:
-        console.print(f"[red]the stitched schedule breaks {len(res.violations)} constraints[/], first: {res.violations[0]}")
+        task = prog.add_task("milp", total=1)
+        out = oracle_summary(cl, cat, tr, CostModel(cl, cat), window, overlap, backend, time_limit,
+                             progress=lambda done, total: prog.update(task, completed=done, total=total))
+    block = out["oracle"]
+    bound = f"{block['bound']:.3f}" if block["bound"] is not None else "none (rolling horizon)"
+    console.print(f"{block['status']}: objective {block['objective']:.3f}, bound {bound}, max window gap "
+                  f"{block['gap']:.2e}, {len(out['windows'])} windows, {block['solve_s']:.1f} s solving; "
+                  f"handoff stall p95 {out['handoff_stall_s']['p95']:.3f} s over {out['handoffs']} handoffs")
+    if out["violations"]:
+        console.print(f"[red]the stitched schedule breaks {len(out['violations'])} constraints[/], first: {out['violations'][0]}")
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(out, indent=1) + "\n")
@@ -312,6 +302,97 @@ def bench_planner_cmd(
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(res, indent=1) + "\n")
+
+
+@app.command()
+@_guard
+def serve(
+    db: Annotated[Path, typer.Option(help="SQLite ledger (created if missing; a restart resumes from it)")] = Path("statebudget.db"),
+    cluster: ClusterOpt = "hetero16",
+    catalog: CatalogOpt = "agent-team",
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on", min=0, max=65535)] = 8700,
+    tokens: Annotated[Optional[Path], typer.Option(help="token file (default: <db>.tokens.json, created with an admin token if missing)")] = None,
+    profile: Annotated[Optional[Path], typer.Option(help="a `statebudget profile` file: measured bandwidths replace the presets'")] = None,
+    tick_s: Annotated[float, typer.Option(help="planning step at least this often (seconds)", min=0.01)] = 5.0,
+    log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
+):
+    """Run the planner service: runtimes post events and leases, adapters poll plans (DESIGN.md §7).
+    On a restart with the same --db the cluster and catalog come from the ledger."""
+    import uvicorn
+
+    from .api.app import create_app, setup_logging
+    from .api.auth import Auth, create_token_file
+    from .models.load import check_compatible, load_catalog, load_cluster
+    from .planner.ledger import Store
+    from .planner.live import LivePlanner
+
+    setup_logging(log_level)
+    if tokens is None and not os.environ.get("STATEBUDGET_TOKENS_FILE") and not os.environ.get("STATEBUDGET_TOKENS"):
+        tokens = db.with_name(db.name + ".tokens.json")
+        if not tokens.exists():
+            create_token_file(tokens)
+            err.print(f"created {tokens} with an admin token; add runtime and adapter tokens with "
+                      f"`statebudget token add --tokens {tokens} --role runtime --tenant NAME`")
+    auth = Auth.load(tokens)
+    cl, cat = load_cluster(cluster), load_catalog(catalog)
+    check_compatible(cl, cat)
+    prof = None
+    if profile is not None:
+        from .profile import load_profile
+        prof = load_profile(profile)
+    planner = LivePlanner(cl, cat, Store(db), profile=prof)
+    err.print(f"planner on http://{host}:{port}: cluster {planner.cluster.name}, catalog {planner.catalog.name}, "
+              f"ledger {db} (plan version {planner.plan_version}, {len(planner.ops)} open ops)")
+    uvicorn.run(create_app(planner, auth, tick_s=tick_s), host=host, port=port, log_level="warning")
+
+
+@app.command()
+@_guard
+def adapter(
+    kind: Annotated[str, typer.Argument(help="local (more engines: see statebudget.engine_adapters)")],
+    planner: Annotated[str, typer.Option(help="planner URL, e.g. http://127.0.0.1:8700")],
+    node: Annotated[str, typer.Option(help="the node (host) this adapter serves")],
+    token: Annotated[str, typer.Option(envvar="STATEBUDGET_TOKEN", help="an adapter token for this node")],
+    root: Annotated[Path, typer.Option(help="local: directory of the NVMe tier (safetensors files)")] = Path("statebudget-data"),
+    arena_mb: Annotated[Optional[int], typer.Option(help="local: device arena per GPU without CUDA (default: the cluster's HBM)")] = None,
+    wait_s: Annotated[float, typer.Option(help="long-poll wait")] = 10.0,
+    log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
+):
+    """Run an engine adapter: poll the plan of NODE, execute its ops, report them."""
+    from .api.app import setup_logging
+    from .engine_adapters.local import LocalAdapter
+
+    setup_logging(log_level)
+    if kind != "local":
+        _fail(f"adapter kind {kind!r}: the command line runs `local`; vllm, sglang and lmcache adapters take "
+              "an endpoint map and are started from Python (statebudget.engine_adapters)")
+    a = LocalAdapter.for_node(planner, node, token, root, arena_mb)
+    err.print(f"local adapter of {node} polling {planner}; NVMe tier under {root}")
+    a.run(wait_s=wait_s)
+
+
+token_app = typer.Typer(no_args_is_help=True, help="Manage the service's bearer tokens.")
+app.add_typer(token_app, name="token")
+
+
+@token_app.command("add")
+@_guard
+def token_add(
+    tokens: Annotated[Path, typer.Option(help="token file (created if missing)")],
+    role: Annotated[str, typer.Option(help="runtime | adapter | admin")],
+    tenant: Annotated[Optional[str], typer.Option(help="runtime: the tenant the token speaks for")] = None,
+    node: Annotated[Optional[str], typer.Option(help="adapter: the node the token serves")] = None,
+):
+    """Add a token to a token file and print it (restart `serve` to load it)."""
+    from pydantic import ValidationError
+
+    from .api.auth import add_token
+
+    try:
+        console.print(add_token(tokens, role, tenant, node))
+    except ValidationError as e:
+        _fail(f"{tokens}: {e.errors()[0]['msg']}")
 
 
 @app.command()

@@ -40,3 +40,26 @@ def trace(*programs) -> Trace:
 
 def program(pid, nodes, start=0.0, hints=(), cancel=(), tenant="t0"):
     return {"program": pid, "tenant": tenant, "start": start, "nodes": nodes, "hints": list(hints), "cancel": list(cancel)}
+
+
+TOY_MODELS = {"planner": "planner", "coder": "coder", "fast-coder": "coder", "reviewer": "reviewer",
+              "reasoner": "planner", "vlm": "reviewer", "summarizer": "reviewer"}
+
+
+def toy_trace_jsonl(seed: int = 1, hours: float = 0.05) -> str:
+    """A swe-team trace whose calls use the `toy` catalog's three models, as JSONL text."""
+    import json
+
+    from statebudget.traces.generators import generate
+
+    t = generate("swe-team", seed, hours)
+    lines = [json.dumps(t.header.model_dump(exclude_none=True))]
+    for p in t.programs:
+        d = p.model_dump(by_alias=True, exclude_none=True)
+        for n in d["nodes"]:
+            if n.get("model"):
+                n["model"] = TOY_MODELS[n["model"]]
+        for h in d.get("hints", []):
+            h["model"] = TOY_MODELS.get(h["model"], h["model"])
+        lines.append(json.dumps(d))
+    return "\n".join(lines) + "\n"

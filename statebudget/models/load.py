@@ -74,31 +74,39 @@ def load_trace(path: str | Path) -> Trace:
     path = Path(path)
     if not path.is_file():
         raise InputError(str(path), "", "no such trace file")
+    with open(path) as f:
+        return parse_trace(f, str(path))
+
+
+def parse_trace(lines, source: str) -> Trace:
+    """A v1 trace from its JSONL lines (an open file, a list, or one string); errors name `source`
+    and the line."""
+    if isinstance(lines, str):
+        lines = lines.splitlines()
     header = TraceHeader()
     programs: list[Program] = []
     seen: dict[str, int] = {}
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(str(path), f"{lineno}", f"malformed JSON line: {e.msg} at column {e.colno}") from None
-            if not isinstance(obj, dict):
-                raise InputError(str(path), f"{lineno}", "expected a JSON object")
-            if "trace_format" in obj:
-                if obj["trace_format"] != 1:
-                    raise InputError(str(path), f"{lineno}", f"unsupported trace_format {obj['trace_format']!r} (this reads 1)")
-                header = _validate(TraceHeader, obj, f"{path}:{lineno}")
-                continue
-            prog = _validate(Program, obj, f"{path}:{lineno}")
-            if prog.program in seen:
-                raise InputError(str(path), f"{lineno}", f"program {prog.program!r} already defined on line {seen[prog.program]}")
-            seen[prog.program] = lineno
-            programs.append(prog)
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(source, f"{lineno}", f"malformed JSON line: {e.msg} at column {e.colno}") from None
+        if not isinstance(obj, dict):
+            raise InputError(source, f"{lineno}", "expected a JSON object")
+        if "trace_format" in obj:
+            if obj["trace_format"] != 1:
+                raise InputError(source, f"{lineno}", f"unsupported trace_format {obj['trace_format']!r} (this reads 1)")
+            header = _validate(TraceHeader, obj, f"{source}:{lineno}")
+            continue
+        prog = _validate(Program, obj, f"{source}:{lineno}")
+        if prog.program in seen:
+            raise InputError(source, f"{lineno}", f"program {prog.program!r} already defined on line {seen[prog.program]}")
+        seen[prog.program] = lineno
+        programs.append(prog)
     if not programs:
-        raise InputError(str(path), "", "trace holds no programs")
+        raise InputError(source, "", "trace holds no programs")
     return Trace(header=header, programs=programs)
 
 

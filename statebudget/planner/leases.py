@@ -123,6 +123,7 @@ class LeaseLedger:
         self._by_token: dict[str, set[str]] = {}
         self._by_object: dict[tuple, set[str]] = {}
         self._ids = itertools.count(1)
+        self.changed: set[str] = set()  # ids of leases changed since the owner last persisted them
 
     # ---- submit ---------------------------------------------------------------------------------
     def submit(self, req: LeaseRequest, quote: Quote, state: LeaseState, now: float) -> Lease:
@@ -130,16 +131,34 @@ class LeaseLedger:
         lease = Lease(f"L{next(self._ids)}", req, state, quote, now)
         if state == LeaseState.PARTIAL:
             lease.reason = "partial"
-        self.leases[lease.lease_id] = lease
+        self._index(lease)
         if state.live:
             keys = quote.objects if state == LeaseState.ACCEPTED else tuple(k for k in quote.objects if k[0] != "kv")
             lease.objects = {k: "pending" for k in keys}
-            self._by_token.setdefault(req.cancel_token, set()).add(lease.lease_id)
-            for k in keys:
-                self._by_object.setdefault(k, set()).add(lease.lease_id)
+            self._index(lease)
             if not keys:
                 self._ready(lease, now)
         return lease
+
+    def restore(self, lease: Lease) -> None:
+        """Put back a lease read from durable storage (a restart): same id, state and objects."""
+        self._index(lease)
+        n = int(lease.lease_id.lstrip("L") or 0)
+        if n >= self._peek_id():
+            self._ids = itertools.count(n + 1)
+
+    def _peek_id(self) -> int:
+        n = next(self._ids)
+        self._ids = itertools.count(n)
+        return n
+
+    def _index(self, lease: Lease) -> None:
+        self.leases[lease.lease_id] = lease
+        self.changed.add(lease.lease_id)
+        if lease.state.live:
+            self._by_token.setdefault(lease.request.cancel_token, set()).add(lease.lease_id)
+            for k in lease.objects:
+                self._by_object.setdefault(k, set()).add(lease.lease_id)
 
     def get(self, lease_id: str) -> Lease:
         try:
@@ -154,6 +173,7 @@ class LeaseLedger:
         if not lease.state.live or key not in lease.objects:
             return False
         lease.objects[key] = "moving"
+        self.changed.add(lease_id)
         if lease.state in (LeaseState.ACCEPTED, LeaseState.PARTIAL):
             lease.state = LeaseState.TRANSFERRING
         return True
@@ -169,6 +189,7 @@ class LeaseLedger:
             self._end(lease, LeaseState.STALE, now, f"{key} committed at version {version!r}")
             return False
         lease.objects[key] = "done"
+        self.changed.add(lease_id)
         if all(v == "done" for v in lease.objects.values()):
             self._ready(lease, now)
         return True
@@ -179,6 +200,7 @@ class LeaseLedger:
     def _ready(self, lease: Lease, now: float) -> None:
         lease.state = LeaseState.READY
         lease.ready_s = now
+        self.changed.add(lease.lease_id)
 
     def consume(self, lease_id: str, now: float) -> bool:
         """The call the lease prepared for has started using its state."""
@@ -241,6 +263,7 @@ class LeaseLedger:
                 del self._by_token[lease.request.cancel_token]
         lease.state = state
         lease.ended_s = now
+        self.changed.add(lease.lease_id)
         lease.reason = reason or lease.reason
         return stop
 

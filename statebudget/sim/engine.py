@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..models.catalog import Catalog, ModelSpec
+from ..models.catalog import Catalog
 from ..models.cluster import Cluster
 from ..models.state import expert_key, kv_key, weights_key
 from ..models.trace import Program, Trace
 from ..planner.predictor import ToolWaitModel
 from ..planner.programs import adaptive_choice, queue_key
+from ..planner.view import ResidencyView
 from ..solvers.costs import CostModel, page_touch_probs
 from ..traces.graph import children_of, descendants, handoff_calls, hinted_calls
 from .flows import FairShare
@@ -125,7 +126,7 @@ class _Barrier:
         return self.fn(now) if self.n == 0 else None
 
 
-class Simulator:
+class Simulator(ResidencyView):
     def __init__(self, cluster: Cluster, catalog: Catalog, trace: Trace, policy, cost: CostModel | None = None,
                  seed: int = 0, check_invariants: bool = False, max_batch: int = 32, sample_dt: float = 15.0,
                  queue: str = "fcfs", kv_rule: str | None = None):
@@ -176,39 +177,9 @@ class Simulator:
         if "on_hint" in overridden:
             overridden.add("on_hints")  # the base on_hints hands each hint to on_hint
         self._hooks = {name: getattr(policy, name) for name in overridden}
-        self._setup_store()
+        self.stock_model_store(preload=True)
 
     # ---- set-up ---------------------------------------------------------------------------------
-    def _setup_store(self):
-        """The model store: every model's weights and experts on every node's NVMe; `preload`
-        models also in host DRAM."""
-        for node in self.cluster.nodes:
-            for m in self.catalog.models:
-                for key, nbytes in self.object_sizes(m):
-                    if not self.tiers.alloc_nvme(key, node.name, nbytes):
-                        raise ValueError(f"node {node.name}: NVMe too small for the model store ({m.name})")
-                    if m.name in self.cluster.preload and self.tiers.alloc_host(node.name, nbytes):
-                        self.tiers.host[(key, node.name)] = HostCopy(key, node.name, nbytes, True, 0.0)
-
-    def groups(self, tp: int) -> list[tuple[int, ...]]:
-        """The cluster's tensor-parallel groups of width `tp` (cached: asked on every placement)."""
-        g = self._groups.get(tp)
-        if g is None:
-            g = self._groups[tp] = self.cluster.groups(tp)
-        return g
-
-    def object_sizes(self, m: ModelSpec):
-        yield weights_key(m.name), m.dense_bytes
-        if m.moe:
-            for p in range(m.moe.pages):
-                yield expert_key(m.name, p), m.moe.page_bytes
-
-    def size_of(self, key) -> float:
-        if key[0] == "kv":
-            return self.kv_tokens.get(key, 0) * self.catalog.by_name[key[2]].kv_bytes_per_token
-        m = self.catalog.by_name[key[1]]
-        return m.dense_bytes if key[0] == "w" else m.moe.page_bytes
-
     # ---- the loop -------------------------------------------------------------------------------
     def push(self, t, prio, fn, args=()):
         self._seq += 1
@@ -519,31 +490,6 @@ class Simulator:
             events += self._load_copy(copy)
         return events
 
-    def best_source(self, key, group) -> str:
-        """Where a state object would come from for `group`: `gpu:<i>`, `host:<node>`,
-        `nvme:<node>` or `none` (KV that must be recomputed). Same-node copies only; KV prefers the
-        cost model's choice between onboarding and recomputing."""
-        node = self.gpus[group[0]].node
-        hc = self.tiers.host.get((key, node))
-        if key[0] != "kv":
-            return f"host:{node}" if hc is not None and hc.ready else f"nvme:{node}"
-        candidates = []
-        for g in sorted(self.tiers.groups_of.get(key, ())):
-            if g != group and self.tiers.gpu[(key, g)].ready and self.gpus[g[0]].node == node:
-                candidates.append(f"gpu:{g[0]}")
-        if hc is not None and hc.ready:
-            candidates.append(f"host:{node}")
-        if (key, node) in self.tiers.nvme:
-            candidates.append(f"nvme:{node}")
-        m = self.catalog.by_name[key[2]]
-        T = self.kv_tokens.get(key, 0)
-        best, best_s = "none", self.cost.prefill_s(m, T, group)
-        for src in candidates:
-            mode, s = self.cost.kv_restore(m, T, src, group)
-            if mode == "onboard" and s < best_s:
-                best, best_s = src, s
-        return best
-
     def _load_copy(self, copy: GpuCopy) -> list:
         if copy.transfer is not None and copy.transfer.cancelled:
             return []
@@ -793,31 +739,6 @@ class Simulator:
         self.waiting = still
 
     # ---- eviction, demotion, prefetch ---------------------------------------------------------
-    def plan_eviction(self, group, per_gpu: float, protect=frozenset(), allow=None) -> list[GpuCopy] | None:
-        """The copies to evict, in the policy's order, so that `per_gpu` bytes fit on every GPU of
-        `group`; None if pinned or loading copies leave too little room."""
-        deficit = {i: self.tiers.hbm_used[i] + per_gpu - self.tiers.hbm_cap[i] for i in group}
-        if all(d <= 1.0 for d in deficit.values()):
-            return []
-        cands = {}
-        for i in group:
-            if deficit[i] > 1.0:
-                for k, copy in self.tiers.on_gpu[i].items():
-                    if copy.pins == 0 and copy.ready and k not in protect and (allow is None or allow(copy)):
-                        cands[k] = copy
-        order = sorted(cands.values(), key=lambda cp: (self.policy.evict_priority(self, cp), cp.key, cp.group))
-        victims = []
-        for copy in order:
-            if all(d <= 1.0 for d in deficit.values()):
-                break
-            if not any(deficit.get(i, 0) > 1.0 for i in copy.group):
-                continue
-            victims.append(copy)
-            for i in copy.group:
-                if i in deficit:
-                    deficit[i] -= copy.per_gpu
-        return victims if all(d <= 1.0 for d in deficit.values()) else None
-
     def _evict(self, copy: GpuCopy, to: str) -> list[HostCopy]:
         """Demote a copy out of HBM (`host` or `none`); returns the host copies being written,
         which must be whole before the freed HBM is written."""
@@ -1043,11 +964,6 @@ class Simulator:
                 for r in f.resources:
                     out[r] = out.get(r, 0.0) + rem
         return out
-
-    def copies_of(self, model: str) -> list[GpuCopy]:
-        """The model's weights copies in HBM (ready or loading)."""
-        key = weights_key(model)
-        return [self.tiers.gpu[(key, g)] for g in sorted(self.tiers.groups_of.get(key, ()))]
 
     def has_room_now(self, c: CallRec, group) -> bool:
         """Whether the call could be admitted on `group` now, evicting only unpinned ready state."""

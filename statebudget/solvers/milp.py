@@ -686,3 +686,24 @@ def solve_static(inst: Instance, fill: float = 0.75, backend: str = "scip", time
     if s.Solve() not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
         return []
     return [o for o in weights if z[o].solution_value() > 0.5]
+
+
+def oracle_summary(cluster, catalog, trace, cost, window: int = 24, overlap: int = 8, backend: str = "scip",
+                   time_limit_s: float = 10.0, progress=None) -> dict:
+    """Solve a trace window by window and summarise it: the §8 `oracle` block, the instance's
+    size, the stall distributions of the schedule, every window and the checker's findings."""
+    from ..models.report import Dist
+    from ..traces.graph import handoff_calls
+
+    inst, index = build_instance(cluster, catalog, trace, cost)
+    res = solve_rolling(inst, window, overlap, backend, time_limit_s, progress=progress)
+    sol = res.solution
+    handoffs = {(p.program, c) for p in trace.programs for c in handoff_calls(p)}
+    stalls = list(sol.stall)
+    handoff_stalls = [s for s, key in zip(stalls, index["calls"]) if key in handoffs]
+    block = {"status": sol.status, "objective": sol.objective, "bound": sol.bound if sol.bound == sol.bound else None,
+             "gap": sol.gap, "solve_s": round(sol.solve_s, 3)}
+    return {"oracle": block, "backend": backend, "objects": len(inst.objects), "calls": len(inst.calls),
+            "slots": inst.T, "stall_s": Dist.of(stalls).model_dump(), "handoffs": len(handoff_stalls),
+            "handoff_stall_s": Dist.of(handoff_stalls).model_dump(), "windows": res.windows,
+            "violations": res.violations[:20]}

@@ -17,10 +17,16 @@ class StateBudget(Policy):
     demote_to = "host"
     tick_s = 5.0
     use_hints = False
+    plan_on_events = True
 
     def __init__(self, config: PlannerConfig | None = None):
         self.config = config
         self.core: PlannerCore | None = None
+
+    def replan(self, sim) -> list:
+        """A planning step after an event. The simulator plans at every event; the service sets
+        `plan_on_events = False` and coalesces the events of a few milliseconds into one `on_tick`."""
+        return self._core(sim).plan(sim, sim.now) if self.plan_on_events else []
 
     def _core(self, sim) -> PlannerCore:
         if self.core is None:
@@ -39,17 +45,17 @@ class StateBudget(Policy):
         core.predictor.call_arrived(call.program, call.model, sim.now, expected)
 
     def on_call_admitted(self, sim, call):
-        return self._core(sim).plan(sim, sim.now)
+        return self.replan(sim)
 
     def on_call_end(self, sim, call):
         core = self._core(sim)
         core.predictor.call_finished(call.program, sim.now)
-        return core.plan(sim, sim.now)
+        return self.replan(sim)
 
     def on_tool_start(self, sim, program, node, tool):
         core = self._core(sim)
         core.predictor.tool_started(program.program, tool, sim.now)
-        return core.plan(sim, sim.now)
+        return self.replan(sim)
 
     def on_tool_end(self, sim, program, node, tool, duration_s):
         self._core(sim).predictor.tool_finished(program.program, tool, duration_s, sim.now)
@@ -109,15 +115,23 @@ class StateBudgetLease(StateBudget):
                                       deadline_s=sim.now + wait, confidence=h.confidence,
                                       cancel_token=f"{program.program}/{h.for_}", earliest_s=sim.now,
                                       kv_version=kv, for_call=h.for_), group))
-        out = []
+        leases, out = self.request_leases(sim, reqs)
+        return out + self.replan(sim)
+
+    def request_leases(self, sim, reqs: list[tuple[LeaseRequest, tuple]]) -> tuple[list, list]:
+        """Quote, rank and admit competing lease requests [(request, group)]; returns the leases
+        and the promotions that prepare the admitted ones (the service calls this too)."""
+        core = self._core(sim)
+        leases, out = [], []
         for lease, group in core.admit(sim, reqs, sim.now):
+            leases.append(lease)
             if not lease.state.live:
                 continue
             self.group_of[lease.lease_id] = group
             for key in lease.objects:
                 core.ledger.begin(lease.lease_id, key)
                 out.append(("promote", key, group, lease.lease_id))
-        return out + core.plan(sim, sim.now)
+        return leases, out
 
     def on_copy_ready(self, sim, copy):
         core = self._core(sim)
@@ -133,7 +147,8 @@ class StateBudgetLease(StateBudget):
         if lid is not None:
             core.ledger.consume(lid, sim.now)
 
-    def _stop(self, sim, stopped) -> list:
+    def stop_leases(self, sim, stopped) -> list:
+        """Cancel decisions for the transfers of leases that were cancelled or went stale."""
         out = []
         for lid, keys in stopped:
             group = self.group_of.get(lid)
@@ -145,12 +160,12 @@ class StateBudgetLease(StateBudget):
     def on_call_cancelled(self, sim, call):
         core = self._core(sim)
         core.predictor.call_cancelled(call.program, call.node)
-        return self._stop(sim, core.ledger.cancel_token(f"{call.program}/{call.node}", sim.now))
+        return self.stop_leases(sim, core.ledger.cancel_token(f"{call.program}/{call.node}", sim.now))
 
     def on_call_end(self, sim, call):
         core = self._core(sim)
         kvk = kv_key(call.program, call.model)
-        out = self._stop(sim, core.ledger.version_changed(kvk, sim.kv_tokens.get(kvk), sim.now))
+        out = self.stop_leases(sim, core.ledger.version_changed(kvk, sim.kv_tokens.get(kvk), sim.now))
         return out + (super().on_call_end(sim, call) or [])
 
     def on_tick(self, sim):

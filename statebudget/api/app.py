@@ -1,0 +1,172 @@
+"""The app factory: the live planner behind FastAPI, with its planning loop.
+
+Handlers are `async` and run on one event loop thread: the planner and its SQLite books are
+touched by one request at a time, in order, and each request is one transaction committed before
+its answer. The planning loop wakes when events arrive, waits `coalesce_s` for the events that
+come with them, and takes one planning step for all (and every `tick_s` regardless, to expire
+leases and follow the predictor). Long polls wait on the plan version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from ..models.errors import InputError
+from ..planner.live import Conflict, Forbidden, Invalid, LivePlanner, NotFound
+from .auth import Auth
+from .metrics import ServiceMetrics
+from .routers import events, leases, operators, plan
+
+log = logging.getLogger("statebudget.api")
+
+
+class Service:
+    """What the handlers share: the planner, the tokens, the metrics, and the version waiters."""
+
+    def __init__(self, planner: LivePlanner, auth: Auth, metrics: ServiceMetrics, tick_s: float, coalesce_s: float):
+        self.planner, self.auth, self.metrics = planner, auth, metrics
+        self.tick_s, self.coalesce_s = tick_s, coalesce_s
+        self._wake: asyncio.Event | None = None
+        self._version_moved: asyncio.Event | None = None
+        self._seen_version = planner.plan_version
+        self._jobs: set = set()
+
+    def _events(self):
+        if self._wake is None:
+            self._wake, self._version_moved = asyncio.Event(), asyncio.Event()
+        return self._wake, self._version_moved
+
+    def changed(self) -> None:
+        """After a request changed the books: wake the planning loop, and the long polls if the
+        plan version moved."""
+        wake, _ = self._events()
+        if self.planner.plan_due:
+            wake.set()
+        if self.planner.plan_version != self._seen_version:
+            self._seen_version = self.planner.plan_version
+            self._version_moved.set()
+            self._version_moved = asyncio.Event()
+
+    async def wait_for_version(self, after: int, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while self.planner.plan_version <= after:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            _, moved = self._events()
+            try:
+                await asyncio.wait_for(moved.wait(), left)
+            except TimeoutError:
+                return
+
+    async def planning_loop(self) -> None:
+        wake, _ = self._events()
+        while True:
+            try:
+                await asyncio.wait_for(wake.wait(), self.tick_s)
+                await asyncio.sleep(self.coalesce_s)  # gather the events that arrive together
+            except TimeoutError:
+                pass
+            wake.clear()
+            try:
+                self.planner.tick()
+            except Exception:
+                log.exception("planning step failed")
+            self.changed()
+
+    # ---- oracle runs -----------------------------------------------------------------------------------
+    def start_oracle(self, body) -> dict:
+        run_id = uuid.uuid4().hex[:12]
+        run = {"run_id": run_id, "status": "queued", "request": body.model_dump(exclude={"trace_jsonl"}),
+               "created_s": time.time()}
+        self.planner.store.put_run(run_id, "queued", run)
+        job = asyncio.get_running_loop().run_in_executor(None, self._oracle_job, run, body)
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
+        return run
+
+    def _oracle_job(self, run: dict, body) -> None:
+        """In a worker thread: the solver releases the GIL while it works."""
+        from ..models.load import check_compatible, parse_trace
+        from ..solvers.costs import CostModel
+        from ..solvers.milp import oracle_summary
+        from ..traces.generators import generate
+
+        store, p = self.planner.store, self.planner
+        store.put_run(run["run_id"], "running", {**run, "status": "running"})
+        try:
+            trace = generate(body.preset, body.seed, body.hours) if body.preset else \
+                parse_trace(body.trace_jsonl, "uploaded trace")
+            check_compatible(p.cluster, p.catalog, trace, "uploaded trace")
+            result = oracle_summary(p.cluster, p.catalog, trace, CostModel(p.cluster, p.catalog), body.window,
+                                    body.overlap, body.backend, body.time_limit_s)
+            store.put_run(run["run_id"], "done", {**run, "status": "done", "result": result, "finished_s": time.time()})
+        except Exception as e:
+            store.put_run(run["run_id"], "failed", {**run, "status": "failed", "error": f"{type(e).__name__}: {e}",
+                                                    "finished_s": time.time()})
+
+
+def create_app(planner: LivePlanner, auth: Auth, tick_s: float = 5.0, coalesce_s: float = 0.005,
+               planning_loop: bool = True) -> FastAPI:
+    """The service app. Without `planning_loop` the planner plans only when asked (`tick`): the
+    leases' own ops still go out, which is what deterministic tests want."""
+    metrics = ServiceMetrics()
+    planner.telemetry = metrics
+    svc = Service(planner, auth, metrics, tick_s, coalesce_s)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        task = asyncio.create_task(svc.planning_loop()) if planning_loop else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+
+    app = FastAPI(title="StateBudget planner", version=_version(), lifespan=lifespan,
+                  description="Where LLM serving state lives: events and leases in, plans and ops out (DESIGN.md §7).")
+    app.state.service = svc
+    for r in (events.router, leases.router, plan.router, operators.router):
+        app.include_router(r)
+
+    def handler(status: int):
+        async def answer(request: Request, exc: Exception):
+            return JSONResponse({"detail": str(exc.args[0]) if exc.args else type(exc).__name__}, status_code=status)
+        return answer
+
+    for exc, status in ((NotFound, 404), (Forbidden, 403), (Conflict, 409), (Invalid, 422), (InputError, 422)):
+        app.add_exception_handler(exc, handler(status))
+    return app
+
+
+def _version() -> str:
+    from .. import __version__
+    return __version__
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message and the record's `fields`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"t": round(record.created, 6), "level": record.levelname.lower(), "logger": record.name,
+               "msg": record.getMessage(), **getattr(record, "fields", {})}
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup_logging(level: str = "info") -> None:
+    h = logging.StreamHandler()
+    h.setFormatter(JsonLogFormatter())
+    root = logging.getLogger("statebudget")
+    root.handlers[:] = [h]
+    root.setLevel(level.upper())
+    root.propagate = False

@@ -1,0 +1,41 @@
+"""Dependencies: the service and the caller's principal, as `Annotated` aliases."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from .auth import Principal
+
+_bearer = HTTPBearer(auto_error=False, description="a token from the token file; its role decides the routes")
+
+
+def get_service(request: Request):
+    return request.app.state.service
+
+
+def get_principal(request: Request, cred: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
+    if cred is None:
+        raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer <token>'",
+                            headers={"WWW-Authenticate": "Bearer"})
+    who = request.app.state.service.auth.principal(cred.credentials)
+    if who is None:
+        raise HTTPException(401, "unknown bearer token", headers={"WWW-Authenticate": "Bearer"})
+    return who
+
+
+def role(*allowed: str):
+    def check(request: Request, who: Annotated[Principal, Depends(get_principal)]) -> Principal:
+        if who.role not in allowed:
+            raise HTTPException(403, f"role {who.role!r} may not call {request.method} {request.url.path} "
+                                     f"(needs {' or '.join(allowed)})")
+        return who
+    return check
+
+
+ServiceDep = Annotated[object, Depends(get_service)]
+RuntimeDep = Annotated[Principal, Depends(role("runtime"))]
+AdapterDep = Annotated[Principal, Depends(role("adapter"))]
+AdminDep = Annotated[Principal, Depends(role("admin"))]

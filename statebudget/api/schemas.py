@@ -1,0 +1,132 @@
+"""Request and answer bodies of the service (Create / Public families per resource)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..models.plan import Op
+
+Name = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:/@+-]+$")
+EventType = Literal["program_started", "call_arrived", "call_started", "call_finished", "tool_started",
+                    "tool_finished", "program_finished", "program_cancelled"]
+_NEEDS = {"call_arrived": ("call", "model"), "call_started": ("call",), "call_finished": ("call",),
+          "tool_started": ("tool",), "tool_finished": ("tool",)}
+
+
+class EventCreate(BaseModel):
+    """One runtime event. `call` names a call inside its program; `tokens` (call_finished) is the
+    program's KV length for that model after the call, which is the KV's version."""
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    type: EventType
+    program: str = Name
+    call: str | None = Field(None, min_length=1, max_length=200)
+    model: str | None = Field(None, min_length=1, max_length=200)
+    tool: str | None = Field(None, min_length=1, max_length=200)
+    context_tokens: int = Field(0, ge=0, le=10_000_000)
+    output_tokens: int = Field(0, ge=0, le=10_000_000)
+    tokens: int = Field(0, ge=0, le=10_000_000)
+    duration_s: float | None = Field(None, ge=0, le=86_400)
+    epoch: int | None = Field(None, ge=0, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _fields_of_type(self):
+        missing = [f for f in _NEEDS.get(self.type, ()) if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"a {self.type} event needs {', '.join(missing)}")
+        return self
+
+
+class EventPublic(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: EventType
+    program: str
+
+
+class LeaseCreate(BaseModel):
+    """A HandoffLease (seed 000 §3): prepare `model` (and the program's KV for it) before
+    `deadline_s` seconds from now."""
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    program: str = Name
+    model: str = Field(min_length=1, max_length=200)
+    deadline_s: float = Field(gt=0, le=86_400, description="seconds from now by which the state must be ready")
+    confidence: float = Field(1.0, ge=0, le=1)
+    cancel_token: str | None = Field(None, min_length=1, max_length=200)
+    earliest_s: float = Field(0.0, ge=0, le=86_400)
+    with_kv: bool = True
+    for_call: str | None = Field(None, min_length=1, max_length=200)
+    epoch: int | None = Field(None, ge=0, le=1_000_000)
+
+
+class QuotePublic(BaseModel):
+    p50_s: float
+    p95_s: float
+
+
+class LeasePublic(BaseModel):
+    lease_id: str
+    decision: Literal["accepted", "partial", "rejected"]
+    state: str
+    quote: QuotePublic
+    version: str
+    kv_version: int | None
+    ready: bool
+    deadline_in_s: float
+    reason: str
+    objects: dict[str, str]
+
+
+class PlanPublic(BaseModel):
+    version: int
+    ops: list[Op]
+
+
+class OpReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    status: Literal["done", "failed", "cancelled"]
+    bytes: float = Field(0.0, ge=0, le=1e15)
+    seconds: float = Field(0.0, ge=0, le=1e6)
+    checksum: str | None = Field(None, max_length=200)
+    version: int = Field(0, ge=0)
+    epoch: int = Field(0, ge=0)
+    error: str = Field("", max_length=10_000)
+
+
+class OpAck(BaseModel):
+    op_id: str
+    status: str
+    duplicate: bool = False
+
+
+class OracleRunCreate(BaseModel):
+    """An oracle run on a preset trace (`preset`, `seed`, `hours`) or an uploaded JSONL trace."""
+    model_config = ConfigDict(extra="forbid")
+    preset: str | None = Field(None, description="swe-team | swe-team-shuffled | mapreduce | mixed-tenants")
+    seed: int = Field(1, ge=0, le=2**31)
+    hours: float = Field(0.25, gt=0, le=24)
+    trace_jsonl: str | None = Field(None, max_length=50_000_000, description="a v1 trace, one program per line")
+    time_limit_s: float = Field(10.0, gt=0, le=3600, description="per rolling-horizon window")
+    backend: Literal["scip", "cp-sat", "highs", "cbc"] = "scip"
+    window: int = Field(24, ge=2, le=500)
+    overlap: int = Field(8, ge=0, le=499)
+
+    @model_validator(mode="after")
+    def _one_trace(self):
+        if (self.preset is None) == (self.trace_jsonl is None):
+            raise ValueError("give exactly one of preset and trace_jsonl")
+        if self.overlap >= self.window:
+            raise ValueError("overlap must be smaller than window")
+        return self
+
+
+class OracleRunPublic(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    run_id: str
+    status: Literal["queued", "running", "done", "failed"]
+
+
+class ClusterPut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cluster: dict
+    catalog: dict

@@ -1,0 +1,129 @@
+"""The adapter protocol: `poll / execute(op) / report / health` (LMCache's habit of small verbs).
+
+    planner ──GET /v1/plan?node=N&after=V&wait=S──▶ adapter ── execute(op) ──▶ engine / data plane
+    planner ◀──POST /v1/ops/{op_id} {status, bytes, seconds, checksum, version, epoch}── adapter
+
+`poll` and `report` speak the planner's HTTP API and are the same for every engine; a subclass
+says how one op is carried out (`execute`) and whether its engine is alive (`health`).
+
+Every op is a transaction on the engine side: allocate the target, copy, verify, report, and only
+once the planner acknowledges (200) release the source. A 409 means the op went stale or its lease
+was cancelled while it ran: the adapter undoes the target (`abort`), so half-moved or stale state
+is never used. An op offered again (a planner restart, a lost answer) is never executed twice: the
+adapter remembers the results it reported by op id and reports them again.
+
+Tiers in ops: `gpu:<i>` or `gpu:<i>,<j>` (a tensor-parallel group, GPU indexes of the cluster),
+`host:<node>`, `nvme:<node>`, `none`. Objects: `["w", model]`, `["e", model, page]`,
+`["kv", program, model]`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Literal
+
+import httpx
+from pydantic import BaseModel, Field
+
+from ..models.plan import Op
+
+log = logging.getLogger("statebudget.adapter")
+
+
+class OpResult(BaseModel):
+    """What an adapter reports for one op (the body of POST /v1/ops/{op_id})."""
+    status: Literal["done", "failed", "cancelled"]
+    bytes: float = Field(0.0, ge=0)
+    seconds: float = Field(0.0, ge=0)
+    checksum: str | None = None
+    version: int = 0
+    epoch: int = 0
+    error: str = ""
+
+
+def gpu_indexes(tier: str) -> tuple[int, ...]:
+    """`gpu:3` -> (3,), `gpu:0,1` -> (0, 1)."""
+    kind, _, rest = tier.partition(":")
+    if kind != "gpu" or not rest:
+        raise ValueError(f"not a GPU tier: {tier!r}")
+    return tuple(int(x) for x in rest.split(","))
+
+
+def model_of(obj: list[str] | tuple) -> str:
+    """The model a state object belongs to."""
+    return obj[2] if obj[0] == "kv" else obj[1]
+
+
+class Adapter:
+    """Base class: the planner protocol. Subclasses implement `execute`, `health` and, when a
+    target must be undone after a refused report, `abort`/`commit`."""
+    kind = "base"
+
+    def __init__(self, planner: str, node: str, token: str, client: httpx.Client | None = None):
+        self.planner, self.node = planner.rstrip("/"), node
+        self.client = client or httpx.Client(base_url=self.planner, headers={"Authorization": f"Bearer {token}"},
+                                             timeout=httpx.Timeout(10.0, read=120.0))
+        self.version = 0
+        self.reported: dict[str, OpResult] = {}  # op id -> the result reported (never execute twice)
+        self.executed: list[str] = []            # op ids in the order they were executed
+
+    # ---- to implement -------------------------------------------------------------------------
+    def execute(self, op: Op) -> OpResult:
+        raise NotImplementedError
+
+    def health(self) -> dict:
+        raise NotImplementedError
+
+    def commit(self, op: Op) -> None:
+        """The planner acknowledged `op`: release its source (a move, not a copy)."""
+
+    def abort(self, op: Op) -> None:
+        """The planner refused `op` (stale or cancelled): undo its target."""
+
+    # ---- the planner protocol ----------------------------------------------------------------------
+    def poll(self, wait_s: float = 10.0) -> list[Op]:
+        r = self.client.get("/v1/plan", params={"node": self.node, "after": self.version, "wait": wait_s})
+        r.raise_for_status()
+        body = r.json()
+        self.version = body["version"]
+        return [Op(**o) for o in body["ops"]]
+
+    def report(self, op: Op, result: OpResult) -> int:
+        """POST the result; returns the HTTP status (200 accepted, 409 refused)."""
+        r = self.client.post(f"/v1/ops/{op.op_id}", json=result.model_dump())
+        if r.status_code not in (200, 409):
+            r.raise_for_status()
+        return r.status_code
+
+    def step(self, wait_s: float = 10.0) -> int:
+        """One poll and the ops it brought; returns how many were executed."""
+        n = 0
+        for op in self.poll(wait_s):
+            if op.op_id in self.reported:
+                self.report(op, self.reported[op.op_id])  # offered again: report, do not redo
+                continue
+            t0 = time.perf_counter()
+            try:
+                result = self.execute(op)
+            except Exception as e:  # an engine error fails the op; the planner falls back
+                log.exception("op %s failed", op.op_id)
+                result = OpResult(status="failed", error=f"{type(e).__name__}: {e}", version=op.version, epoch=op.epoch)
+            self.executed.append(op.op_id)
+            n += 1
+            status = self.report(op, result)
+            self.reported[op.op_id] = result
+            if result.status == "done":
+                self.commit(op) if status == 200 else self.abort(op)
+            log.info("op %s %s %s -> %s: %s in %.3fs (planner %d)", op.op_id, op.kind, op.src, op.dst,
+                     result.status, time.perf_counter() - t0, status)
+        return n
+
+    def run(self, stop=None, wait_s: float = 10.0) -> None:
+        """Poll and execute until `stop()` is true (forever by default)."""
+        while stop is None or not stop():
+            try:
+                self.step(wait_s)
+            except httpx.HTTPError as e:
+                log.warning("planner unreachable (%s); retrying", e)
+                time.sleep(1.0)

@@ -1,0 +1,822 @@
+"""The live planner: the simulator's policy (`statebudget-lease`) and books (`Tiers`), fed by
+runtime events and adapter reports instead of a trace, written through to SQLite.
+
+Every state object has copies; a copy in HBM or DRAM is *ready* once an adapter reported its op
+done with the op's version and epoch (the commit boundary), *in flight* while an open op writes
+it. Only ready copies are published (`residency`, lease readiness).
+
+    runtime ─events─▶ policy hooks (predictor) ─┐
+    runtime ─leases─▶ quote · rank · admit ─────┼─▶ decisions ─▶ ops (per node, plan version)
+    tick (coalesced events, expiries) ──────────┘                  │
+    adapter ◀── GET plan: open ops of its node ◀──────────────────┘
+    adapter ──▶ POST op: done ─▶ commit (copy ready, lease commit)  | stale or cancelled ─▶ 409
+
+Versions and epochs: an op carries the version of the state it moves (KV: its token count;
+weights and expert pages: the catalog epoch) and the epoch of its owner (KV: the program's epoch,
+bumped by a cancel; others 0). A report is accepted only if both still match the op and the
+books; otherwise the op is refused and its target undone, so nothing stale is ever ready.
+
+The simulator plans at every event; here `plan_on_events` is off and the service's loop calls
+`tick` a few milliseconds after events arrive, one planning step for all of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from pydantic import ValidationError
+
+from ..models.catalog import Catalog
+from ..models.cluster import Cluster
+from ..models.errors import InputError, pydantic_where
+from ..models.load import check_compatible
+from ..models.plan import Op
+from ..models.state import kv_key, weights_key
+from ..sim.memory import GpuCopy, HostCopy, Tiers
+from ..sim.policies.baselines import place_model
+from ..sim.policies.ours import StateBudgetLease
+from ..solvers.costs import CostModel
+from .leases import Lease, LeaseRequest, LeaseState, Quote
+from .ledger import Store
+from .view import ResidencyView
+
+
+class NotFound(LookupError):
+    """404: no such program, lease or op."""
+
+
+class Forbidden(PermissionError):
+    """403: another tenant's program or lease, another node's op."""
+
+
+class Conflict(RuntimeError):
+    """409: a stale version or epoch, a cancelled lease or program, an op already closed."""
+
+
+class Invalid(ValueError):
+    """422: a well-formed request that names what does not exist (an unknown model)."""
+
+
+class Telemetry:
+    """What the planner reports as it works; the service plugs Prometheus in (no-ops here)."""
+    def decision(self, seconds: float) -> None: ...
+    def lease(self, outcome: str) -> None: ...
+    def moved(self, link: str, nbytes: float) -> None: ...
+    def stall(self, seconds: float, handoff: bool) -> None: ...
+    def event(self, kind: str) -> None: ...
+    def op(self, status: str) -> None: ...
+
+
+def gpu_tier(group) -> str:
+    return "gpu:" + ",".join(str(i) for i in group)
+
+
+@dataclass
+class _Prog:
+    """A program as the policy hooks see it."""
+    program: str
+    tenant: str
+
+
+@dataclass
+class _Call:
+    """A call as the policy hooks see it (`node` is the call's id in its program)."""
+    program: str
+    node: str
+    model: str
+    context_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass
+class ProgramRec:
+    program: str
+    tenant: str
+    epoch: int = 0
+    status: str = "running"  # running | finished | cancelled
+    calls: dict = field(default_factory=dict)  # call id -> {model, status, arrived_s, group}
+    last_model: str | None = None
+    tool: list | None = None  # [tool, since]
+
+
+@dataclass
+class OpRec:
+    op: Op
+    node: str
+    status: str = "open"      # open | done | failed | cancelled
+    offered: int = 0
+    plan_version: int = 0
+    result: dict | None = None
+    reason: str = ""
+
+
+class LivePlanner(ResidencyView):
+    def __init__(self, cluster: Cluster, catalog: Catalog, store: Store | None = None, clock=time.time,
+                 profile: dict | None = None, telemetry: Telemetry | None = None):
+        self.store = store or Store(":memory:")
+        self.clock = clock
+        self.telemetry = telemetry or Telemetry()
+        self.profile = profile
+        saved = self.store.get_meta("cluster")
+        if saved is not None:  # a restart: the books on disk win over the arguments
+            cluster, catalog = Cluster(**saved), Catalog(**self.store.get_meta("catalog"))
+        self._setup(cluster, catalog)
+        if saved is not None:
+            self._restore()
+        else:
+            with self.store.tx():
+                self.store.set_meta("cluster", cluster.model_dump(mode="json"))
+                self.store.set_meta("catalog", catalog.model_dump(mode="json"))
+                self._save_meta()
+
+    def _setup(self, cluster: Cluster, catalog: Catalog) -> None:
+        self.cluster, self.catalog = cluster, catalog
+        self.cost = CostModel(cluster, catalog, profile=self.profile)
+        self.gpus = cluster.gpus
+        self._groups: dict = {}
+        self.tiers = Tiers(cluster)
+        self.kv_tokens: dict[tuple, int] = {}
+        self.running_models: Counter = Counter()
+        self.policy = StateBudgetLease()
+        self.policy.plan_on_events = False
+        self.programs: dict[str, ProgramRec] = {}
+        self.ops: dict[str, OpRec] = {}          # open ops
+        self.writer: dict[tuple, str] = {}       # (key, tier) -> the open op writing that copy
+        self.plan_version = 0
+        self.catalog_epoch = 1
+        self._op_seq = 0
+        self.plan_due = False
+        self.stock_model_store(preload=False)
+
+    @property
+    def now(self) -> float:
+        return self.clock()
+
+    @property
+    def core(self):
+        return self.policy._core(self)
+
+    @property
+    def ledger(self):
+        return self.core.ledger
+
+    # ---- versions -------------------------------------------------------------------------------
+    def version_of(self, key) -> int:
+        return self.kv_tokens.get(key, 0) if key[0] == "kv" else self.catalog_epoch
+
+    def epoch_of(self, key) -> int:
+        if key[0] != "kv":
+            return 0
+        rec = self.programs.get(key[1])
+        return rec.epoch if rec else 0
+
+    # ---- runtime events ---------------------------------------------------------------------------
+    def event(self, tenant: str, ev: dict) -> dict:
+        """Apply one runtime event (DESIGN.md §7). Raises NotFound/Forbidden/Conflict/Invalid."""
+        kind = ev["type"]
+        with self.store.tx():
+            if kind == "program_started":
+                out = self._program_started(tenant, ev["program"])
+            else:
+                rec = self._program(tenant, ev["program"], ev.get("epoch"))
+                out = getattr(self, "_" + kind)(rec, ev)
+            self._flush()
+        self.telemetry.event(kind)
+        self.plan_due = True
+        return out
+
+    def _program(self, tenant: str, program: str, epoch: int | None) -> ProgramRec:
+        rec = self.programs.get(program)
+        if rec is None:
+            raise NotFound(f"program {program!r} was never started (send program_started first)")
+        if rec.tenant != tenant:
+            raise Forbidden(f"program {program!r} belongs to another tenant")
+        if epoch is not None and epoch != rec.epoch:
+            raise Conflict(f"program {program!r} is at epoch {rec.epoch}; an event of epoch {epoch} is stale")
+        return rec
+
+    def _live(self, rec: ProgramRec, what: str) -> None:
+        if rec.status != "running":
+            raise Conflict(f"program {rec.program!r} is {rec.status}: no {what} after that")
+
+    def _program_started(self, tenant: str, program: str) -> dict:
+        rec = self.programs.get(program)
+        if rec is not None:
+            if rec.tenant != tenant:
+                raise Forbidden(f"program {program!r} belongs to another tenant")
+            return {"program": program, "epoch": rec.epoch, "status": rec.status}  # a retried start
+        rec = self.programs[program] = ProgramRec(program, tenant)
+        self.policy.on_program_start(self, _Prog(program, tenant))
+        self._save_program(rec)
+        return {"program": program, "epoch": 0, "status": "running"}
+
+    def _call_of(self, rec: ProgramRec, ev: dict) -> dict:
+        call = rec.calls.get(ev["call"])
+        if call is None:
+            raise NotFound(f"call {ev['call']!r} of program {rec.program!r} never arrived (send call_arrived first)")
+        return call
+
+    def _call_arrived(self, rec: ProgramRec, ev: dict) -> dict:
+        self._live(rec, "new call")
+        model = ev["model"]
+        if model not in self.catalog.by_name:
+            raise Invalid(f"unknown model {model!r}; the catalog has {sorted(self.catalog.by_name)}")
+        if ev["call"] in rec.calls:
+            return {"call": ev["call"], "status": rec.calls[ev["call"]]["status"]}  # a retried event
+        rec.calls[ev["call"]] = {"model": model, "status": "arrived", "arrived_s": self.now, "group": None,
+                                 "handoff": rec.last_model is not None and rec.last_model != model}
+        self.policy.on_call_arrive(self, _Call(rec.program, ev["call"], model, ev.get("context_tokens", 0),
+                                               ev.get("output_tokens", 0)))
+        self._save_program(rec)
+        return {"call": ev["call"], "status": "arrived"}
+
+    def _call_started(self, rec: ProgramRec, ev: dict) -> dict:
+        self._live(rec, "call start")
+        call = self._call_of(rec, ev)
+        if call["status"] != "arrived":
+            return {"call": ev["call"], "status": call["status"]}
+        model = call["model"]
+        held = [c for c in self.copies_of(model) if c.ready]
+        group = max(held, key=lambda c: c.last_use).group if held else place_model(self, model, rec.program)
+        stall = self.now - call["arrived_s"]
+        self.telemetry.stall(stall, call["handoff"])
+        call.update(status="started", group=list(group) if group else None, stall_s=stall)
+        rec.last_model = model
+        if group is not None:
+            self.running_models[(model, group)] += 1
+            for key in [weights_key(model), kv_key(rec.program, model)]:
+                c = self.tiers.gpu.get((key, group))
+                if c is not None:
+                    c.pins += 1
+                    c.used = True
+                    c.last_use = self.now
+            self.policy.on_call_admitted(self, _Call(rec.program, ev["call"], model))
+        self._save_program(rec)
+        return {"call": ev["call"], "status": "started", "stall_s": stall,
+                "group": gpu_tier(group) if group else None}
+
+    def _unpin(self, rec: ProgramRec, call: dict) -> tuple | None:
+        if call["status"] != "started" or call["group"] is None:
+            return None
+        group = tuple(call["group"])
+        self.running_models[(call["model"], group)] -= 1
+        if self.running_models[(call["model"], group)] <= 0:
+            del self.running_models[(call["model"], group)]
+        for key in [weights_key(call["model"]), kv_key(rec.program, call["model"])]:
+            c = self.tiers.gpu.get((key, group))
+            if c is not None and c.pins > 0:
+                c.pins -= 1
+        return group
+
+    def _call_finished(self, rec: ProgramRec, ev: dict) -> dict:
+        call = self._call_of(rec, ev)
+        if call["status"] not in ("arrived", "started"):
+            return {"call": ev["call"], "status": call["status"]}
+        group = self._unpin(rec, call)
+        call["status"] = "finished"
+        model = call["model"]
+        kvk = kv_key(rec.program, model)
+        tokens = int(ev.get("tokens", 0))
+        decisions = []
+        if tokens > 0 and tokens != self.kv_tokens.get(kvk):
+            # The engine left the call's KV (a new version) on the group it ran on; older copies
+            # elsewhere are stale and go.
+            decisions += self._drop_all(kvk)
+            self.kv_tokens[kvk] = tokens
+            self.store.put_kv(rec.program, model, tokens)
+            if group is not None:
+                per_gpu = tokens * self.catalog.by_name[model].kv_bytes_per_token / len(group)
+                if self.tiers.alloc_gpu(group, per_gpu):
+                    c = GpuCopy(kvk, group, per_gpu, True, self.now, self.now, used=True)
+                    self.tiers.add_gpu_copy(c)
+                    self._save_gpu(c)
+        self._apply(decisions + (self.policy.on_call_end(self, _Call(rec.program, ev["call"], model)) or []))
+        self._save_program(rec)
+        return {"call": ev["call"], "status": "finished", "kv_version": self.kv_tokens.get(kvk, 0)}
+
+    def _tool_started(self, rec: ProgramRec, ev: dict) -> dict:
+        self._live(rec, "tool call")
+        rec.tool = [ev["tool"], self.now]
+        self._apply(self.policy.on_tool_start(self, _Prog(rec.program, rec.tenant), None, ev["tool"]))
+        self._save_program(rec)
+        return {"tool": ev["tool"], "status": "started"}
+
+    def _tool_finished(self, rec: ProgramRec, ev: dict) -> dict:
+        tool = ev["tool"]
+        since = rec.tool[1] if rec.tool and rec.tool[0] == tool else self.now
+        duration = ev.get("duration_s")
+        duration = float(duration) if duration is not None else self.now - since
+        rec.tool = None
+        self.policy.on_tool_end(self, _Prog(rec.program, rec.tenant), None, tool, duration)
+        self._save_program(rec)
+        return {"tool": tool, "status": "finished", "duration_s": duration}
+
+    def _program_finished(self, rec: ProgramRec, ev: dict) -> dict:
+        return self._end_program(rec, "finished")
+
+    def _program_cancelled(self, rec: ProgramRec, ev: dict) -> dict:
+        return self._end_program(rec, "cancelled")
+
+    def _end_program(self, rec: ProgramRec, status: str) -> dict:
+        """Finish or cancel: live leases stop, calls unpin, every KV of the program is released.
+        A cancel bumps the epoch, so late reports and events of the old epoch are refused."""
+        if rec.status != "running":
+            return {"program": rec.program, "status": rec.status, "epoch": rec.epoch}
+        if status == "cancelled":
+            rec.epoch += 1
+        rec.status = status
+        stopped = []
+        for lease in list(self.ledger.leases.values()):
+            if lease.request.program == rec.program and lease.state.live:
+                stopped.append((lease.lease_id, self.ledger.cancel(lease.lease_id, self.now, f"program {status}")))
+        decisions = self.policy.stop_leases(self, stopped)
+        for call in rec.calls.values():
+            self._unpin(rec, call)
+            if call["status"] in ("arrived", "started"):
+                call["status"] = status
+        for m in self.catalog.models:
+            kvk = kv_key(rec.program, m.name)
+            decisions += self._drop_all(kvk)
+            if self.kv_tokens.pop(kvk, None) is not None:
+                self.store.delete_kv(rec.program, m.name)
+        self.policy.on_program_end(self, _Prog(rec.program, rec.tenant))
+        self._apply(decisions)
+        self._save_program(rec)
+        return {"program": rec.program, "status": status, "epoch": rec.epoch}
+
+    def _drop_all(self, kvk) -> list:
+        """Release every copy of a KV: open ops writing it are cancelled, ready copies dropped."""
+        for tier, op_id in [(t, o) for (k, t), o in self.writer.items() if k == kvk]:
+            self._close(self.ops[op_id], "cancelled", f"{kvk[0]} {kvk[1]}/{kvk[2]} released")
+        out = []
+        for g in sorted(self.tiers.groups_of.get(kvk, ())):
+            c = self.tiers.gpu[(kvk, g)]
+            if c.ready:
+                c.pins = 0
+                out.append(("demote", kvk, g, "none"))
+        for (k, node), hc in list(self.tiers.host.items()):
+            if k == kvk:
+                self.tiers.remove_host_copy(hc)
+                self.store.delete_copy(kvk, f"host:{node}")
+                self._new_op("drop", kvk, f"host:{node}", "none", hc.nbytes, node)
+        if kvk in {k for k, _ in self.tiers.nvme}:
+            for (k, node) in [x for x in self.tiers.nvme if x[0] == kvk]:
+                self.tiers.remove_nvme(kvk, node)
+        return out
+
+    # ---- leases -----------------------------------------------------------------------------------
+    def submit_lease(self, tenant: str, body: dict) -> dict:
+        """Quote, rank and admit one HandoffLease (seed 000 §3); accepted ones get their ops now."""
+        with self.store.tx():
+            rec = self._program(tenant, body["program"], body.get("epoch"))
+            self._live(rec, "lease")
+            model = body["model"]
+            m = self.catalog.by_name.get(model)
+            if m is None:
+                raise Invalid(f"unknown model {model!r}; the catalog has {sorted(self.catalog.by_name)}")
+            now = self.now
+            kvk = kv_key(rec.program, model)
+            group = place_model(self, model, program=rec.program)
+            if group is None:
+                raise Invalid(f"model {model!r} fits no GPU group of cluster {self.cluster.name!r}")
+            req = LeaseRequest(program=rec.program, tenant=tenant, model=model, version=m.version,
+                               deadline_s=now + float(body["deadline_s"]), confidence=float(body.get("confidence", 1.0)),
+                               cancel_token=body.get("cancel_token") or f"{rec.program}/{body.get('for_call') or model}",
+                               earliest_s=now + float(body.get("earliest_s", 0.0)),
+                               kv_version=(self.kv_tokens.get(kvk) or None) if body.get("with_kv", True) else None,
+                               for_call=body.get("for_call"))
+            leases, decisions = self.policy.request_leases(self, [(req, group)])
+            self._apply(decisions)
+            lease = leases[0]
+            self._flush()
+        self.telemetry.lease(lease.decision)
+        self.plan_due = True
+        return self.lease_view(lease)
+
+    def lease_view(self, lease: Lease) -> dict:
+        q = lease.quote
+        return {"lease_id": lease.lease_id, "decision": lease.decision, "state": lease.state.name.lower(),
+                "quote": {"p50_s": q.p50_s, "p95_s": q.p95_s}, "version": lease.request.version,
+                "kv_version": lease.request.kv_version, "ready": lease.state in (LeaseState.READY, LeaseState.CONSUMED),
+                "deadline_in_s": lease.request.deadline_s - self.now, "reason": lease.reason,
+                "objects": {"/".join(map(str, k)): v for k, v in lease.objects.items()}}
+
+    def get_lease(self, tenant: str, lease_id: str) -> Lease:
+        lease = self.ledger.leases.get(lease_id)
+        if lease is None:
+            raise NotFound(f"no lease {lease_id!r}")
+        if lease.request.tenant != tenant:
+            raise Forbidden(f"lease {lease_id!r} belongs to another tenant")
+        return lease
+
+    def cancel_lease(self, tenant: str, lease_id: str) -> dict:
+        """Cancel a lease: its transfers stop and what they reserved is freed. A second cancel
+        changes nothing."""
+        with self.store.tx():
+            lease = self.get_lease(tenant, lease_id)
+            stop = self.ledger.cancel(lease_id, self.now, "cancelled by the runtime")
+            self._apply(self.policy.stop_leases(self, [(lease_id, stop)]))
+            self._flush()
+        self.telemetry.lease("cancelled")
+        return self.lease_view(lease)
+
+    # ---- operators --------------------------------------------------------------------------------
+    def set_cluster(self, cluster: dict, catalog: dict) -> dict:
+        """Replace cluster and catalog. Only while the planner holds nothing (no running program,
+        no copy in HBM or DRAM, no open op): a live change of hardware would strand state."""
+        try:
+            cl, cat = Cluster(**cluster), Catalog(**catalog)
+            check_compatible(cl, cat)
+        except ValidationError as e:
+            where, what = pydantic_where(e)
+            raise Invalid(f"{where}: {what}") from None
+        except InputError as e:
+            raise Invalid(str(e)) from None
+        running = sorted(p for p, r in self.programs.items() if r.status == "running")
+        held = len(self.tiers.gpu) + len(self.tiers.host)
+        if running or held or self.ops:
+            raise Conflict(f"the planner holds state ({len(running)} running programs, {held} copies, "
+                           f"{len(self.ops)} open ops): finish or cancel the programs and let the ops drain first")
+        with self.store.tx():
+            epoch, version, seq = self.catalog_epoch + 1, self.plan_version + 1, self._op_seq
+            self._setup(cl, cat)
+            self.catalog_epoch, self.plan_version, self._op_seq = epoch, version, seq
+            self.store.set_meta("cluster", cl.model_dump(mode="json"))
+            self.store.set_meta("catalog", cat.model_dump(mode="json"))
+            self._save_meta()
+        return {"cluster": cl.name, "gpus": len(cl.gpus), "models": [m.name for m in cat.models],
+                "catalog_epoch": self.catalog_epoch}
+
+    # ---- planning ---------------------------------------------------------------------------------
+    def tick(self) -> int:
+        """One planning step: leases past their deadline expire, the policy plans. Returns the
+        number of ops it created."""
+        t0 = time.perf_counter()
+        with self.store.tx():
+            self.ledger.expire(self.now)
+            n = self._op_seq
+            self._apply(self.policy.on_tick(self))
+            self._flush()
+        self.plan_due = False
+        self.telemetry.decision(time.perf_counter() - t0)
+        return self._op_seq - n
+
+    def _apply(self, decisions) -> None:
+        """The mechanism: decisions become books changes and ops (DESIGN.md §6 decision tuples)."""
+        before = self._op_seq
+        for d in decisions or ():
+            if d[0] == "promote":
+                self._promote(d[1], d[2], d[3] if len(d) > 3 else None)
+            elif d[0] == "promote_host":
+                self._promote_host(d[1], d[2])
+            elif d[0] == "demote":
+                self._demote(d[1], d[2], d[3])
+            elif d[0] == "cancel":
+                op_id = self.writer.get((d[1], gpu_tier(d[2])))
+                if op_id is not None:
+                    self._close(self.ops[op_id], "cancelled", "nobody waits for it any more")
+            else:
+                raise ValueError(f"unknown decision {d[0]!r}")
+        if self._op_seq != before:
+            self._bump()
+
+    def _promote(self, key, group, lease_id=None) -> None:
+        existing = self.tiers.gpu.get((key, group))
+        if existing is not None:
+            if lease_id is not None:
+                existing.lease = (existing.lease or ()) + (lease_id,)
+                if existing.ready:
+                    self.policy.on_copy_ready(self, existing)
+            return
+        if key[0] == "kv" and self.kv_tokens.get(key, 0) == 0:
+            return
+        per_gpu = self.size_of(key) / len(group)
+        victims = self.plan_eviction(group, per_gpu, protect={(key, group)},
+                                     allow=lambda v: self.policy.may_evict_for_prefetch(self, v, key))
+        if victims is None:
+            return
+        for v in victims:
+            self._demote(v.key, v.group, self.policy.demote_tier(self, v))
+        src = self.best_source(key, group)
+        ok = self.tiers.alloc_gpu(group, per_gpu)
+        assert ok, "allocation planned by plan_eviction must succeed"
+        c = GpuCopy(key, group, per_gpu, False, self.now, self.now, from_prefetch=True)
+        c.lease = (lease_id,) if lease_id else None
+        self.tiers.add_gpu_copy(c)
+        lease = self.ledger.leases.get(lease_id) if lease_id else None
+        node = self.gpus[group[0]].node
+        self._new_op("promote", key, src, gpu_tier(group), per_gpu * len(group), node, lease)
+        self._save_gpu(c)
+
+    def _promote_host(self, key, node) -> None:
+        if (key, node) in self.tiers.host or key[0] == "kv":
+            return
+        nbytes = self.size_of(key)
+        if not self.tiers.alloc_host(node, nbytes):
+            return
+        hc = self.tiers.host[(key, node)] = HostCopy(key, node, nbytes, False, self.now)
+        self._new_op("promote", key, f"nvme:{node}", f"host:{node}", nbytes, node)
+        self._save_host(hc)
+
+    def _demote(self, key, group, to: str) -> None:
+        c = self.tiers.gpu.get((key, group))
+        if c is None or c.pins > 0 or not c.ready:
+            return
+        node = self.gpus[group[0]].node
+        dst = "none"
+        if to == "host":
+            hc = self.tiers.host.get((key, node))
+            if hc is None and self.tiers.alloc_host(node, c.nbytes):
+                hc = self.tiers.host[(key, node)] = HostCopy(key, node, c.nbytes, False, self.now)
+            if hc is not None:
+                dst = f"host:{node}"
+        self.tiers.remove_gpu_copy(c)
+        self.store.delete_copy(key, gpu_tier(group))
+        op = self._new_op("demote" if dst != "none" else "drop", key, gpu_tier(group), dst, c.nbytes, node)
+        if dst != "none":
+            hc = self.tiers.host[(key, node)]
+            if not hc.ready:
+                self.writer[(key, dst)] = op.op_id
+                self._save_host(hc, op.op_id)
+
+    def _new_op(self, kind: str, key, src: str, dst: str, nbytes: float, node: str, lease: Lease | None = None) -> Op:
+        self._op_seq += 1
+        op = Op(op_id=f"op{self._op_seq}", kind=kind, object=[str(x) for x in key], src=src, dst=dst, bytes=nbytes,
+                epoch=self.epoch_of(key), version=self.version_of(key),
+                deadline=lease.request.deadline_s if lease else None, lease_id=lease.lease_id if lease else None)
+        rec = self.ops[op.op_id] = OpRec(op, node, plan_version=self.plan_version + 1)
+        if kind == "promote":
+            self.writer[(key, dst)] = op.op_id
+        self._save_op(rec)
+        return op
+
+    def _bump(self) -> None:
+        self.plan_version += 1
+        self._save_meta()
+
+    # ---- adapters ---------------------------------------------------------------------------------
+    def plan_for(self, node: str, after: int) -> dict:
+        """The open ops of one node, in the order they were made (which is the order to run them)."""
+        if node not in self.cluster.node_by_name:
+            raise NotFound(f"no node {node!r} in cluster {self.cluster.name!r}")
+        ops = [r for r in self.ops.values() if r.node == node]
+        if ops:
+            with self.store.tx():
+                for r in ops:
+                    r.offered += 1
+                    self._save_op(r)
+        return {"version": self.plan_version, "ops": [r.op.model_dump() for r in ops]}
+
+    def report(self, node: str, op_id: str, result: dict) -> dict:
+        """An adapter's report. `done` with the op's version and epoch, while the books still hold
+        them, commits; anything stale or cancelled is refused (Conflict) and undone."""
+        with self.store.tx():
+            rec = self.ops.get(op_id)
+            if rec is None:
+                return self._closed_report(node, op_id, result)
+            if rec.node != node:
+                raise Forbidden(f"op {op_id} belongs to node {rec.node}, not {node}")
+            op, key = rec.op, _key(rec.op.object)
+            if result["status"] == "done":
+                if (result.get("version"), result.get("epoch")) != (op.version, op.epoch):
+                    self._close(rec, "cancelled", f"reported version/epoch {result.get('version')}/{result.get('epoch')} "
+                                                  f"!= op's {op.version}/{op.epoch}", result)
+                    self._flush()
+                    raise Conflict(f"op {op_id}: {rec.reason}")
+                if (self.version_of(key), self.epoch_of(key)) != (op.version, op.epoch) and op.kind != "drop":
+                    self._close(rec, "cancelled", f"state moved on to version/epoch {self.version_of(key)}/"
+                                                  f"{self.epoch_of(key)} while the op ran", result)
+                    self._flush()
+                    raise Conflict(f"op {op_id}: {rec.reason}")
+                self._commit(rec, result)
+            else:
+                self._close(rec, result["status"], result.get("error") or "reported " + result["status"], result)
+            self._flush()
+        self.plan_due = True
+        return {"op_id": op_id, "status": rec.status}
+
+    def _closed_report(self, node: str, op_id: str, result: dict) -> dict:
+        row = self.store.get_op(op_id)
+        if row is None:
+            raise NotFound(f"no op {op_id!r}")
+        if row["node"] != node:
+            raise Forbidden(f"op {op_id} belongs to node {row['node']}, not {node}")
+        if row["status"] == result["status"] == "done" and (row["result"] or {}).get("checksum") == result.get("checksum"):
+            return {"op_id": op_id, "status": "done", "duplicate": True}
+        raise Conflict(f"op {op_id} is already {row['status']}" + (f": {row['reason']}" if row["reason"] else ""))
+
+    def _commit(self, rec: OpRec, result: dict) -> None:
+        op, key = rec.op, _key(rec.op.object)
+        if op.kind == "promote" and op.dst.startswith("gpu:"):
+            c = self.tiers.gpu[(key, _group(op.dst))]
+            c.ready = True
+            self._save_gpu(c)
+            self.policy.on_copy_ready(self, c)
+        elif op.dst.startswith("host:"):
+            hc = self.tiers.host[(key, op.dst.split(":", 1)[1])]
+            hc.ready = True
+            self._save_host(hc)
+        for a, b in zip((op.src,), (op.dst,)):
+            if a != "none" and b != "none":
+                for link in self._links(a, b):
+                    self.telemetry.moved(link, result.get("bytes", op.bytes))
+        rec.status, rec.result = "done", result
+        self._finish(rec)
+
+    def _links(self, src: str, dst: str) -> list[str]:
+        out = []
+        for s in _tiers(src):
+            for d in _tiers(dst):
+                out += self.cost.path(s, d)
+        return out
+
+    def _close(self, rec: OpRec, status: str, reason: str, result: dict | None = None) -> None:
+        """An op ends without a commit: undo its target in the books (the copy it was writing)."""
+        op, key = rec.op, _key(rec.op.object)
+        if op.dst.startswith("gpu:"):
+            c = self.tiers.gpu.get((key, _group(op.dst)))
+            if c is not None and not c.ready:
+                self.tiers.remove_gpu_copy(c)
+                self.store.delete_copy(key, op.dst)
+        elif op.dst.startswith("host:"):
+            hc = self.tiers.host.get((key, op.dst.split(":", 1)[1]))
+            if hc is not None and not hc.ready:
+                self.tiers.remove_host_copy(hc)
+                self.store.delete_copy(key, op.dst)
+        if op.kind == "demote" and op.src.startswith("gpu:") and status == "failed":
+            self._demote_failed(rec)
+        rec.status, rec.reason, rec.result = status, reason, result
+        self._finish(rec)
+        self._bump()
+
+    def _demote_failed(self, rec: OpRec) -> None:
+        """A demotion failed, so its source is still in HBM (a move releases it only on commit):
+        back into the books if it still fits, else dropped."""
+        op, key, group = rec.op, _key(rec.op.object), _group(rec.op.src)
+        per_gpu = op.bytes / len(group)
+        if (key, group) not in self.tiers.gpu and self.tiers.alloc_gpu(group, per_gpu):
+            c = GpuCopy(key, group, per_gpu, True, self.now, self.now)
+            self.tiers.add_gpu_copy(c)
+            self._save_gpu(c)
+        else:
+            self._new_op("drop", key, op.src, "none", op.bytes, rec.node)
+
+    def _finish(self, rec: OpRec) -> None:
+        del self.ops[rec.op.op_id]
+        self.writer.pop((_key(rec.op.object), rec.op.dst), None)
+        self._save_op(rec)
+        self.telemetry.op(rec.status)
+
+    # ---- views ------------------------------------------------------------------------------------
+    def link_backlog(self) -> dict[str, float]:
+        """Bytes the open ops still have to put on each link (all of an op's bytes until done)."""
+        out: dict[str, float] = {}
+        for rec in self.ops.values():
+            op = rec.op
+            if op.src == "none" or op.dst == "none":
+                continue
+            srcs, dsts = _tiers(op.src), _tiers(op.dst)
+            share = op.bytes / (len(srcs) * len(dsts))
+            for s in srcs:
+                for d in dsts:
+                    for link in self.cost.path(s, d):
+                        out[link] = out.get(link, 0.0) + share
+        return out
+
+    def residency(self) -> dict:
+        copies = []
+        for (key, group), c in sorted(self.tiers.gpu.items(), key=lambda x: (x[0][1], x[0][0])):
+            copies.append({"object": list(map(str, key)), "tier": gpu_tier(group), "bytes": c.nbytes, "ready": c.ready,
+                           "version": self.version_of(key), "pins": c.pins})
+        for (key, node), hc in sorted(self.tiers.host.items(), key=lambda x: (x[0][1], x[0][0])):
+            copies.append({"object": list(map(str, key)), "tier": f"host:{node}", "bytes": hc.nbytes, "ready": hc.ready,
+                           "version": self.version_of(key), "pins": 0})
+        return {"plan_version": self.plan_version, "copies": copies, "open_ops": len(self.ops),
+                "programs": Counter(r.status for r in self.programs.values()), "leases": self.ledger.counts(),
+                "kv_tokens": {f"{k[1]}/{k[2]}": t for k, t in self.kv_tokens.items()}}
+
+    # ---- durability ---------------------------------------------------------------------------------
+    def _save_meta(self) -> None:
+        self.store.set_meta("plan_version", self.plan_version)
+        self.store.set_meta("op_seq", self._op_seq)
+        self.store.set_meta("catalog_epoch", self.catalog_epoch)
+
+    def _save_gpu(self, c: GpuCopy) -> None:
+        tier = gpu_tier(c.group)
+        self.store.put_copy(c.key, tier, c.nbytes, c.ready, self.version_of(c.key), self.epoch_of(c.key),
+                            self.writer.get((c.key, tier)), c.last_use)
+
+    def _save_host(self, hc: HostCopy, op_id: str | None = None) -> None:
+        tier = f"host:{hc.node}"
+        self.store.put_copy(hc.key, tier, hc.nbytes, hc.ready, self.version_of(hc.key), self.epoch_of(hc.key),
+                            op_id or self.writer.get((hc.key, tier)), hc.last_use)
+
+    def _save_op(self, rec: OpRec) -> None:
+        self.store.put_op(rec.op.op_id, rec.node, rec.status, rec.plan_version, rec.offered, rec.op.model_dump(),
+                          rec.result, rec.reason)
+
+    def _save_program(self, rec: ProgramRec) -> None:
+        self.store.put_program(rec.program, rec.tenant, asdict(rec))
+
+    def _flush(self) -> None:
+        """Leases the ledger changed since the last flush go to disk."""
+        for lid in sorted(self.ledger.changed):
+            lease = self.ledger.leases[lid]
+            self.store.put_lease(lid, lease.request.tenant, lease.request.program, lease.state.name.lower(),
+                                 _lease_body(lease, self.policy.group_of.get(lid)))
+        self.ledger.changed.clear()
+
+    def _restore(self) -> None:
+        """Rebuild the books from disk after a restart. Open ops are offered again (an adapter that
+        already ran one reports its result again; it never runs it twice); ops of leases that are
+        no longer live are cancelled. The predictor starts afresh (soft state: it relearns)."""
+        s = self.store
+        self.plan_version = s.get_meta("plan_version", 0)
+        self._op_seq = s.get_meta("op_seq", 0)
+        self.catalog_epoch = s.get_meta("catalog_epoch", 1)
+        self.kv_tokens = s.kv()
+        for body in s.programs():
+            rec = self.programs[body["program"]] = ProgramRec(**body)
+            if rec.status == "running":
+                self.policy.on_program_start(self, _Prog(rec.program, rec.tenant))
+        for row in s.copies():
+            key, tier = row["key"], row["tier"]
+            if key[0] == "e":
+                key = (key[0], key[1], int(key[2]))
+            if tier.startswith("gpu:"):
+                group = _group(tier)
+                per_gpu = row["bytes"] / len(group)
+                self.tiers.alloc_gpu(group, per_gpu)
+                self.tiers.add_gpu_copy(GpuCopy(key, group, per_gpu, row["ready"], row["last_use"], row["last_use"]))
+            else:
+                node = tier.split(":", 1)[1]
+                self.tiers.alloc_host(node, row["bytes"])
+                self.tiers.host[(key, node)] = HostCopy(key, node, row["bytes"], row["ready"], row["last_use"])
+        for body in s.leases():
+            lease = _lease_from(body)
+            self.ledger.restore(lease)
+            if body.get("group") is not None:
+                self.policy.group_of[lease.lease_id] = tuple(body["group"])
+            if lease.state.live and lease.request.for_call:
+                self.core.lease_of_call[(lease.request.program, lease.request.for_call)] = lease.lease_id
+        for rec in self.programs.values():  # calls running at the crash pin their state again
+            for call in rec.calls.values():
+                if call["status"] == "started" and call["group"] is not None:
+                    group = tuple(call["group"])
+                    self.running_models[(call["model"], group)] += 1
+                    for key in [weights_key(call["model"]), kv_key(rec.program, call["model"])]:
+                        c = self.tiers.gpu.get((key, group))
+                        if c is not None:
+                            c.pins += 1
+        with s.tx():
+            for row in s.ops("open"):
+                op = Op(**row["op"])
+                rec = self.ops[op.op_id] = OpRec(op, row["node"], "open", row["offered"], row["plan_version"])
+                key = _key(op.object)
+                if op.kind == "promote":
+                    self.writer[(key, op.dst)] = op.op_id
+                    if op.lease_id and op.dst.startswith("gpu:"):
+                        c = self.tiers.gpu.get((key, _group(op.dst)))
+                        if c is not None:
+                            c.lease = (op.lease_id,)
+                elif op.dst.startswith("host:"):
+                    self.writer[(key, op.dst)] = op.op_id
+            for rec in list(self.ops.values()):
+                lease = self.ledger.leases.get(rec.op.lease_id) if rec.op.lease_id else None
+                if lease is not None and not lease.state.live:
+                    self._close(rec, "cancelled", f"lease {lease.lease_id} is {lease.state.name.lower()}")
+            self.ledger.changed.clear()
+            self._bump()  # adapters polling with the old version see the open ops again
+
+
+def _key(obj) -> tuple:
+    return (obj[0], obj[1], int(obj[2])) if obj[0] == "e" else tuple(obj)
+
+
+def _group(tier: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in tier.split(":", 1)[1].split(","))
+
+
+def _tiers(tier: str) -> list[str]:
+    """A group tier `gpu:0,1` as the per-GPU tiers the cost model's paths know."""
+    if tier.startswith("gpu:"):
+        return [f"gpu:{i}" for i in _group(tier)]
+    return [tier]
+
+
+def _lease_body(lease: Lease, group) -> dict:
+    return {"lease_id": lease.lease_id, "request": asdict(lease.request),
+            "quote": {**asdict(lease.quote), "objects": [list(k) for k in lease.quote.objects]},
+            "state": lease.state.name, "objects": [[list(k), v] for k, v in lease.objects.items()],
+            "created_s": lease.created_s, "ready_s": lease.ready_s, "ended_s": lease.ended_s, "reason": lease.reason,
+            "group": list(group) if group else None}
+
+
+def _lease_from(body: dict) -> Lease:
+    q = body["quote"]
+    quote = Quote(**{**q, "objects": tuple(_key(k) for k in q["objects"])})
+    lease = Lease(body["lease_id"], LeaseRequest(**body["request"]), LeaseState[body["state"]], quote, body["created_s"],
+                  {_key(k): v for k, v in body["objects"]}, body["ready_s"], body["ended_s"], body["reason"])
+    return lease

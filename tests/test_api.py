@@ -1,0 +1,213 @@
+"""The planner service through its HTTP API (in process): auth, the lease and op protocol, the
+commit boundary, epochs, metrics and oracle runs."""
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from statebudget.api.app import create_app
+from statebudget.api.auth import Auth, TokenEntry
+from statebudget.models.load import load_catalog, load_cluster
+from statebudget.planner.ledger import Store
+from statebudget.planner.live import LivePlanner
+
+from helpers import toy_trace_jsonl
+
+TOK = {"admin": "admin-token-0123456789", "a": "runtime-a-0123456789", "b": "runtime-b-0123456789",
+       "n0": "adapter-n0-0123456789", "n1": "adapter-n1-0123456789"}
+
+
+def H(who):
+    return {"Authorization": f"Bearer {TOK[who]}"}
+
+
+@pytest.fixture
+def client(tmp_path):
+    auth = Auth([TokenEntry(token=TOK["admin"], role="admin"),
+                 TokenEntry(token=TOK["a"], role="runtime", tenant="team-a"),
+                 TokenEntry(token=TOK["b"], role="runtime", tenant="team-b"),
+                 TokenEntry(token=TOK["n0"], role="adapter", node="n0"),
+                 TokenEntry(token=TOK["n1"], role="adapter", node="n1")])
+    planner = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"))
+    with TestClient(create_app(planner, auth, planning_loop=False)) as c:
+        yield c
+
+
+def ev(c, who, **body):
+    return c.post("/v1/events", json=body, headers=H(who))
+
+
+def start_program(c, who="a", program="p1"):
+    assert ev(c, who, type="program_started", program=program).status_code == 200
+
+
+def lease(c, who="a", **body):
+    body = {"program": "p1", "model": "planner", "deadline_s": 30, "confidence": 0.9, **body}
+    return c.post("/v1/leases", json=body, headers=H(who))
+
+
+def ops_of(c, node):
+    r = c.get("/v1/plan", params={"node": node, "after": 0}, headers=H(node))
+    assert r.status_code == 200
+    return r.json()["ops"]
+
+
+def done(op, **kw):
+    return {"status": "done", "bytes": op["bytes"], "seconds": 0.01, "checksum": "c",
+            "version": op["version"], "epoch": op["epoch"], **kw}
+
+
+def test_healthz_needs_no_token_and_everything_else_does(client):
+    assert client.get("/healthz").json()["status"] == "ok"
+    r = client.get("/v1/residency")
+    assert r.status_code == 401 and "bearer token" in r.json()["detail"]
+    r = client.get("/v1/residency", headers={"Authorization": "Bearer not-a-known-token-at-all"})
+    assert r.status_code == 401 and r.json()["detail"] == "unknown bearer token"
+
+
+def test_wrong_role_gets_403_naming_the_role(client):
+    r = client.put("/v1/cluster", json={"cluster": {}, "catalog": {}}, headers=H("a"))
+    assert r.status_code == 403 and "role 'runtime'" in r.json()["detail"] and "admin" in r.json()["detail"]
+    r = client.post("/v1/events", json={"type": "program_started", "program": "x"}, headers=H("n0"))
+    assert r.status_code == 403
+    r = client.get("/v1/plan", params={"node": "n1"}, headers=H("n0"))
+    assert r.status_code == 403 and "n0" in r.json()["detail"]
+
+
+def test_cross_tenant_requests_get_403(client):
+    start_program(client, "a")
+    r = ev(client, "b", type="call_arrived", program="p1", call="c1", model="planner")
+    assert r.status_code == 403 and "another tenant" in r.json()["detail"]
+    lid = lease(client, "a").json()["lease_id"]
+    assert client.delete(f"/v1/leases/{lid}", headers=H("b")).status_code == 403
+    assert client.get(f"/v1/leases/{lid}", headers=H("b")).status_code == 403
+    assert client.get(f"/v1/leases/{lid}", headers=H("a")).json()["state"] != "cancelled"
+
+
+def test_lease_becomes_ready_only_when_its_op_is_reported_done(client):
+    start_program(client)
+    body = lease(client).json()
+    assert body["decision"] == "accepted" and body["quote"]["p95_s"] > 0 and not body["ready"]
+    ops = ops_of(client, "n0") + ops_of(client, "n1")
+    mine = [o for o in ops if o["lease_id"] == body["lease_id"]]
+    assert len(mine) == 1 and mine[0]["kind"] == "promote" and mine[0]["object"] == ["w", "planner"]
+    op = mine[0]
+    node = "n0" if op["dst"] == "gpu:0" else "n1"
+    res = client.get("/v1/residency", headers=H("admin")).json()
+    assert any(c["object"] == ["w", "planner"] and not c["ready"] for c in res["copies"])
+    assert not client.get(f"/v1/leases/{body['lease_id']}", headers=H("a")).json()["ready"]
+    r = client.post(f"/v1/ops/{op['op_id']}", json=done(op), headers=H(node))
+    assert r.status_code == 200 and r.json()["status"] == "done"
+    assert client.get(f"/v1/leases/{body['lease_id']}", headers=H("a")).json()["ready"]
+    res = client.get("/v1/residency", headers=H("admin")).json()
+    assert any(c["object"] == ["w", "planner"] and c["ready"] and c["tier"] == op["dst"] for c in res["copies"])
+    again = client.post(f"/v1/ops/{op['op_id']}", json=done(op), headers=H(node))
+    assert again.status_code == 200 and again.json()["duplicate"]
+    other = "n1" if node == "n0" else "n0"
+    assert client.post(f"/v1/ops/{op['op_id']}", json=done(op), headers=H(other)).status_code == 403
+
+
+def test_report_with_wrong_version_is_refused_and_nothing_is_published(client):
+    start_program(client)
+    lid = lease(client).json()["lease_id"]
+    op = next(o for o in ops_of(client, "n0") + ops_of(client, "n1") if o["lease_id"] == lid)
+    node = "n0" if op["dst"] == "gpu:0" else "n1"
+    r = client.post(f"/v1/ops/{op['op_id']}", json=done(op, version=op["version"] + 1), headers=H(node))
+    assert r.status_code == 409 and "version" in r.json()["detail"]
+    res = client.get("/v1/residency", headers=H("admin")).json()
+    assert not any(c["object"] == ["w", "planner"] and c["tier"] == op["dst"] for c in res["copies"])
+    assert not client.get(f"/v1/leases/{lid}", headers=H("a")).json()["ready"]
+
+
+def test_cancel_during_transfer_refuses_the_commit(client):
+    start_program(client)
+    lid = lease(client).json()["lease_id"]
+    op = next(o for o in ops_of(client, "n0") + ops_of(client, "n1") if o["lease_id"] == lid)
+    node = "n0" if op["dst"] == "gpu:0" else "n1"
+    r = client.delete(f"/v1/leases/{lid}", headers=H("a"))
+    assert r.status_code == 200 and r.json()["state"] == "cancelled"
+    assert client.delete(f"/v1/leases/{lid}", headers=H("a")).json()["state"] == "cancelled"  # double cancel
+    assert op["op_id"] not in {o["op_id"] for o in ops_of(client, node)}
+    r = client.post(f"/v1/ops/{op['op_id']}", json=done(op), headers=H(node))
+    assert r.status_code == 409 and "cancelled" in r.json()["detail"]
+    res = client.get("/v1/residency", headers=H("admin")).json()
+    assert not any(c["object"] == ["w", "planner"] and c["ready"] for c in res["copies"])
+    assert client.delete("/v1/leases/L999", headers=H("a")).status_code == 404
+
+
+def test_program_cancel_bumps_the_epoch_and_refuses_late_events(client):
+    start_program(client)
+    assert ev(client, "a", type="call_arrived", program="p1", call="c1", model="coder").status_code == 200
+    assert ev(client, "a", type="call_started", program="p1", call="c1").status_code == 200
+    assert ev(client, "a", type="call_finished", program="p1", call="c1", tokens=2000).json()["kv_version"] == 2000
+    r = ev(client, "a", type="program_cancelled", program="p1")
+    assert r.status_code == 200 and r.json()["epoch"] == 1
+    r = ev(client, "a", type="tool_finished", program="p1", tool="shell", epoch=0)
+    assert r.status_code == 409 and "stale" in r.json()["detail"]
+    r = ev(client, "a", type="call_arrived", program="p1", call="c2", model="coder")
+    assert r.status_code == 409 and "cancelled" in r.json()["detail"]
+    res = client.get("/v1/residency", headers=H("admin")).json()
+    assert not any(c["object"][0] == "kv" for c in res["copies"]) and res["kv_tokens"] == {}
+    assert lease(client).status_code == 409
+
+
+def test_bad_bodies_get_422_with_the_field(client):
+    r = client.post("/v1/events", json={"type": "call_arrived", "program": "p1", "call": "c1"}, headers=H("a"))
+    assert r.status_code == 422 and "model" in str(r.json()["detail"])
+    start_program(client)
+    r = lease(client, model="no-such-model")
+    assert r.status_code == 422 and "no-such-model" in r.json()["detail"]
+    r = lease(client, deadline_s=-1)
+    assert r.status_code == 422
+    assert ev(client, "a", type="call_started", program="p9", call="c1").status_code == 404
+
+
+def test_metrics_count_leases_and_events(client):
+    start_program(client)
+    lease(client)
+    text = client.get("/metrics", headers=H("admin")).text
+    assert 'statebudget_leases_total{outcome="accepted"} 1.0' in text
+    assert 'statebudget_events_total{type="program_started"} 1.0' in text
+    assert client.get("/metrics", headers=H("a")).status_code == 403
+
+
+def test_oracle_run_in_the_background(client):
+    r = client.post("/v1/oracle/runs", json={"trace_jsonl": toy_trace_jsonl(1, 0.05), "time_limit_s": 5},
+                    headers=H("admin"))
+    assert r.status_code == 202
+    run_id = r.json()["run_id"]
+    deadline = time.monotonic() + 120
+    while (body := client.get(f"/v1/oracle/runs/{run_id}", headers=H("admin")).json())["status"] in ("queued", "running"):
+        assert time.monotonic() < deadline, "oracle run did not finish"
+        time.sleep(0.05)
+    assert body["status"] == "done", body
+    assert body["result"]["oracle"]["status"] in ("OPTIMAL", "FEASIBLE") and body["result"]["calls"] > 0
+    bad = client.post("/v1/oracle/runs", json={"preset": "swe-team", "trace_jsonl": "{}"}, headers=H("admin"))
+    assert bad.status_code == 422
+    r = client.post("/v1/oracle/runs", json={"preset": "swe-team", "hours": 0.05}, headers=H("admin"))
+    while (body := client.get(f"/v1/oracle/runs/{r.json()['run_id']}", headers=H("admin")).json())["status"] in ("queued", "running"):
+        time.sleep(0.05)
+    assert body["status"] == "failed" and "unknown model" in body["error"]  # swe-team names models toy lacks
+
+
+def test_restart_keeps_leases_ops_and_residency(tmp_path):
+    cl, cat = load_cluster("toy2"), load_catalog("toy")
+    p = LivePlanner(cl, cat, Store(tmp_path / "sb.db"))
+    p.event("a", {"type": "program_started", "program": "p1"})
+    lid = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60})["lease_id"]
+    p.submit_lease("a", {"program": "p1", "model": "coder", "deadline_s": 60})
+    ops = [o for n in ("n0", "n1") for o in p.plan_for(n, 0)["ops"]]
+    first = next(o for o in ops if o["lease_id"] == lid)
+    node = p.ops[first["op_id"]].node
+    p.report(node, first["op_id"], done(first))
+    before = p.residency()
+    p.store.close()
+    q = LivePlanner(cl, cat, Store(tmp_path / "sb.db"))
+    after = q.residency()
+    assert after["copies"] == before["copies"] and after["leases"] == before["leases"]
+    assert q.lease_view(q.ledger.leases[lid])["ready"]
+    assert q.plan_version > p.plan_version  # adapters see the open ops again
+    reoffered = {o["op_id"] for n in ("n0", "n1") for o in q.plan_for(n, 0)["ops"]}
+    assert reoffered == {o["op_id"] for o in ops} - {first["op_id"]}
+    assert q.report(node, first["op_id"], done(first))["duplicate"]  # acknowledged before: not twice

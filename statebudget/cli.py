@@ -372,6 +372,32 @@ def adapter(
     a.run(wait_s=wait_s)
 
 
+@app.command()
+@_guard
+def drive(
+    planner: Annotated[str, typer.Option(help="planner URL, e.g. http://127.0.0.1:8700")],
+    token: Annotated[str, typer.Option(envvar="STATEBUDGET_TOKEN", help="a runtime token")],
+    trace: TraceOpt,
+    speed: Annotated[float, typer.Option(help="trace seconds per wall second", min=0.001)] = 20.0,
+    call_s: Annotated[float, typer.Option(help="wall seconds each call runs (no engine here)", min=0.0)] = 0.05,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the summary here")] = None,
+):
+    """Replay a trace against a live planner as an agent runtime: events, leases from the hints,
+    and whether each lease was ready when its call came."""
+    import asyncio
+
+    from .api.driver import Driver
+    from .models.load import load_trace
+
+    out = asyncio.run(Driver(planner, token, speed, call_s).replay(load_trace(trace)))
+    console.print(f"{out['events']} events; leases {out['leases']}; ready when the quote promised: "
+                  f"{out['ready_when_promised']}/{out['promised_by_quote']}; request p99 {out['request_ms']['p99']} ms; "
+                  f"{out['n_errors']} errors")
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(out, indent=1) + "\n")
+
+
 token_app = typer.Typer(no_args_is_help=True, help="Manage the service's bearer tokens.")
 app.add_typer(token_app, name="token")
 
@@ -393,6 +419,49 @@ def token_add(
         console.print(add_token(tokens, role, tenant, node))
     except ValidationError as e:
         _fail(f"{tokens}: {e.errors()[0]['msg']}")
+
+
+@app.command("profile")
+@_guard
+def profile_cmd(
+    cluster: ClusterOpt,
+    out: Annotated[Path, typer.Option(help="JSON profile to write (for the --profile options)")],
+    catalog: Annotated[Optional[str], typer.Option(help="catalog file or preset: adds per-model prefill tok/s")] = None,
+    size_mb: Annotated[float, typer.Option(help="MiB moved by each transfer probe", min=0.001)] = 256,
+    repeats: Annotated[int, typer.Option(help="probes per figure (the median is kept)", min=1)] = 3,
+):
+    """Measure this machine's file, host<->device and prefill rates into a cost-model profile."""
+    from .models.load import load_catalog, load_cluster
+    from .profile import measure_profile, nominal_links
+
+    cl = load_cluster(cluster)
+    cat = load_catalog(catalog) if catalog else None
+    with Progress(TextColumn("{task.description:<16}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f}"),
+                  TimeElapsedColumn(), console=err, transient=not sys.stderr.isatty()) as prog:
+        task = prog.add_task("profiling", total=1)
+        prof = measure_profile(cl, size_mb=size_mb, repeats=repeats, catalog=cat,
+                               progress=lambda step, done, total: prog.update(task, description=step, completed=done,
+                                                                               total=total))
+    m, mach = prof["measured"], prof["machine"]
+    t = Table("figure", "measured", title=f"{mach['hostname']} ({mach['device']}; {mach['size_mb']:.0f} MiB x {repeats})")
+    for key, label in [("file_to_host_Bps", "file -> host (page cache)"), ("host_to_file_Bps", "host -> file (fsync)"),
+                       ("host_to_device_Bps", "host -> device"), ("device_to_host_Bps", "device -> host")]:
+        t.add_row(label, f"{m[key] / 1e9:.2f} GB/s")
+    t.add_row(f"prefill, {m['small_model_params'] / 1e6:.1f} M params", f"{m['prefill_tok_s_small']:,.0f} tok/s")
+    console.print(t)
+    nominal = nominal_links(cl)
+    t = Table("link", "measured GB/s", f"{cl.name} file GB/s", title="Links (as CostModel reads them)")
+    for name, bw in prof["links"].items():
+        t.add_row(name, f"{bw / 1e9:.2f}", f"{nominal[name] / 1e9:.2f}")
+    console.print(t)
+    if prof["prefill_tok_s"]:
+        t = Table("model", "prefill tok/s (estimate)", title=f"Prefill, scaled by active params ({cat.name})")
+        for name, v in prof["prefill_tok_s"].items():
+            t.add_row(name, f"{v:,.1f}")
+        console.print(t)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(prof, indent=1) + "\n")
+    console.print(f"wrote {out}")
 
 
 @app.command()

@@ -1,4 +1,5 @@
-"""Dependencies: the service and the caller's principal, as `Annotated` aliases."""
+"""Dependencies: the service and the caller's principal, as `Annotated` aliases. They are
+`async` so FastAPI runs them on the event loop, not through a thread pool hop per request."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from .auth import Principal
 _bearer = HTTPBearer(auto_error=False, description="a token from the token file; its role decides the routes")
 
 
-def get_service(request: Request):
+async def get_service(request: Request):
     return request.app.state.service
 
 
-def get_principal(request: Request, cred: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
+async def get_principal(request: Request, cred: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
     if cred is None:
         raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer <token>'",
                             headers={"WWW-Authenticate": "Bearer"})
@@ -27,7 +28,7 @@ def get_principal(request: Request, cred: Annotated[HTTPAuthorizationCredentials
 
 
 def role(*allowed: str):
-    def check(request: Request, who: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    async def check(request: Request, who: Annotated[Principal, Depends(get_principal)]) -> Principal:
         if who.role not in allowed:
             raise HTTPException(403, f"role {who.role!r} may not call {request.method} {request.url.path} "
                                      f"(needs {' or '.join(allowed)})")

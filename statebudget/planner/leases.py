@@ -240,7 +240,8 @@ class LeaseLedger:
         """Leases past their deadline and not ready: the synchronous path takes over (their
         transfers may go on, but the lease no longer holds them)."""
         out = []
-        for lid, lease in self.leases.items():
+        for lid in sorted(set().union(*self._by_token.values())):  # the live leases
+            lease = self.leases[lid]
             if lease.state.live and lease.state != LeaseState.READY and now > lease.request.deadline_s:
                 self._end(lease, LeaseState.EXPIRED, now, "deadline passed before ready")
                 out.append(lid)

@@ -718,7 +718,7 @@ class LivePlanner(ResidencyView):
                           rec.result, rec.reason)
 
     def _save_program(self, rec: ProgramRec) -> None:
-        self.store.put_program(rec.program, rec.tenant, asdict(rec))
+        self.store.put_program(rec.program, rec.tenant, dict(rec.__dict__))  # json copies it; no deepcopy
 
     def _flush(self) -> None:
         """Leases the ledger changed since the last flush go to disk."""

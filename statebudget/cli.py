@@ -350,26 +350,35 @@ def serve(
 @app.command()
 @_guard
 def adapter(
-    kind: Annotated[str, typer.Argument(help="local (more engines: see statebudget.engine_adapters)")],
+    kind: Annotated[str, typer.Argument(help="local (vllm, sglang and lmcache take an endpoint map: start them from Python)")],
     planner: Annotated[str, typer.Option(help="planner URL, e.g. http://127.0.0.1:8700")],
     node: Annotated[str, typer.Option(help="the node (host) this adapter serves")],
     token: Annotated[str, typer.Option(envvar="STATEBUDGET_TOKEN", help="an adapter token for this node")],
-    root: Annotated[Path, typer.Option(help="local: directory of the NVMe tier (safetensors files)")] = Path("statebudget-data"),
-    arena_mb: Annotated[Optional[int], typer.Option(help="local: device arena per GPU without CUDA (default: the cluster's HBM)")] = None,
+    root: Annotated[Path, typer.Option(help="local: data directory (NVMe tier = safetensors files under ROOT/NODE/nvme)")] = Path("statebudget-data"),
+    arena_mb: Annotated[Optional[float], typer.Option(help="local: device arena per GPU in MB (1e6 B) when there is no CUDA (default 1 GiB)")] = None,
+    inventory: Annotated[Optional[Path], typer.Option(help="local: after each poll, write the ops executed and the copies held here (JSON)")] = None,
     wait_s: Annotated[float, typer.Option(help="long-poll wait")] = 10.0,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
 ):
     """Run an engine adapter: poll the plan of NODE, execute its ops, report them."""
     from .api.app import setup_logging
-    from .engine_adapters.local import LocalAdapter
+    from .engine_adapters import adapter_class
 
     setup_logging(log_level)
     if kind != "local":
-        _fail(f"adapter kind {kind!r}: the command line runs `local`; vllm, sglang and lmcache adapters take "
-              "an endpoint map and are started from Python (statebudget.engine_adapters)")
-    a = LocalAdapter.for_node(planner, node, token, root, arena_mb)
-    err.print(f"local adapter of {node} polling {planner}; NVMe tier under {root}")
-    a.run(wait_s=wait_s)
+        adapter_class(kind)  # an unknown kind fails here with the known ones
+        _fail(f"adapter kind {kind!r} needs an endpoint map (model, GPU group) -> engine URL: start it from Python, "
+              f"see statebudget.engine_adapters.{kind}")
+    a = adapter_class("local")(planner, node, token, root=root / node,
+                               arena_bytes=int(arena_mb * 1e6) if arena_mb else None)
+
+    def write_inventory(_n: int) -> None:
+        tmp = inventory.with_name(inventory.name + ".tmp")
+        tmp.write_text(json.dumps(a.inventory()))
+        tmp.replace(inventory)
+
+    err.print(f"local adapter of {node} polling {planner}; data under {root / node} ({a.plane.device})")
+    a.run(wait_s=wait_s, on_step=write_inventory if inventory else None)
 
 
 @app.command()

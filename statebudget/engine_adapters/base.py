@@ -42,6 +42,11 @@ class OpResult(BaseModel):
     error: str = ""
 
 
+def tier_kind(tier: str) -> str:
+    """`gpu:0,1` -> `gpu`, `host:n0` -> `host`, `none` -> `none`."""
+    return tier.partition(":")[0]
+
+
 def gpu_indexes(tier: str) -> tuple[int, ...]:
     """`gpu:3` -> (3,), `gpu:0,1` -> (0, 1)."""
     kind, _, rest = tier.partition(":")
@@ -67,6 +72,7 @@ class Adapter:
         self.version = 0
         self.reported: dict[str, OpResult] = {}  # op id -> the result reported (never execute twice)
         self.executed: list[str] = []            # op ids in the order they were executed
+        self._unsettled: dict[str, Op] = {}      # executed, no answer from the planner yet
 
     # ---- to implement -------------------------------------------------------------------------
     def execute(self, op: Op) -> OpResult:
@@ -97,33 +103,40 @@ class Adapter:
         return r.status_code
 
     def step(self, wait_s: float = 10.0) -> int:
-        """One poll and the ops it brought; returns how many were executed."""
+        """One poll and the ops it brought; returns how many were executed. A result is kept
+        before it is reported, so an op whose report was lost (the planner went away) is reported
+        again when offered again, never executed again; commit or abort follows the answer."""
         n = 0
         for op in self.poll(wait_s):
-            if op.op_id in self.reported:
-                self.report(op, self.reported[op.op_id])  # offered again: report, do not redo
-                continue
-            t0 = time.perf_counter()
-            try:
-                result = self.execute(op)
-            except Exception as e:  # an engine error fails the op; the planner falls back
-                log.exception("op %s failed", op.op_id)
-                result = OpResult(status="failed", error=f"{type(e).__name__}: {e}", version=op.version, epoch=op.epoch)
-            self.executed.append(op.op_id)
-            n += 1
+            result = self.reported.get(op.op_id)
+            if result is None:
+                t0 = time.perf_counter()
+                try:
+                    result = self.execute(op)
+                except Exception as e:  # an engine error fails the op; the planner falls back
+                    log.exception("op %s failed", op.op_id)
+                    result = OpResult(status="failed", error=f"{type(e).__name__}: {e}", version=op.version,
+                                      epoch=op.epoch)
+                self.executed.append(op.op_id)
+                self.reported[op.op_id] = result
+                self._unsettled[op.op_id] = op
+                n += 1
+                log.info("op %s %s %s -> %s: %s in %.3fs", op.op_id, op.kind, op.src, op.dst, result.status,
+                         time.perf_counter() - t0)
             status = self.report(op, result)
-            self.reported[op.op_id] = result
-            if result.status == "done":
+            if self._unsettled.pop(op.op_id, None) is not None and result.status == "done":
                 self.commit(op) if status == 200 else self.abort(op)
-            log.info("op %s %s %s -> %s: %s in %.3fs (planner %d)", op.op_id, op.kind, op.src, op.dst,
-                     result.status, time.perf_counter() - t0, status)
         return n
 
-    def run(self, stop=None, wait_s: float = 10.0) -> None:
-        """Poll and execute until `stop()` is true (forever by default)."""
+    def run(self, stop=None, wait_s: float = 10.0, on_step=None) -> None:
+        """Poll and execute until `stop()` is true (forever by default); `on_step(n_executed)`
+        after each poll. An unreachable planner (a restart) is retried every second."""
         while stop is None or not stop():
             try:
-                self.step(wait_s)
+                n = self.step(wait_s)
             except httpx.HTTPError as e:
                 log.warning("planner unreachable (%s); retrying", e)
                 time.sleep(1.0)
+                continue
+            if on_step is not None:
+                on_step(n)

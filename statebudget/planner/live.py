@@ -279,11 +279,10 @@ class LivePlanner(ResidencyView):
         model = call["model"]
         kvk = kv_key(rec.program, model)
         tokens = int(ev.get("tokens", 0))
-        decisions = []
         if tokens > 0 and tokens != self.kv_tokens.get(kvk):
-            # The engine left the call's KV (a new version) on the group it ran on; older copies
-            # elsewhere are stale and go.
-            decisions += self._drop_all(kvk)
+            # The engine left the call's KV (a new version) on the group it ran on; the copies of
+            # the older version are stale and go first.
+            self._apply(self._drop_all(kvk))
             self.kv_tokens[kvk] = tokens
             self.store.put_kv(rec.program, model, tokens)
             if group is not None:
@@ -292,7 +291,7 @@ class LivePlanner(ResidencyView):
                     c = GpuCopy(kvk, group, per_gpu, True, self.now, self.now, used=True)
                     self.tiers.add_gpu_copy(c)
                     self._save_gpu(c)
-        self._apply(decisions + (self.policy.on_call_end(self, _Call(rec.program, ev["call"], model)) or []))
+        self._apply(self.policy.on_call_end(self, _Call(rec.program, ev["call"], model)))
         self._save_program(rec)
         return {"call": ev["call"], "status": "finished", "kv_version": self.kv_tokens.get(kvk, 0)}
 
@@ -645,15 +644,15 @@ class LivePlanner(ResidencyView):
             if hc is not None and not hc.ready:
                 self.tiers.remove_host_copy(hc)
                 self.store.delete_copy(key, op.dst)
-        if op.kind == "demote" and op.src.startswith("gpu:") and status == "failed":
-            self._demote_failed(rec)
+        if op.kind == "demote" and op.src.startswith("gpu:"):
+            self._demote_undone(rec)
         rec.status, rec.reason, rec.result = status, reason, result
         self._finish(rec)
         self._bump()
 
-    def _demote_failed(self, rec: OpRec) -> None:
-        """A demotion failed, so its source is still in HBM (a move releases it only on commit):
-        back into the books if it still fits, else dropped."""
+    def _demote_undone(self, rec: OpRec) -> None:
+        """A demotion failed or was cancelled, so its source is still in HBM (a move releases it
+        only on commit): back into the books if it still fits, else dropped."""
         op, key, group = rec.op, _key(rec.op.object), _group(rec.op.src)
         per_gpu = op.bytes / len(group)
         if (key, group) not in self.tiers.gpu and self.tiers.alloc_gpu(group, per_gpu):

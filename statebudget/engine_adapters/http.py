@@ -1,0 +1,114 @@
+"""Small HTTP helpers the engine adapters share: an engine's error text, the wait budget an op's
+deadline leaves, polling until an engine is ready, and the report of an op."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+
+from ..models.plan import Op
+from .base import Adapter, OpResult, gpu_indexes, model_of, tier_kind
+
+
+class EngineError(Exception):
+    """An engine answered an error (or not at all); the message is the engine's own text."""
+
+
+def engine_error_text(r: httpx.Response) -> str:
+    """The error message in an engine's answer, whatever its shape: vLLM `{"error": {"message"}}`,
+    SGLang `{"error": {"message"}}` or `{"success": false, "message"}`, FastAPI `{"detail"}`."""
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    text = ""
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict):
+            text = str(err.get("message") or err)
+        elif err:
+            text = str(err)
+        text = text or str(body.get("detail") or body.get("message") or "")
+    return f"HTTP {r.status_code} {r.request.method} {r.request.url.path}: {text or r.text or r.reason_phrase}"
+
+
+def check(r: httpx.Response) -> httpx.Response:
+    """Raise `EngineError` with the engine's text unless the answer is a 2xx."""
+    if not r.is_success:
+        raise EngineError(engine_error_text(r))
+    return r
+
+
+def wait_budget_s(op: Op, timeout_s: float) -> float:
+    """How long an op may wait for its engine: `timeout_s`, cut at `op.deadline` (Unix time)."""
+    if op.deadline is None:
+        return timeout_s
+    return max(0.0, min(timeout_s, op.deadline - time.time()))
+
+
+def poll_until(probe: Callable[[], bool], budget_s: float, interval_s: float, what: str) -> None:
+    """Call `probe` until it is true; raise `EngineError` once `budget_s` has passed. Probes at
+    least once, so an engine already ready costs no wait."""
+    give_up = time.monotonic() + budget_s
+    while not probe():
+        if time.monotonic() >= give_up:
+            raise EngineError(f"timed out after {budget_s:.1f}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def gpu_group(tier: str) -> tuple[int, ...]:
+    """The GPUs of a GPU tier as a sorted tuple: `gpu:1,0` and `gpu:0,1` name the same group."""
+    return tuple(sorted(gpu_indexes(tier)))
+
+
+def op_result(op: Op, t0: float, error: str = "") -> OpResult:
+    """The report for `op`: done (its bytes) or failed (no bytes), timed from `t0` (perf_counter)."""
+    return OpResult(status="failed" if error else "done", bytes=0.0 if error else op.bytes,
+                    seconds=time.perf_counter() - t0, version=op.version, epoch=op.epoch, error=error)
+
+
+class EngineServersAdapter(Adapter):
+    """An adapter for engines run as one HTTP server per (model, GPU group) (vLLM, SGLang), with
+    KV ops handed to an LMCache adapter when there is one."""
+    engine_name = "engine"
+    gpu_only = "only moves state on or off a GPU"
+
+    def __init__(self, planner: str, node: str, token: str, endpoints: dict[tuple[str, str], str], lmcache=None,
+                 client: httpx.Client | None = None, engine_client: httpx.Client | None = None,
+                 timeout_s: float = 300.0):
+        """`endpoints`: (model, GPU tier such as "gpu:0,1") -> base URL of that server."""
+        super().__init__(planner, node, token, client)
+        self.endpoints = {(m, gpu_group(t)): url.rstrip("/") for (m, t), url in endpoints.items()}
+        self.lmcache = lmcache
+        self.engine = engine_client or httpx.Client(timeout=httpx.Timeout(10.0, read=timeout_s))
+        self.timeout_s = timeout_s
+
+    def endpoint(self, op: Op) -> str:
+        """The server of the op's model on the op's GPU end."""
+        gpu = op.src if tier_kind(op.src) == "gpu" else op.dst
+        if tier_kind(gpu) != "gpu":
+            raise EngineError(f"op {op.op_id} has no GPU end ({op.src} -> {op.dst}); {self.engine_name} {self.gpu_only}")
+        key = (model_of(op.object), gpu_group(gpu))
+        if key not in self.endpoints:
+            raise EngineError(f"no {self.engine_name} server configured for model {key[0]!r} on {gpu}")
+        return self.endpoints[key]
+
+    def commit(self, op: Op) -> None:
+        if op.object[0] == "kv" and self.lmcache is not None:
+            self.lmcache.commit(op)
+
+    def health(self) -> dict:
+        servers = {}
+        for (model, gpus), url in sorted(self.endpoints.items()):
+            try:
+                r = self.engine.get(f"{url}/health")
+                servers[url] = {"model": model, "gpus": list(gpus), "ok": r.is_success, "status": r.status_code}
+            except httpx.HTTPError as e:
+                servers[url] = {"model": model, "gpus": list(gpus), "ok": False, "error": f"{type(e).__name__}: {e}"}
+        out = {"kind": self.kind, "ok": all(s["ok"] for s in servers.values()), "servers": servers}
+        if self.lmcache is not None:
+            out["lmcache"] = self.lmcache.health()
+            out["ok"] = out["ok"] and out["lmcache"]["ok"]
+        return out

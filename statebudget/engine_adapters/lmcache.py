@@ -1,0 +1,155 @@
+"""LMCache adapter: per-program KV moves through the LMCache controller's HTTP API.
+
+Source followed: LMCache `lmcache/v1/api_server/__main__.py` (the controller's FastAPI app,
+`python -m lmcache.v1.api_server --port 9000 --monitor-port 9001`, commit 958d8ce) and
+`lmcache/v1/cache_controller/executor.py`, plus docs.lmcache.ai/kv_cache_management/. Requests:
+
+    POST /lookup        {tokens}                        -> {event_id, layout_info: {instance: [location, n_tokens]}}
+    POST /move          {old_position: [instance, location], new_position: [...], tokens, copy}
+                                                        -> {event_id, num_tokens}
+    POST /check_finish  {event_id}                      -> {status}
+    POST /clear         {instance_id, location}         -> {event_id, num_tokens}
+    POST /pin           {instance_id, location, tokens} -> {event_id, num_tokens}
+    POST /health        {instance_id}                   -> {event_id, error_codes: {worker: code}}
+
+Every failure is HTTP 500 with FastAPI's `{"detail": "..."}`.
+
+A KV object `["kv", program, model]` is known to LMCache by its token ids (`tokens_of(program,
+model)`) and the LMCache instance serving the model (`instance_of[model]`). Tiers map to LMCache
+storage locations (`locations`, by tier kind): host -> LocalCPUBackend, nvme -> LocalDiskBackend.
+LMCache has no location for the engine's own paged GPU KV: the connector stores a program's KV
+into LMCache after its prefill and loads it back on the program's next call. So, unless a "gpu"
+location is configured, a KV op whose GPU end has no location uses where LMCache holds the KV
+(found with /lookup) as its source, and the host location as its target (staged there, the next
+call loads it from host; a live lease pins it so eviction cannot undo the promote).
+
+    promote / demote    /move source -> target location, then /check_finish until "completed"
+    op with a lease_id  then /pin at the target location
+    drop                /clear of the source location: the API takes no tokens, so this empties
+                        every KV the instance holds there, not only this program's
+
+Why /move (copy=False) and not copy-then-release: /clear takes no tokens (it empties a whole
+location of an instance), so a per-program source can only be released by the move itself. A
+move the planner refuses (409) is undone by moving the KV back (`abort`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import httpx
+
+from ..models.plan import Op
+from .base import Adapter, OpResult, tier_kind
+from .http import EngineError, check, op_result, poll_until, wait_budget_s
+
+log = logging.getLogger("statebudget.adapter.lmcache")
+
+FINISHED = {"completed", "finished", "done", "success"}  # /check_finish statuses that end a wait
+FAILED = {"failed", "error", "aborted"}
+
+
+# ---- the adapter --------------------------------------------------------------------------------------
+
+class LMCacheAdapter(Adapter):
+    """KV ops (`["kv", program, model]`) through the LMCache controller."""
+    kind = "lmcache"
+
+    def __init__(self, planner: str, node: str, token: str, controller: str,
+                 tokens_of: Callable[[str, str], list[int]], instance_of: dict[str, str],
+                 locations: dict[str, str] | None = None, client: httpx.Client | None = None,
+                 engine_client: httpx.Client | None = None, timeout_s: float = 120.0,
+                 poll_interval_s: float = 0.05, wait_for_finish: bool = True):
+        """`wait_for_finish=False` skips /check_finish: in the LMCache source followed, /move
+        already answers after every worker moved its chunks, and the executor's `check_finish`
+        still raises NotImplementedError (the endpoint answers 500)."""
+        super().__init__(planner, node, token, client)
+        self.engine = engine_client or httpx.Client(base_url=controller.rstrip("/"),
+                                                    timeout=httpx.Timeout(10.0, read=timeout_s))
+        self.tokens_of, self.instance_of = tokens_of, dict(instance_of)
+        self.locations = {"host": "LocalCPUBackend", "nvme": "LocalDiskBackend", **(locations or {})}
+        self.timeout_s, self.poll_interval_s, self.wait_for_finish = timeout_s, poll_interval_s, wait_for_finish
+        # op id -> (instance, tokens, from location, to location) of a done move, until commit/abort
+        self.moved: dict[str, tuple[str, list[int], str, str]] = {}
+
+    # ---- HTTP ------------------------------------------------------------------------------------------
+    def _post(self, path: str, body: dict) -> dict:
+        return check(self.engine.post(path, json=body)).json()
+
+    def where(self, instance: str, tokens: list[int]) -> str:
+        """The location LMCache holds these tokens' KV at on `instance` (/lookup)."""
+        layout = self._post("/lookup", {"tokens": tokens})["layout_info"]
+        if instance not in layout:
+            raise EngineError(f"LMCache holds no KV of these {len(tokens)} tokens on instance {instance!r}")
+        return layout[instance][0]
+
+    def move(self, instance: str, tokens: list[int], src: str, dst: str, op: Op) -> None:
+        """/move the tokens' KV from one location to another, then wait until it finished."""
+        event_id = self._post("/move", {"old_position": [instance, src], "new_position": [instance, dst],
+                                        "tokens": tokens, "copy": False})["event_id"]
+        if self.wait_for_finish:
+            poll_until(lambda: self._finished(event_id), wait_budget_s(op, self.timeout_s), self.poll_interval_s,
+                       f"LMCache move {event_id} ({src} -> {dst})")
+
+    def _finished(self, event_id: str) -> bool:
+        status = str(self._post("/check_finish", {"event_id": event_id})["status"]).lower()
+        if status in FAILED:
+            raise EngineError(f"LMCache event {event_id} {status}")
+        return status in FINISHED
+
+    def pin(self, instance: str, tokens: list[int], location: str) -> None:
+        self._post("/pin", {"instance_id": instance, "location": location, "tokens": tokens})
+
+    # ---- ops -------------------------------------------------------------------------------------------
+    def _location(self, tier: str) -> str | None:
+        return self.locations.get(tier_kind(tier))
+
+    def execute(self, op: Op) -> OpResult:
+        t0 = time.perf_counter()
+        if op.object[0] != "kv":
+            return op_result(op, t0, f"LMCache carries KV only, not {op.object[0]!r} objects ({op.object})")
+        try:
+            program, model = op.object[1], op.object[2]
+            if model not in self.instance_of:
+                raise EngineError(f"no LMCache instance configured for model {model!r}")
+            instance, tokens = self.instance_of[model], list(self.tokens_of(program, model))
+            src = self._location(op.src) or self.where(instance, tokens)
+            if op.kind == "drop" or op.dst == "none":
+                # /clear empties the whole location of the instance (the API takes no tokens)
+                self._post("/clear", {"instance_id": instance, "location": src})
+                return op_result(op, t0)
+            dst = self._location(op.dst) or self.locations["host"]
+            if src != dst:
+                self.move(instance, tokens, src, dst, op)
+                self.moved[op.op_id] = (instance, tokens, src, dst)
+            if op.lease_id:
+                self.pin(instance, tokens, dst)
+            return op_result(op, t0)
+        except (EngineError, httpx.HTTPError) as e:
+            return op_result(op, t0, str(e) or type(e).__name__)
+
+    def commit(self, op: Op) -> None:
+        self.moved.pop(op.op_id, None)
+
+    def abort(self, op: Op) -> None:
+        """Undo a refused move: move the KV back where it came from."""
+        moved = self.moved.pop(op.op_id, None)
+        if moved is None:
+            return
+        instance, tokens, src, dst = moved
+        try:
+            self.move(instance, tokens, dst, src, op.model_copy(update={"deadline": None}))
+        except (EngineError, httpx.HTTPError) as e:
+            log.error("could not undo op %s (%s -> %s): %s", op.op_id, src, dst, e)
+
+    def health(self) -> dict:
+        instances = {}
+        for instance in sorted(set(self.instance_of.values())):
+            try:
+                codes = self._post("/health", {"instance_id": instance})["error_codes"]
+                instances[instance] = {"ok": all(int(c) == 0 for c in codes.values()), "error_codes": codes}
+            except (EngineError, httpx.HTTPError) as e:
+                instances[instance] = {"ok": False, "error": str(e)}
+        return {"kind": self.kind, "ok": all(v["ok"] for v in instances.values()), "instances": instances}

@@ -143,6 +143,7 @@ class LivePlanner(ResidencyView):
         self.policy.plan_on_events = False
         self.programs: dict[str, ProgramRec] = {}
         self.ops: dict[str, OpRec] = {}          # open ops
+        self.backlog: dict[str, float] = {}      # link -> bytes the open ops still put on it
         self.writer: dict[tuple, str] = {}       # (key, tier) -> the open op writing that copy
         self.plan_version = 0
         self.catalog_epoch = 1
@@ -546,6 +547,7 @@ class LivePlanner(ResidencyView):
                 epoch=self.epoch_of(key), version=self.version_of(key),
                 deadline=lease.request.deadline_s if lease else None, lease_id=lease.lease_id if lease else None)
         rec = self.ops[op.op_id] = OpRec(op, node, plan_version=self.plan_version + 1)
+        self._on_link(op, +1)
         if kind == "promote":
             self.writer[(key, dst)] = op.op_id
         self._save_op(rec)
@@ -617,19 +619,12 @@ class LivePlanner(ResidencyView):
             hc = self.tiers.host[(key, op.dst.split(":", 1)[1])]
             hc.ready = True
             self._save_host(hc)
-        for a, b in zip((op.src,), (op.dst,)):
-            if a != "none" and b != "none":
-                for link in self._links(a, b):
-                    self.telemetry.moved(link, result.get("bytes", op.bytes))
+        links = self._op_links(op)
+        moved = float(result.get("bytes", op.bytes))
+        for link, b in links.items():  # the bytes really copied (0 if the target already held them)
+            self.telemetry.moved(link, moved * b / op.bytes if op.bytes else 0.0)
         rec.status, rec.result = "done", result
         self._finish(rec)
-
-    def _links(self, src: str, dst: str) -> list[str]:
-        out = []
-        for s in _tiers(src):
-            for d in _tiers(dst):
-                out += self.cost.path(s, d)
-        return out
 
     def _close(self, rec: OpRec, status: str, reason: str, result: dict | None = None) -> None:
         """An op ends without a commit: undo its target in the books (the copy it was writing)."""
@@ -664,25 +659,32 @@ class LivePlanner(ResidencyView):
 
     def _finish(self, rec: OpRec) -> None:
         del self.ops[rec.op.op_id]
+        self._on_link(rec.op, -1)
         self.writer.pop((_key(rec.op.object), rec.op.dst), None)
         self._save_op(rec)
         self.telemetry.op(rec.status)
 
     # ---- views ------------------------------------------------------------------------------------
     def link_backlog(self) -> dict[str, float]:
-        """Bytes the open ops still have to put on each link (all of an op's bytes until done)."""
+        """Bytes the open ops still have to put on each link (all of an op's bytes until done),
+        kept as ops open and close."""
+        return {l: b for l, b in self.backlog.items() if b > 1.0}
+
+    def _op_links(self, op: Op) -> dict[str, float]:
+        if op.src == "none" or op.dst == "none":
+            return {}
         out: dict[str, float] = {}
-        for rec in self.ops.values():
-            op = rec.op
-            if op.src == "none" or op.dst == "none":
-                continue
-            srcs, dsts = _tiers(op.src), _tiers(op.dst)
-            share = op.bytes / (len(srcs) * len(dsts))
-            for s in srcs:
-                for d in dsts:
-                    for link in self.cost.path(s, d):
-                        out[link] = out.get(link, 0.0) + share
+        srcs, dsts = _tiers(op.src), _tiers(op.dst)
+        share = op.bytes / (len(srcs) * len(dsts))
+        for s in srcs:
+            for d in dsts:
+                for link in self.cost.path(s, d):
+                    out[link] = out.get(link, 0.0) + share
         return out
+
+    def _on_link(self, op: Op, sign: float) -> None:
+        for link, b in self._op_links(op).items():
+            self.backlog[link] = self.backlog.get(link, 0.0) + sign * b
 
     def residency(self) -> dict:
         copies = []
@@ -773,6 +775,7 @@ class LivePlanner(ResidencyView):
             for row in s.ops("open"):
                 op = Op(**row["op"])
                 rec = self.ops[op.op_id] = OpRec(op, row["node"], "open", row["offered"], row["plan_version"])
+                self._on_link(op, +1)
                 key = _key(op.object)
                 if op.kind == "promote":
                     self.writer[(key, op.dst)] = op.op_id

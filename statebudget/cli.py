@@ -350,13 +350,14 @@ def serve(
 @app.command()
 @_guard
 def adapter(
-    kind: Annotated[str, typer.Argument(help="local (vllm, sglang and lmcache take an endpoint map: start them from Python)")],
+    kind: Annotated[str, typer.Argument(help="local | vllm | sglang (lmcache: from Python, it needs KV token ids)")],
     planner: Annotated[str, typer.Option(help="planner URL, e.g. http://127.0.0.1:8700")],
     node: Annotated[str, typer.Option(help="the node (host) this adapter serves")],
     token: Annotated[str, typer.Option(envvar="STATEBUDGET_TOKEN", help="an adapter token for this node")],
     root: Annotated[Path, typer.Option(help="local: data directory (NVMe tier = safetensors files under ROOT/NODE/nvme)")] = Path("statebudget-data"),
     arena_mb: Annotated[Optional[float], typer.Option(help="local: device arena per GPU in MB (1e6 B) when there is no CUDA (default 1 GiB)")] = None,
     inventory: Annotated[Optional[Path], typer.Option(help="local: after each poll, write the ops executed and the copies held here (JSON)")] = None,
+    engines: Annotated[Optional[Path], typer.Option(help="vllm, sglang: JSON file {endpoints: {MODEL@gpu:I: URL}, model_paths, cpu_backup}")] = None,
     wait_s: Annotated[float, typer.Option(help="long-poll wait")] = 10.0,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
 ):
@@ -365,12 +366,22 @@ def adapter(
     from .engine_adapters import adapter_class
 
     setup_logging(log_level)
-    if kind != "local":
-        adapter_class(kind)  # an unknown kind fails here with the known ones
-        _fail(f"adapter kind {kind!r} needs an endpoint map (model, GPU group) -> engine URL: start it from Python, "
-              f"see statebudget.engine_adapters.{kind}")
-    a = adapter_class("local")(planner, node, token, root=root / node,
-                               arena_bytes=int(arena_mb * 1e6) if arena_mb else None)
+    cls = adapter_class(kind)  # an unknown kind fails here, naming the known ones
+    if kind == "lmcache":
+        _fail("the lmcache adapter needs the token ids of each program's KV from the runtime: start it from Python "
+              "(statebudget.engine_adapters.lmcache.LMCacheAdapter, tokens_of=...) or pass it to a vllm/sglang adapter")
+    if kind in ("vllm", "sglang"):
+        from .engine_adapters.http import load_engine_file
+
+        if engines is None:
+            _fail(f"adapter {kind} needs --engines FILE: where each (model, GPU group) server listens")
+        cfg = load_engine_file(engines)
+        extra = {"model_paths": cfg.model_paths, "cpu_backup": cfg.cpu_backup} if kind == "sglang" else {}
+        a = cls(planner, node, token, cfg.endpoint_map(), **extra)
+        err.print(f"{kind} adapter of {node} polling {planner}; {len(cfg.endpoints)} engine servers")
+        a.run(wait_s=wait_s)
+        return
+    a = cls(planner, node, token, root=root / node, arena_bytes=int(arena_mb * 1e6) if arena_mb else None)
 
     def write_inventory(_n: int) -> None:
         tmp = inventory.with_name(inventory.name + ".tmp")

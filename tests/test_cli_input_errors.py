@@ -133,3 +133,28 @@ def test_single_a100_rejects_a_tp2_model_and_takes_solo(tmp_path):
     assert_clean_error(res, "models.coder.tp", "tp=2")
     res = runner.invoke(app, ["replay", "--cluster", "single-a100", "--catalog", "solo", "--trace", str(tmp_path / "t.jsonl")])
     assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize("body, parts", [
+    ({"endpoints": {"coder@cpu:0": "http://127.0.0.1:9"}}, ["e.json", "endpoints", "MODEL@gpu"]),
+    ({"endpoints": {"coder@gpu:0": "127.0.0.1:9"}}, ["e.json", "not an http(s) URL"]),
+    ({"endpoints": {}}, ["e.json", "endpoints"]),
+])
+def test_adapter_engine_file_errors(tmp_path, body, parts):
+    (tmp_path / "e.json").write_text(json.dumps(body))
+    res = runner.invoke(app, ["adapter", "vllm", "--planner", "http://127.0.0.1:9", "--node", "n0", "--token", "t",
+                              "--engines", str(tmp_path / "e.json")])
+    assert_clean_error(res, *parts)
+
+
+def test_adapter_kind_and_missing_engine_file(tmp_path):
+    res = runner.invoke(app, ["adapter", "nope", "--planner", "http://127.0.0.1:9", "--node", "n0", "--token", "t"])
+    assert_clean_error(res, "unknown adapter kind 'nope'", "local")
+    res = runner.invoke(app, ["adapter", "sglang", "--planner", "http://127.0.0.1:9", "--node", "n0", "--token", "t"])
+    assert_clean_error(res, "--engines")
+
+
+def test_serve_rejects_a_bad_token_file(tmp_path):
+    (tmp_path / "tok.json").write_text(json.dumps({"tokens": [{"token": "short", "role": "admin"}]}))
+    res = runner.invoke(app, ["serve", "--db", str(tmp_path / "sb.db"), "--tokens", str(tmp_path / "tok.json")])
+    assert_clean_error(res, "tok.json", "tokens.0.token")

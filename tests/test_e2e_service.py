@@ -199,3 +199,31 @@ def test_sigkill_restart_loses_nothing(stack):
     print("restart:", json.dumps({"acked_before_kill": len(acked), "leases_before_kill": len(accepted_before),
                                   "leases": len(accepted), "unanswered": driver.unanswered, **books}))
     assert not driver.errors, driver.errors
+
+
+def test_serve_without_a_token_file_creates_one_with_an_admin_token(tmp_path):
+    port = _port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STATEBUDGET_TOKENS")}
+    env["PYTHONPATH"] = str(ROOT)
+    log = tmp_path / "serve.log"
+    p = subprocess.Popen([sys.executable, "-m", "statebudget.cli", "serve", "--db", str(tmp_path / "sb.db"),
+                          "--cluster", "toy2", "--catalog", "toy", "--port", str(port)], cwd=tmp_path, env=env,
+                         stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+    try:
+        def up():
+            assert p.poll() is None, log.read_text()
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+        _until(up, 60, "the server to start")
+        tok_file = tmp_path / "sb.db.tokens.json"
+        assert str(tok_file) in log.read_text()  # it says where
+        admin = json.loads(tok_file.read_text())["tokens"][0]
+        assert admin["role"] == "admin" and oct(tok_file.stat().st_mode & 0o777) == "0o600"
+        r = httpx.get(f"http://127.0.0.1:{port}/v1/residency", headers={"Authorization": f"Bearer {admin['token']}"})
+        assert r.status_code == 200 and r.json()["open_ops"] == 0
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/residency").status_code == 401
+    finally:
+        p.terminate()
+        p.wait(10)

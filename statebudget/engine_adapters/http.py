@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..models.plan import Op
 from .base import Adapter, OpResult, gpu_indexes, model_of, tier_kind
@@ -112,3 +113,53 @@ class EngineServersAdapter(Adapter):
             out["lmcache"] = self.lmcache.health()
             out["ok"] = out["ok"] and out["lmcache"]["ok"]
         return out
+
+
+class EngineFile(BaseModel):
+    """Where an adapter's engine servers are (`statebudget adapter vllm|sglang --engines FILE`):
+
+        {"endpoints": {"coder@gpu:0": "http://127.0.0.1:8001", "reasoner@gpu:2,3": "http://127.0.0.1:8002"},
+         "model_paths": {"coder": "/models/qwen2.5-coder-32b"},   # SGLang: re-read after a drop
+         "cpu_backup": true}                                       # SGLang: --enable-weights-cpu-backup
+    """
+    model_config = ConfigDict(extra="forbid")
+    endpoints: dict[str, str] = Field(min_length=1)
+    model_paths: dict[str, str] = Field(default_factory=dict)
+    cpu_backup: bool = True
+
+    @field_validator("endpoints")
+    @classmethod
+    def _keys(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, url in v.items():
+            model, _, tier = k.partition("@")
+            if not model or not tier.startswith("gpu:"):
+                raise ValueError(f"endpoint key {k!r} must be MODEL@gpu:<i>[,<j>...]")
+            gpu_indexes(tier)
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"endpoint {k!r}: {url!r} is not an http(s) URL")
+        return v
+
+    def endpoint_map(self) -> dict[tuple[str, str], str]:
+        return {tuple(k.split("@", 1)): url for k, url in self.endpoints.items()}
+
+
+def load_engine_file(path) -> EngineFile:
+    """Read and check an engine file; errors name the file and the field."""
+    import json
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    from ..models.errors import InputError, pydantic_where
+
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(str(p), "", "no such engine file")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(str(p), f"line {e.lineno}", f"not JSON: {e.msg}") from None
+    try:
+        return EngineFile(**data) if isinstance(data, dict) else EngineFile(endpoints=data)
+    except ValidationError as e:
+        raise InputError(str(p), *pydantic_where(e)) from None

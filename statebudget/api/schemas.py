@@ -16,8 +16,10 @@ _NEEDS = {"call_arrived": ("call", "model"), "call_started": ("call",), "call_fi
 
 
 class EventCreate(BaseModel):
-    """One runtime event. `call` names a call inside its program; `tokens` (call_finished) is the
-    program's KV length for that model after the call, which is the KV's version."""
+    """One runtime event. `call` names a call inside its program (for tool events: the tool call's
+    id, so a late result is recognised); `tokens` (call_finished) is the program's KV length for
+    that model after the call, which is the KV's version; `attempt` numbers a call's retries;
+    `epoch` (optional) must be the program's current one."""
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
     type: EventType
     program: str = Name
@@ -29,6 +31,8 @@ class EventCreate(BaseModel):
     tokens: int = Field(0, ge=0, le=10_000_000)
     duration_s: float | None = Field(None, ge=0, le=86_400)
     epoch: int | None = Field(None, ge=0, le=1_000_000)
+    attempt: int | None = Field(None, ge=0, le=1_000, description="call events: which try of the call (retries count up)")
+    after: list[str] | None = Field(None, max_length=1_000, description="call_arrived: calls that must have finished")
 
     @model_validator(mode="after")
     def _fields_of_type(self):

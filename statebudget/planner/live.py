@@ -96,9 +96,9 @@ class ProgramRec:
     tenant: str
     epoch: int = 0
     status: str = "running"  # running | finished | cancelled
-    calls: dict = field(default_factory=dict)  # call id -> {model, status, arrived_s, group}
+    calls: dict = field(default_factory=dict)  # call id -> {model, status, attempt, arrived_s, group, handoff}
     last_model: str | None = None
-    tool: list | None = None  # [tool, since]
+    tool: list | None = None  # [tool, since, tool call id or None]
 
 
 @dataclass
@@ -214,9 +214,13 @@ class LivePlanner(ResidencyView):
         return {"program": program, "epoch": 0, "status": "running"}
 
     def _call_of(self, rec: ProgramRec, ev: dict) -> dict:
+        """The call an event is about, at the attempt it names (default: the current one)."""
         call = rec.calls.get(ev["call"])
         if call is None:
             raise NotFound(f"call {ev['call']!r} of program {rec.program!r} never arrived (send call_arrived first)")
+        attempt = ev.get("attempt", call["attempt"])
+        if attempt != call["attempt"]:
+            raise Conflict(f"call {ev['call']!r} is at attempt {call['attempt']}; an event of attempt {attempt} is stale")
         return call
 
     def _call_arrived(self, rec: ProgramRec, ev: dict) -> dict:
@@ -224,10 +228,23 @@ class LivePlanner(ResidencyView):
         model = ev["model"]
         if model not in self.catalog.by_name:
             raise Invalid(f"unknown model {model!r}; the catalog has {sorted(self.catalog.by_name)}")
-        if ev["call"] in rec.calls:
-            return {"call": ev["call"], "status": rec.calls[ev["call"]]["status"]}  # a retried event
+        attempt = ev.get("attempt", 0)
+        call = rec.calls.get(ev["call"])
+        if call is not None:
+            if attempt == call["attempt"]:
+                return {"call": ev["call"], "status": call["status"], "attempt": attempt}  # a repeated event
+            if attempt < call["attempt"]:
+                raise Conflict(f"call {ev['call']!r} is at attempt {call['attempt']}; attempt {attempt} is stale")
+            if call["status"] == "finished":
+                raise Conflict(f"call {ev['call']!r} already finished (attempt {call['attempt']}): a logical call "
+                               f"commits once")
+            self._unpin(rec, call)  # a retry: the old attempt's hold on its state goes
+        for dep in ev.get("after") or ():
+            d = rec.calls.get(dep)
+            if d is None or d["status"] != "finished":
+                raise Conflict(f"call {ev['call']!r} cannot arrive before its dependency {dep!r} has finished")
         rec.calls[ev["call"]] = {"model": model, "status": "arrived", "arrived_s": self.now, "group": None,
-                                 "handoff": rec.last_model is not None and rec.last_model != model}
+                                 "handoff": rec.last_model is not None and rec.last_model != model, "attempt": attempt}
         self.policy.on_call_arrive(self, _Call(rec.program, ev["call"], model, ev.get("context_tokens", 0),
                                                ev.get("output_tokens", 0)))
         self._save_program(rec)
@@ -298,13 +315,16 @@ class LivePlanner(ResidencyView):
 
     def _tool_started(self, rec: ProgramRec, ev: dict) -> dict:
         self._live(rec, "tool call")
-        rec.tool = [ev["tool"], self.now]
+        rec.tool = [ev["tool"], self.now, ev.get("call")]
         self._apply(self.policy.on_tool_start(self, _Prog(rec.program, rec.tenant), None, ev["tool"]))
         self._save_program(rec)
         return {"tool": ev["tool"], "status": "started"}
 
     def _tool_finished(self, rec: ProgramRec, ev: dict) -> dict:
         tool = ev["tool"]
+        if ev.get("call") is not None and (rec.tool is None or rec.tool[2] != ev["call"]):
+            raise Conflict(f"tool result {ev['call']!r} of program {rec.program!r} is late: that tool is no "
+                           f"longer awaited")
         since = rec.tool[1] if rec.tool and rec.tool[0] == tool else self.now
         duration = ev.get("duration_s")
         duration = float(duration) if duration is not None else self.now - since

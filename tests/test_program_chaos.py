@@ -1,0 +1,287 @@
+"""Program state semantics of the live planner (seed 003 §13-§16, §25-§26, the §29 invariants),
+and the §29 chaos test: random DAGs driven by a runtime that repeats events, cancels programs,
+times tools out and delivers their results late, with adapters that finish or fail ops at random.
+The state machine must refuse what is stale, commit each logical call once, release every KV when
+a program ends, keep the books within capacity, and converge."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from statebudget.models.load import load_catalog, load_cluster
+from statebudget.planner.live import Conflict, LivePlanner, NotFound
+
+MODELS = ["planner", "coder", "reviewer"]
+REFUSED = (Conflict, NotFound)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def planner(clock=None):
+    return LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock or Clock())
+
+
+def kv_state_of(p: LivePlanner, program: str) -> list:
+    """Everything the books still hold for a program's KV."""
+    out = [k for (k, _) in p.tiers.gpu if k[0] == "kv" and k[1] == program]
+    out += [k for (k, _) in p.tiers.host if k[0] == "kv" and k[1] == program]
+    out += [k for k in p.kv_tokens if k[1] == program]
+    out += [k for (k, _) in p.writer if k[0] == "kv" and k[1] == program]
+    return out
+
+
+# ---- the invariants one by one ------------------------------------------------------------------------
+
+def test_one_valid_commit_per_logical_call():
+    p = planner()
+    p.event("t", {"type": "program_started", "program": "a"})
+    p.event("t", {"type": "call_arrived", "program": "a", "call": "c1", "model": "coder"})
+    p.event("t", {"type": "call_started", "program": "a", "call": "c1"})
+    first = p.event("t", {"type": "call_finished", "program": "a", "call": "c1", "tokens": 100})
+    again = p.event("t", {"type": "call_finished", "program": "a", "call": "c1", "tokens": 999})
+    assert first["kv_version"] == 100 and again["status"] == "finished" and "kv_version" not in again
+    assert p.kv_tokens[("kv", "a", "coder")] == 100  # the repeat did not commit a second result
+    with pytest.raises(Conflict, match="commits once"):
+        p.event("t", {"type": "call_arrived", "program": "a", "call": "c1", "model": "coder", "attempt": 1})
+
+
+def test_a_retry_keeps_one_commit_and_refuses_the_old_attempt():
+    p = planner()
+    p.event("t", {"type": "program_started", "program": "a"})
+    p.event("t", {"type": "call_arrived", "program": "a", "call": "c1", "model": "coder"})
+    p.event("t", {"type": "call_started", "program": "a", "call": "c1"})
+    p.event("t", {"type": "call_arrived", "program": "a", "call": "c1", "model": "coder", "attempt": 1})  # retry
+    with pytest.raises(Conflict, match="attempt 0 is stale"):
+        p.event("t", {"type": "call_finished", "program": "a", "call": "c1", "tokens": 50, "attempt": 0})
+    with pytest.raises(Conflict, match="attempt 0 is stale"):
+        p.event("t", {"type": "call_arrived", "program": "a", "call": "c1", "model": "coder", "attempt": 0})
+    p.event("t", {"type": "call_started", "program": "a", "call": "c1", "attempt": 1})
+    assert p.event("t", {"type": "call_finished", "program": "a", "call": "c1", "tokens": 70, "attempt": 1})["kv_version"] == 70
+    assert not p.running_models  # the first attempt's hold went with the retry
+
+
+def test_no_call_before_its_dependencies():
+    p = planner()
+    p.event("t", {"type": "program_started", "program": "a"})
+    p.event("t", {"type": "call_arrived", "program": "a", "call": "c1", "model": "coder"})
+    with pytest.raises(Conflict, match="dependency 'c1'"):
+        p.event("t", {"type": "call_arrived", "program": "a", "call": "c2", "model": "reviewer", "after": ["c1"]})
+    p.event("t", {"type": "call_finished", "program": "a", "call": "c1", "tokens": 10})
+    assert p.event("t", {"type": "call_arrived", "program": "a", "call": "c2", "model": "reviewer",
+                         "after": ["c1"]})["status"] == "arrived"
+
+
+def test_no_late_result_across_an_epoch_and_no_new_call_after_a_cancel():
+    p = planner()
+    p.event("t", {"type": "program_started", "program": "a"})
+    p.event("t", {"type": "tool_started", "program": "a", "tool": "shell", "call": "t1"})
+    p.event("t", {"type": "tool_started", "program": "a", "tool": "shell", "call": "t2"})  # t1 timed out, retried
+    with pytest.raises(Conflict, match="late"):
+        p.event("t", {"type": "tool_finished", "program": "a", "tool": "shell", "call": "t1"})
+    assert p.event("t", {"type": "program_cancelled", "program": "a"})["epoch"] == 1
+    with pytest.raises(Conflict, match="stale"):
+        p.event("t", {"type": "tool_finished", "program": "a", "tool": "shell", "call": "t2", "epoch": 0})
+    for ev in ({"type": "call_arrived", "call": "c9", "model": "coder"}, {"type": "tool_started", "tool": "shell"}):
+        with pytest.raises(Conflict, match="cancelled"):
+            p.event("t", {"program": "a", **ev})
+    with pytest.raises(Conflict):
+        p.submit_lease("t", {"program": "a", "model": "coder", "deadline_s": 10})
+
+
+def test_every_kv_released_at_finish_and_at_cancel():
+    p = planner()
+    for prog, end in (("a", "program_finished"), ("b", "program_cancelled")):
+        p.event("t", {"type": "program_started", "program": prog})
+        for i, m in enumerate(MODELS):
+            p.event("t", {"type": "call_arrived", "program": prog, "call": f"c{i}", "model": m})
+            p.event("t", {"type": "call_started", "program": prog, "call": f"c{i}"})
+            p.event("t", {"type": "call_finished", "program": prog, "call": f"c{i}", "tokens": 1000 * (i + 1)})
+        p.event("t", {"type": "tool_started", "program": prog, "tool": "shell"})
+        p.submit_lease("t", {"program": prog, "model": "coder", "deadline_s": 30})
+        assert kv_state_of(p, prog)
+        p.event("t", {"type": end, "program": prog})
+        assert kv_state_of(p, prog) == []
+        assert not [lease for lease in p.ledger.leases.values() if lease.request.program == prog and lease.state.live]
+    p.tiers.check()
+
+
+# ---- the chaos test -------------------------------------------------------------------------------------
+
+@st.composite
+def scenarios(draw):
+    programs = []
+    for _ in range(draw(st.integers(1, 4))):
+        nodes = []
+        for i in range(draw(st.integers(1, 6))):
+            after = draw(st.lists(st.integers(0, i - 1), max_size=2, unique=True)) if i else []
+            nodes.append((draw(st.sampled_from(["call", "tool"])), sorted(after), draw(st.sampled_from(MODELS))))
+        programs.append(nodes)
+    actions = draw(st.lists(st.tuples(st.sampled_from(["step", "step", "step", "repeat", "cancel", "timeout",
+                                                       "late", "adapter", "tick", "lease"]),
+                                      st.integers(0, 1000)), max_size=120))
+    return programs, actions
+
+
+class Runtime:
+    """Drives one program's DAG through the planner one event at a time."""
+
+    def __init__(self, pid: str, nodes):
+        self.pid, self.nodes = pid, nodes
+        self.phase = {i: 0 for i in range(len(nodes))}  # events sent for each node
+        self.tool_try = {i: 0 for i in range(len(nodes))}
+        self.last = None
+        self.late: list[dict] = []
+        self.started = False
+        self.ended = False
+
+    def done(self, i) -> bool:
+        kind = self.nodes[i][0]
+        return self.phase[i] >= (3 if kind == "call" else 2)
+
+    def next_event(self) -> dict | None:
+        if not self.started:
+            self.started = True
+            return {"type": "program_started", "program": self.pid}
+        for i, (kind, after, model) in enumerate(self.nodes):
+            if self.done(i) or not all(self.done(a) for a in after):
+                continue
+            ph = self.phase[i]
+            self.phase[i] += 1
+            if kind == "tool":
+                tid = f"t{i}.{self.tool_try[i]}"
+                return {"type": ["tool_started", "tool_finished"][ph], "program": self.pid, "tool": "shell", "call": tid}
+            calls = [f"n{a}" for a in after if self.nodes[a][0] == "call"]
+            return [{"type": "call_arrived", "program": self.pid, "call": f"n{i}", "model": model, "after": calls,
+                     "context_tokens": 500},
+                    {"type": "call_started", "program": self.pid, "call": f"n{i}"},
+                    {"type": "call_finished", "program": self.pid, "call": f"n{i}", "tokens": 400 * (i + 2)}][ph]
+        if not self.ended:
+            self.ended = True
+            return {"type": "program_finished", "program": self.pid}
+        return None
+
+    def timeout(self) -> dict | None:
+        """A running tool times out: the runtime retries it; the old result may still come (late)."""
+        for i, (kind, _, _) in enumerate(self.nodes):
+            if kind == "tool" and self.phase[i] == 1:
+                self.late.append({"type": "tool_finished", "program": self.pid, "tool": "shell",
+                                  "call": f"t{i}.{self.tool_try[i]}"})
+                self.tool_try[i] += 1
+                return {"type": "tool_started", "program": self.pid, "tool": "shell", "call": f"t{i}.{self.tool_try[i]}"}
+        return None
+
+
+def send(p: LivePlanner, ev: dict, commits: dict, cancelled: set):
+    """One event; checks what must be refused, counts commits of logical calls."""
+    before = None
+    if ev["type"] == "call_finished":
+        c = p.programs.get(ev["program"]).calls.get(ev["call"])
+        before = c["status"] if c else None
+    try:
+        out = p.event("t", ev)
+    except REFUSED:
+        return None
+    if ev["program"] in cancelled:
+        assert ev["type"] not in ("call_arrived", "call_started", "tool_started"), f"accepted {ev} after a cancel"
+    if ev["type"] == "call_finished" and before != "finished" and out["status"] == "finished":
+        key = (ev["program"], ev["call"])
+        commits[key] = commits.get(key, 0) + 1
+    return out
+
+
+def check_books(p: LivePlanner, ended: set):
+    p.tiers.check()
+    for prog in ended:
+        assert kv_state_of(p, prog) == [], f"{prog} ended but its KV is still held"
+        assert not [lease.lease_id for lease in p.ledger.leases.values()
+                    if lease.request.program == prog and lease.state.live], f"{prog} ended with a live lease"
+    assert sum(p.backlog.values()) >= -1.0
+
+
+def settle_ops(p: LivePlanner, which: int, fail: bool):
+    ops = sorted(p.ops)
+    if not ops:
+        return
+    rec = p.ops[ops[which % len(ops)]]
+    result = {"status": "failed" if fail else "done", "bytes": rec.op.bytes, "seconds": 0.1, "checksum": "x",
+              "version": rec.op.version, "epoch": rec.op.epoch}
+    try:
+        p.report(rec.node, rec.op.op_id, result)
+    except REFUSED:
+        pass
+    assert rec.op.op_id not in p.ops  # every report closes its op, committed or refused
+
+
+@given(scenarios())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_chaos_random_dags_cancels_timeouts_and_repeats_converge(scenario):
+    programs, actions = scenario
+    clock = Clock()
+    p = planner(clock)
+    rts = [Runtime(f"p{k}", nodes) for k, nodes in enumerate(programs)]
+    commits: dict = {}
+    cancelled: set = set()
+    ended: set = set()
+    for action, x in actions:
+        clock.t += 0.5
+        rt = rts[x % len(rts)]
+        if action == "step":
+            ev = rt.next_event()
+            if ev is not None:
+                rt.last = ev
+                send(p, ev, commits, cancelled)
+                if ev["type"] == "program_finished" and p.programs[rt.pid].status == "finished":
+                    ended.add(rt.pid)
+        elif action == "repeat" and rt.last is not None:
+            send(p, rt.last, commits, cancelled)  # a duplicate delivery
+        elif action == "cancel" and rt.started:
+            send(p, {"type": "program_cancelled", "program": rt.pid}, commits, cancelled)
+            cancelled.add(rt.pid)
+            ended.add(rt.pid)
+            rt.ended = True
+        elif action == "timeout" and (ev := rt.timeout()) is not None:
+            send(p, ev, commits, cancelled)
+        elif action == "late" and rt.late:
+            with pytest.raises(REFUSED):  # a result of a timed-out tool call, or of an old epoch
+                p.event("t", rt.late.pop(0))
+        elif action == "adapter":
+            settle_ops(p, x, fail=x % 5 == 0)
+        elif action == "tick":
+            p.tick()
+        elif action == "lease" and rt.started and not rt.ended:
+            try:
+                p.submit_lease("t", {"program": rt.pid, "model": MODELS[x % 3], "deadline_s": 1 + x % 20,
+                                     "confidence": (x % 10) / 10})
+            except REFUSED:
+                pass
+        check_books(p, ended)
+    assert all(n == 1 for n in commits.values()), commits
+    # Converge: every program runs to its end, the adapters finish every op, planning settles.
+    for rt in rts:
+        for _ in range(100):
+            ev = rt.next_event()
+            if ev is None:
+                break
+            clock.t += 0.5
+            send(p, ev, commits, cancelled)
+        ended.add(rt.pid)
+    for _ in range(30):
+        while p.ops:
+            settle_ops(p, 0, fail=False)
+        clock.t += 60
+        if p.tick() == 0 and not p.ops:
+            break
+    assert not p.ops, "the plan did not settle"
+    assert all(r.status in ("finished", "cancelled") for r in p.programs.values())
+    assert not p.running_models and not p.kv_tokens
+    assert not [lease for lease in p.ledger.leases.values() if lease.state.live and lease.state.name != "READY"]
+    assert all(n == 1 for n in commits.values()), commits
+    check_books(p, ended)

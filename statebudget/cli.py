@@ -156,6 +156,7 @@ def replay(
     plots: Annotated[Optional[Path], typer.Option(help="write plots (PNG) into this folder")] = None,
     seed: Annotated[int, typer.Option(help="simulator seed (MoE page sampling)")] = 0,
     check: Annotated[bool, typer.Option(help="check capacity invariants after every event (slower)")] = False,
+    profile: Annotated[Optional[Path], typer.Option(help="a `statebudget profile` file: measured bandwidths replace the presets'")] = None,
 ):
     """Replay a trace against policies; print a table, write the report and plots."""
     from .models.load import check_compatible, load_catalog, load_cluster, load_trace
@@ -174,7 +175,11 @@ def replay(
         def progress(name, t):
             prog.update(tasks[name], completed=min(t, horizon), t=t)
 
-        result = run_replay(cl, cat, tr, names, seed=seed, check_invariants=check, progress=progress)
+        prof = None
+        if profile is not None:
+            from .profile import load_profile
+            prof = load_profile(profile, cl)
+        result = run_replay(cl, cat, tr, names, seed=seed, check_invariants=check, progress=progress, profile=prof)
         for n in names:
             prog.update(tasks[n], completed=horizon)
     wall = time.perf_counter() - t0
@@ -340,7 +345,7 @@ def serve(
     prof = None
     if profile is not None:
         from .profile import load_profile
-        prof = load_profile(profile)
+        prof = load_profile(profile, cl)
     planner = LivePlanner(cl, cat, Store(db), profile=prof)
     err.print(f"planner on http://{host}:{port}: cluster {planner.cluster.name}, catalog {planner.catalog.name}, "
               f"ledger {db} (plan version {planner.plan_version}, {len(planner.ops)} open ops)")

@@ -60,12 +60,13 @@ def trace_gen(
     out: Annotated[Path, typer.Option(help="JSONL file to write")],
     seed: Annotated[int, typer.Option()] = 1,
     hours: Annotated[float, typer.Option(help="trace length; fractions allowed")] = 2.0,
+    load: Annotated[float, typer.Option(help="multiply the preset's program arrival rate", min=0.01)] = 1.0,
 ):
-    """Generate a deterministic trace (same preset, seed and hours: same bytes)."""
+    """Generate a deterministic trace (same preset, seed, hours and load: same bytes)."""
     from .models.load import write_trace
     from .traces.generators import generate
 
-    trace = generate(preset, seed, hours)
+    trace = generate(preset, seed, hours, load)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_trace(trace, out)
     console.print(f"wrote {out}: {len(trace.programs)} programs, {trace.n_calls} calls")
@@ -157,6 +158,8 @@ def replay(
     seed: Annotated[int, typer.Option(help="simulator seed (MoE page sampling)")] = 0,
     check: Annotated[bool, typer.Option(help="check capacity invariants after every event (slower)")] = False,
     profile: Annotated[Optional[Path], typer.Option(help="a `statebudget profile` file: measured bandwidths replace the presets'")] = None,
+    prefill_slots: Annotated[Optional[int], typer.Option(help="prefills a GPU runs at once (default: any number, sharing its FLOP/s); "
+                                                              "with a limit calls queue for compute and --policy's QUEUE matters", min=1)] = None,
 ):
     """Replay a trace against policies; print a table, write the report and plots."""
     from .models.load import check_compatible, load_catalog, load_cluster, load_trace
@@ -179,7 +182,8 @@ def replay(
         if profile is not None:
             from .profile import load_profile
             prof = load_profile(profile, cl)
-        result = run_replay(cl, cat, tr, names, seed=seed, check_invariants=check, progress=progress, profile=prof)
+        result = run_replay(cl, cat, tr, names, seed=seed, check_invariants=check, progress=progress, profile=prof,
+                            prefill_slots=prefill_slots)
         for n in names:
             prog.update(tasks[n], completed=horizon)
     wall = time.perf_counter() - t0

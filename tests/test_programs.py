@@ -95,3 +95,65 @@ def test_report_keys_policies_by_spec_and_adds_program_metrics(tmp_path):
     assert block["makespan_s"]["n"] > 0  # mapreduce programs fork and join
     assert sum(block["tenant_service_share"].values()) == pytest.approx(1.0, abs=1e-4)
     assert block["slowdown"]["p50"] >= 0.9
+
+
+def test_a_starving_call_goes_ahead_of_every_call_that_is_not():
+    from statebudget.planner.programs import STARVE_S
+    old_big = queue_key("plas", arrive=0.0, now=STARVE_S, program_service=1e6, path_service=0.0)
+    new_small = queue_key("plas", arrive=STARVE_S - 1, now=STARVE_S, program_service=0.0, path_service=0.0)
+    assert old_big < new_small
+    assert queue_key("plas", 0.0, STARVE_S - 1, 1e6, 0.0) > new_small  # not yet starving: service decides
+
+
+@pytest.mark.parametrize("queue", ["plas", "atlas"])
+def test_no_call_is_overtaken_beyond_the_stated_window_under_load(queue):
+    """With one prefill slot per GPU and 8x the mapreduce load, calls queue for compute. A call
+    c may only be started after a later arrival d on the same GPU group if d arrived within
+    min(STARVE_S, service(c) / AGING) of c (planner/programs.py); and the discipline does reorder."""
+    from statebudget.models.load import load_catalog, load_cluster
+    from statebudget.planner.programs import overtaking_window_s
+
+    tr = generate("mapreduce", 2, 0.3, load=8)
+    res = {}
+    for q in ("fcfs", queue):
+        sim = Simulator(load_cluster("hetero16"), load_catalog("agent-team"), tr, make_policy("statebudget"),
+                        queue=q, prefill_slots=1)
+        res[q] = sim.run()
+        service = {pid: pr.service for pid, pr in sim.programs.items()}  # final: an upper bound of it at start
+        calls = [c for c in res[q].calls if c.start >= 0 and c.group is not None]
+        by_group: dict = {}
+        for c in calls:
+            by_group.setdefault(c.group, []).append(c)
+        overtaken = violations = 0
+        for group_calls in by_group.values():
+            for c in group_calls:
+                for d in group_calls:
+                    if d.arrive > c.arrive and c.ready <= d.start < c.start:
+                        overtaken += 1
+                        if d.arrive - c.arrive > overtaking_window_s(service[c.program]) + 1e-9:
+                            violations += 1
+        if q != "fcfs":  # fcfs goes by readiness, not arrival: the window is a plas/atlas promise
+            assert violations == 0, f"{q}: {violations} overtakings beyond the window"
+            assert overtaken > 0, "the discipline never reordered: the test load is too light"
+    waits = [c.start - c.ready for c in res["fcfs"].calls if c.start >= 0]
+    assert max(waits) > 1.0  # calls did queue for compute
+
+
+def test_a_long_program_is_not_starved_by_a_stream_of_short_ones():
+    """One GPU, one prefill slot, a long program (20 s of service) and short programs arriving
+    faster than the GPU serves them. PLAS lets the short ones ahead of the long program's next
+    call, but only those that arrived within STARVE_S of it (aging alone would allow longer)."""
+    from statebudget.planner.programs import AGING, STARVE_S, overtaking_window_s
+
+    big = program("big", [call("b1", "m", ctx=5000), tool("t", ["b1"], 1.0), call("b2", "m", ["t"], ctx=250)])
+    small = [program(f"s{i:03d}", [call("c", "m", ctx=250)], start=10 + 0.8 * i) for i in range(150)]
+    sim = Simulator(cluster(tflops=1.0), catalog(("m", 1.0)), trace(big, *small), make_policy("statebudget"),
+                    queue="plas", prefill_slots=1)
+    res = sim.run()
+    b2 = next(c for c in res.calls if c.program == "big" and c.node == "b2")
+    service = sim.programs["big"].service - (b2.end - b2.start)  # its service while b2 waited
+    assert service / AGING > STARVE_S  # aging alone would let later arrivals ahead for longer than STARVE_S
+    ahead = [c for c in res.calls if c.program != "big" and c.arrive > b2.arrive and c.start < b2.start]
+    assert ahead, "PLAS let no short program ahead"
+    assert max(c.arrive - b2.arrive for c in ahead) <= overtaking_window_s(service) + 1e-9
+    assert b2.start - b2.arrive < 2 * STARVE_S

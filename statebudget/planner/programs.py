@@ -10,8 +10,19 @@ Queue disciplines (a sort key, lowest first):
     atlas  the attained service along the call's critical path in the program's DAG, so a thread
            of a wide fork/join program is not penalised for its siblings (§6)
 
-Both plas and atlas age: every second a call waits takes `aging` seconds off its key, so no
-call waits forever behind newer, shorter programs (the bound is stated in BENCHMARKS.md).
+Both plas and atlas age: every second a call waits takes `aging` seconds off its key; and a call
+that has waited `starve_s` since it arrived is promoted above every non-promoted call, FCFS among
+the promoted (Autellix's anti-starvation rule). Together they bound how far a call can be
+overtaken:
+
+    under plas and atlas, a call c is only ever started after a call d that arrived later if
+        arrive(d) - arrive(c) < min(starve_s, (service(c) + URGENCY_CAP_S + 2 TENANT_SCALE_S) / aging)
+
+(past that window c's key stays below d's: both age at the same rate and the bounded urgency and
+tenant terms can close at most URGENCY_CAP_S + 2 TENANT_SCALE_S of the gap; or c is promoted
+first). So c waits at most `starve_s` plus the FCFS wait of a call arriving `starve_s` after it.
+Tests check the window on every pair of calls of a loaded replay, and on a long program facing a
+stream of short ones.
 
 Tool-wait KV rules (at each tool start, for the program's KV in HBM):
 
@@ -26,7 +37,10 @@ from __future__ import annotations
 
 QUEUES = ("fcfs", "plas", "atlas")
 KV_RULES = ("preserve", "swap", "discard", "adaptive")
-AGING = 0.5  # seconds of key per second waited
+AGING = 0.5     # seconds of key per second waited
+STARVE_S = 30.0  # a call waiting this long since it arrived goes ahead of every call not yet waiting as long
+URGENCY_CAP_S = 10.0  # the most key a call's shrinking TTFT slack takes off (§19): bounded, so it cannot starve
+TENANT_SCALE_S = 10.0  # key added per unit of a tenant's service share above its weighted fair share (§20)
 
 
 def parse_spec(spec: str, known_policies) -> tuple[str, str, str | None]:
@@ -47,11 +61,40 @@ def parse_spec(spec: str, known_policies) -> tuple[str, str, str | None]:
 
 
 def queue_key(discipline: str, arrive: float, now: float, program_service: float, path_service: float,
-              aging: float = AGING) -> tuple:
-    if discipline == "fcfs":
-        return (arrive,)
+              slack_s: float | None = None, tenant_excess: float = 0.0,
+              aging: float = AGING, starve_s: float = STARVE_S) -> tuple:
+    """Sort key of a waiting call, lowest first: (class, key, arrival). Class 0 is FCFS: every call
+    under fcfs, and the starving ones under plas and atlas. Class 1 is seed 003 §20's score:
+
+        attained service - AGING x waiting - urgency + TENANT_SCALE_S x tenant excess
+
+    urgency = URGENCY_CAP_S - slack while 0 <= slack < URGENCY_CAP_S (else 0), where slack is the
+    time left to the call's TTFT bound after its predicted prefill (§19). The tenant excess is the tenant's share of the service
+    given so far minus its weighted fair share, in [-1, 1]. Both terms are bounded, and the
+    starvation promotion ignores them, so the overtaking window of the docstring stays
+    `starve_s` at most."""
+    if discipline == "fcfs" or now - arrive >= starve_s:
+        return (0, 0.0, arrive)
     service = program_service if discipline == "plas" else path_service
-    return (service - aging * (now - arrive), arrive)
+    # A call that can still make its TTFT bound gains up to URGENCY_CAP_S as its slack runs out; one
+    # already late gains nothing (boosting it would not save its SLO): PLAS and aging decide (§19).
+    urgency = URGENCY_CAP_S - slack_s if slack_s is not None and 0.0 <= slack_s < URGENCY_CAP_S else 0.0
+    return (1, service - aging * (now - arrive) - urgency + TENANT_SCALE_S * tenant_excess, arrive)
+
+
+def tenant_excess(service: dict[str, float], weights: dict[str, float], tenant: str) -> float:
+    """A tenant's share of the service given so far minus its weighted fair share among the
+    tenants seen (weight 1 unless the trace header's `tenant_weights` says otherwise)."""
+    total = sum(service.values())
+    if total <= 0:
+        return 0.0
+    w = sum(weights.get(t, 1.0) for t in service)
+    return service.get(tenant, 0.0) / total - weights.get(tenant, 1.0) / w
+
+
+def overtaking_window_s(service: float, aging: float = AGING, starve_s: float = STARVE_S) -> float:
+    """How much later than a call another may arrive and still start before it (module docstring)."""
+    return min(starve_s, (service + URGENCY_CAP_S + 2 * TENANT_SCALE_S) / aging)
 
 
 def adaptive_choice(kv_bytes: float, wait_s: float, hbm_bytes: float, pcie_bps: float, recompute_s: float) -> str:

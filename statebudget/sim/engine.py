@@ -29,14 +29,14 @@ from ..models.cluster import Cluster
 from ..models.state import expert_key, kv_key, weights_key
 from ..models.trace import Program, Trace
 from ..planner.predictor import ToolWaitModel
-from ..planner.programs import adaptive_choice, queue_key
+from ..planner.programs import adaptive_choice, queue_key, tenant_excess
 from ..planner.view import ResidencyView
 from ..solvers.costs import CostModel, page_touch_probs
 from ..traces.graph import children_of, descendants, handoff_calls, hinted_calls
 from .flows import FairShare
 from .memory import GpuCopy, HostCopy, Tiers
 
-PRIO_FLOW, PRIO_TIMER, PRIO_NODE, PRIO_PROGRAM, PRIO_TICK = range(5)
+PRIO_FLOW, PRIO_TIMER, PRIO_NODE, PRIO_PROGRAM, PRIO_TICK, PRIO_QUEUE = range(6)
 
 
 @dataclass(slots=True, eq=False)
@@ -63,6 +63,7 @@ class CallRec:
     kv_reused_tokens: int = 0
     flow: int | None = None
     path_service: float = 0.0  # attained service along the DAG path that leads to this call
+    prefilling: bool = False   # holds a prefill slot on its GPUs
 
 
 @dataclass(slots=True, eq=False)
@@ -129,11 +130,15 @@ class _Barrier:
 class Simulator(ResidencyView):
     def __init__(self, cluster: Cluster, catalog: Catalog, trace: Trace, policy, cost: CostModel | None = None,
                  seed: int = 0, check_invariants: bool = False, max_batch: int = 32, sample_dt: float = 15.0,
-                 queue: str = "fcfs", kv_rule: str | None = None):
+                 queue: str = "fcfs", kv_rule: str | None = None, prefill_slots: int | None = None):
         self.cluster, self.catalog, self.trace, self.policy = cluster, catalog, trace, policy
         self.cost = cost or CostModel(cluster, catalog)
         self.seed, self.check_invariants, self.max_batch, self.sample_dt = seed, check_invariants, max_batch, sample_dt
         self.queue = queue
+        # Prefills a GPU runs at once (None: any number, sharing its FLOP/s). With a limit, calls
+        # queue for compute and the queue discipline decides who goes first (vLLM's token budget
+        # per step serialises prefills in the same way).
+        self.prefill_slots = prefill_slots
         self.kv_rule = kv_rule or getattr(policy, "kv_rule", "preserve")
         self.tool_waits = ToolWaitModel.from_fit()  # the adaptive rule's predictions, learned as tools end
         self.kv_actions: Counter = Counter()
@@ -155,6 +160,9 @@ class Simulator(ResidencyView):
         self.waiting: list[CallRec] = []  # admitted nowhere yet, FCFS
         self.queued: list[CallRec] = []   # ready, waiting for a compute slot
         self.running_on = [0] * len(self.gpus)
+        self.prefilling = [0] * len(self.gpus)
+        self._settle_pending = self._settling = False
+        self.tenant_service: dict[str, float] = {}  # compute seconds given to each tenant's finished calls
         self.running_models: Counter = Counter()  # (model, group) -> running calls
         self.kv_tokens: dict[tuple, int] = {}     # latest KV length per (program, model)
         self.kv_of_program: dict[str, set] = {}
@@ -338,6 +346,8 @@ class Simulator(ResidencyView):
         call = pr.calls.get(nid)
         svc = call.end - call.start if call is not None and call.end >= 0 and call.start >= 0 else 0.0
         pr.service += svc
+        if svc:
+            self.tenant_service[pr.prog.tenant] = self.tenant_service.get(pr.prog.tenant, 0.0) + svc
         pr.path_out[nid] = pr.path_in.get(nid, 0.0) + svc
         if call is None:
             self._tool_end_kv(pr, nid)
@@ -604,43 +614,72 @@ class Simulator(ResidencyView):
                 continue
             c.waiting_on -= 1
             if c.waiting_on == 0:
-                events += self._on_ready(c)
+                events += self._on_ready(c, start=False)  # all the calls this copy completes queue first,
+        events += self._start_queued()                    # then the discipline picks among them
         self._retry_waiting()  # a copy that was loading can now be evicted for a waiting call
         return events
 
-    def _on_ready(self, c: CallRec):
+    def _on_ready(self, c: CallRec, start: bool = True):
         c.ready = self.now
         c.state = "queued"
         for copy in c.pins:
             copy.used = True
             copy.last_use = self.now
         self.queued.append(c)
-        return self._start_queued()
+        return self._start_queued() if start else []
 
     def _order(self, calls: list) -> list:
-        """The queue discipline: FCFS by arrival, PLAS by the program's attained service, ATLAS by
-        the attained service on the call's critical path; both with aging."""
+        """The queue discipline (`planner/programs.py`): FCFS by arrival; PLAS by the program's
+        attained service, ATLAS by the attained service on the call's critical path, both with
+        aging, a bounded TTFT-slack boost, the tenant's fair-share excess and starvation promotion."""
         if self.queue == "fcfs" or len(calls) < 2:
             return calls
-        return sorted(calls, key=lambda c: queue_key(self.queue, c.arrive, self.now, self.programs[c.program].service,
-                                                     c.path_service) + (c.program, c.node))
+        now, slo = self.now, self.trace.header.slo_classes
+        weights = getattr(self.trace.header, "tenant_weights", None) or {}
+
+        def key(c):
+            m = self.catalog.by_name[c.model]
+            slack = c.arrive + slo.get(c.slo, slo.get("interactive", 2.0)) - now - \
+                self.cost.prefill_s(m, max(0, c.context_tokens - c.kv_reused_tokens), c.group)
+            return queue_key(self.queue, c.arrive, now, self.programs[c.program].service, c.path_service, slack,
+                             tenant_excess(self.tenant_service, weights, c.tenant)) + (c.program, c.node)
+        return sorted(calls, key=key)
 
     def _start_queued(self):
+        if self.prefill_slots is not None and not self._settling:
+            # With compute slots the discipline must see every call that is ready at this instant
+            # (several copies and calls complete at one time, one event each): one settling
+            # event after all of them picks.
+            if self._settle_pending:
+                return []
+            self._settle_pending = True
+            return [(self.now, PRIO_QUEUE, self._settle, ())]
         events = []
         keep = []
+        slots = self.prefill_slots
         for c in self._order(self.queued):
-            if all(self.running_on[i] < self.max_batch for i in c.group):
+            if all(self.running_on[i] < self.max_batch and (slots is None or self.prefilling[i] < slots)
+                   for i in c.group):
                 events += self._start(c)
             else:
                 keep.append(c)
         self.queued = keep
         return events
 
+    def _settle(self):
+        self._settle_pending, self._settling = False, True
+        try:
+            return self._start_queued()
+        finally:
+            self._settling = False
+
     def _start(self, c: CallRec):
         c.start = self.now
         c.state = "running"
         for i in c.group:
             self.running_on[i] += 1
+            self.prefilling[i] += 1
+        c.prefilling = True
         self.running_models[(c.model, c.group)] += 1
         self._dirty = True
         m = self.catalog.by_name[c.model]
@@ -654,10 +693,18 @@ class Simulator(ResidencyView):
         if c.state != "running":
             return None
         c.first_token = self.now
+        self._end_prefill(c)
         m = self.catalog.by_name[c.model]
         amount = self.cost.decode_s(m, c.output_tokens, c.context_tokens, c.group)
         c.flow = self.flows._next
-        return self.flows_add(amount, tuple(f"gpu:{i}" for i in c.group), lambda now: self._call_end(c), c.model)
+        events = self.flows_add(amount, tuple(f"gpu:{i}" for i in c.group), lambda now: self._call_end(c), c.model)
+        return events + (self._start_queued() if self.prefill_slots is not None else [])
+
+    def _end_prefill(self, c: CallRec) -> None:
+        if c.prefilling:
+            c.prefilling = False
+            for i in c.group:
+                self.prefilling[i] -= 1
 
     def _release(self, c: CallRec, finished: bool):
         for copy in c.pins:
@@ -686,6 +733,7 @@ class Simulator(ResidencyView):
                 self._drop_stale_kv(kvk, keep=copy)
             self.tiers.free_gpu(group, private)
         if c.state == "running":
+            self._end_prefill(c)
             for i in c.group:
                 self.running_on[i] -= 1
             self.running_models[(c.model, c.group)] -= 1

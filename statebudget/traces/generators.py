@@ -72,8 +72,8 @@ class _Builder:
 
 
 class _Gen:
-    def __init__(self, preset: str, seed: int, hours: float):
-        self.preset, self.seed, self.hours = preset, seed, hours
+    def __init__(self, preset: str, seed: int, hours: float, load: float = 1.0):
+        self.preset, self.seed, self.hours, self.load = preset, seed, hours, load
         self.rng = np.random.default_rng([seed, sum(map(ord, preset))])
         fitted = load_fitted()
         self.tools = fitted["tools"]
@@ -100,6 +100,7 @@ class _Gen:
 
     def starts(self, mean_gap_s: float, offset_max: float = 300.0) -> list[float]:
         end = self.hours * 3600.0
+        mean_gap_s /= self.load  # `load` x the preset's program arrival rate
         t = float(self.rng.uniform(0, min(offset_max, mean_gap_s)))
         out = []
         while t < end:
@@ -246,22 +247,25 @@ def gen_mixed_tenants(g: _Gen) -> list[Program]:
     return progs
 
 
-def generate(preset: str, seed: int, hours: float) -> Trace:
+def generate(preset: str, seed: int, hours: float, load: float = 1.0) -> Trace:
+    """A deterministic trace; `load` multiplies every program arrival rate of the preset."""
     if preset not in PRESETS:
         raise ValueError(f"unknown trace preset {preset!r} (known: {', '.join(PRESETS)})")
     if hours <= 0:
         raise ValueError(f"hours must be positive, got {hours}")
+    if load <= 0:
+        raise ValueError(f"load must be positive, got {load}")
     if preset in ("swe-team", "swe-team-shuffled"):
-        g = _Gen("swe-team", seed, hours)  # the shuffled control starts from the very same programs
+        g = _Gen("swe-team", seed, hours, load)  # the shuffled control starts from the very same programs
         progs = gen_swe_team(g)
         if preset == "swe-team-shuffled":
             progs = shuffle_phases(np.random.default_rng([seed, 7]), progs)
     elif preset == "mapreduce":
-        g = _Gen(preset, seed, hours)
+        g = _Gen(preset, seed, hours, load)
         progs = gen_mapreduce(g)
     else:
-        g = _Gen(preset, seed, hours)
+        g = _Gen(preset, seed, hours, load)
         progs = gen_mixed_tenants(g)
     progs.sort(key=lambda p: (p.start, p.program))
-    header = TraceHeader(preset=preset, seed=seed, hours=hours)
+    header = TraceHeader(preset=preset, seed=seed, hours=hours, **({"load": load} if load != 1.0 else {}))
     return Trace(header=header, programs=progs)

@@ -68,6 +68,25 @@ def test_a_retry_keeps_one_commit_and_refuses_the_old_attempt():
     assert not p.running_models  # the first attempt's hold went with the retry
 
 
+def test_a_retry_keeps_its_attained_service_and_plas_priority_follows_service():
+    clock = Clock()
+    p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock, queue="plas")
+    for prog in ("long", "short"):
+        p.event("t", {"type": "program_started", "program": prog})
+    p.event("t", {"type": "call_arrived", "program": "long", "call": "c1", "model": "coder"})
+    p.event("t", {"type": "call_started", "program": "long", "call": "c1"})
+    clock.t += 40  # the first attempt runs 40 s, then fails and is retried
+    p.event("t", {"type": "call_arrived", "program": "long", "call": "c1", "model": "coder", "attempt": 1})
+    assert p.programs["long"].service_s == 40.0  # kept across the retry, not reset as a new program would be
+    p.event("t", {"type": "call_started", "program": "long", "call": "c1", "attempt": 1})
+    clock.t += 5
+    p.event("t", {"type": "call_finished", "program": "long", "call": "c1", "attempt": 1, "tokens": 10})
+    assert p.programs["long"].service_s == 45.0
+    a = p.event("t", {"type": "call_arrived", "program": "long", "call": "c2", "model": "coder", "after": ["c1"]})
+    b = p.event("t", {"type": "call_arrived", "program": "short", "call": "c1", "model": "coder"})
+    assert b["priority"] < a["priority"]  # less attained service goes first (lower is earlier)
+
+
 def test_no_call_before_its_dependencies():
     p = planner()
     p.event("t", {"type": "program_started", "program": "a"})

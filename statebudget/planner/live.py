@@ -39,6 +39,7 @@ from ..sim.policies.baselines import place_model
 from ..sim.policies.ours import StateBudgetLease
 from ..solvers.costs import CostModel
 from .leases import Lease, LeaseRequest, LeaseState, Quote
+from .programs import QUEUES, queue_key
 from .ledger import Store
 from .view import ResidencyView
 
@@ -99,6 +100,7 @@ class ProgramRec:
     calls: dict = field(default_factory=dict)  # call id -> {model, status, attempt, arrived_s, group, handoff}
     last_model: str | None = None
     tool: list | None = None  # [tool, since, tool call id or None]
+    service_s: float = 0.0    # attained service: seconds its calls ran, failed attempts included
 
 
 @dataclass
@@ -114,7 +116,12 @@ class OpRec:
 
 class LivePlanner(ResidencyView):
     def __init__(self, cluster: Cluster, catalog: Catalog, store: Store | None = None, clock=time.time,
-                 profile: dict | None = None, telemetry: Telemetry | None = None):
+                 profile: dict | None = None, telemetry: Telemetry | None = None, queue: str = "fcfs"):
+        """`queue`: the discipline whose priority `call_arrived` answers (fcfs, plas, atlas), for
+        the runtime to pass to its engine (vLLM's `priority`, lower first)."""
+        if queue not in QUEUES:
+            raise ValueError(f"unknown queue discipline {queue!r} (known: {', '.join(QUEUES)})")
+        self.queue = queue
         self.store = store or Store(":memory:")
         self.clock = clock
         self.telemetry = telemetry or Telemetry()
@@ -243,12 +250,18 @@ class LivePlanner(ResidencyView):
             d = rec.calls.get(dep)
             if d is None or d["status"] != "finished":
                 raise Conflict(f"call {ev['call']!r} cannot arrive before its dependency {dep!r} has finished")
+        deps = [rec.calls[d] for d in ev.get("after") or ()]
+        path_in = max((d.get("path_s", 0.0) for d in deps), default=0.0)
+        service = call.get("service_s", 0.0) if call is not None else 0.0  # a retry keeps what it attained
         rec.calls[ev["call"]] = {"model": model, "status": "arrived", "arrived_s": self.now, "group": None,
-                                 "handoff": rec.last_model is not None and rec.last_model != model, "attempt": attempt}
+                                 "handoff": rec.last_model is not None and rec.last_model != model, "attempt": attempt,
+                                 "path_in_s": path_in, "service_s": service}
         self.policy.on_call_arrive(self, _Call(rec.program, ev["call"], model, ev.get("context_tokens", 0),
                                                ev.get("output_tokens", 0)))
         self._save_program(rec)
-        return {"call": ev["call"], "status": "arrived"}
+        _, score, _ = queue_key(self.queue, self.now, self.now, rec.service_s, path_in + service)
+        return {"call": ev["call"], "status": "arrived", "attempt": attempt,
+                "priority": int(round(score * 1000)) if self.queue != "fcfs" else 0}
 
     def _call_started(self, rec: ProgramRec, ev: dict) -> dict:
         self._live(rec, "call start")
@@ -260,7 +273,7 @@ class LivePlanner(ResidencyView):
         group = max(held, key=lambda c: c.last_use).group if held else place_model(self, model, rec.program)
         stall = self.now - call["arrived_s"]
         self.telemetry.stall(stall, call["handoff"])
-        call.update(status="started", group=list(group) if group else None, stall_s=stall)
+        call.update(status="started", group=list(group) if group else None, stall_s=stall, started_s=self.now)
         rec.last_model = model
         if group is not None:
             self.running_models[(model, group)] += 1
@@ -276,7 +289,15 @@ class LivePlanner(ResidencyView):
                 "group": gpu_tier(group) if group else None}
 
     def _unpin(self, rec: ProgramRec, call: dict) -> tuple | None:
-        if call["status"] != "started" or call["group"] is None:
+        """A started attempt stops (finished, retried, or its program ended): its running time is
+        attained service, and its hold on its state goes."""
+        if call["status"] != "started":
+            return None
+        ran = self.now - call.get("started_s", self.now)
+        rec.service_s += ran
+        call["service_s"] = call.get("service_s", 0.0) + ran
+        call["path_s"] = call.get("path_in_s", 0.0) + call["service_s"]
+        if call["group"] is None:
             return None
         group = tuple(call["group"])
         self.running_models[(call["model"], group)] -= 1
@@ -293,6 +314,7 @@ class LivePlanner(ResidencyView):
         if call["status"] not in ("arrived", "started"):
             return {"call": ev["call"], "status": call["status"]}
         group = self._unpin(rec, call)
+        call.setdefault("path_s", call.get("path_in_s", 0.0) + call.get("service_s", 0.0))
         call["status"] = "finished"
         model = call["model"]
         kvk = kv_key(rec.program, model)

@@ -123,10 +123,11 @@ def test_prefetch_all_promotes_on_hints_and_wrong_hints_waste_bytes():
     assert res.bytes_by_pair["nvme->gpu"] == pytest.approx(30 * GB)  # m1, the wrongly hinted m3, then m2
 
 
-def test_static_loads_its_placement_at_time_zero():
+@pytest.mark.parametrize("name", ["static", "static-share"])
+def test_static_loads_its_placement_at_time_zero(name):
     cl, cat = cluster(gpus=2, hbm_gb=40.0, cold=2.0), catalog(("m1", 10.0), ("m2", 10.0))
     tr = trace(program("p", [call("a", "m1")], start=100.0), program("q", [call("a", "m2")], start=100.0))
-    res = Simulator(cl, cat, tr, make_policy("static")).run()
+    res = Simulator(cl, cat, tr, make_policy(name)).run()
     assert all(c.ready - c.arrive == 0.0 for c in res.calls)
 
 

@@ -7,7 +7,7 @@ for slot t+1 is promoted (prefetched as planned), what it holds in neither slot 
 host DRAM where the schedule keeps it there), and eviction under pressure goes by the schedule's
 next use (Belady with the MILP's foresight). Calls run on the MILP's home groups.
 
-`static-milp` is the best single placement for the whole trace from the same model with time
+`static` is the best single placement for the whole trace from the same model with time
 collapsed: a knapsack per GPU that keeps the models whose restores the trace would pay most often.
 """
 
@@ -109,10 +109,10 @@ class Oracle(Policy):
 
 
 class MilpStatic(Static):
-    """`static` with its placement from the MILP with time collapsed (`solve_static`) instead of
-    call shares. Registered as `static-milp` beside the call-share `static` until it beats it in
-    the closed loop on every seed."""
-    name = "static-milp"
+    """`static`: the best single placement for the whole trace from the MILP with time collapsed
+    (`solve_static`), loaded at time 0 and never changed. It replaced the call-share heuristic,
+    which stays registered as `static-share` for comparison."""
+    name = "static"
 
     def plan(self, sim) -> dict[str, tuple]:
         inst, _ = build_instance(sim.cluster, sim.catalog, sim.trace, sim.cost, hot_touch=0.5)

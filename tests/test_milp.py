@@ -6,7 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statebudget.solvers.milp import Call, Instance, Obj, Solution, brute_force, evaluate, solve, solve_rolling
+from statebudget.solvers.milp import (Call, Instance, Obj, Solution, brute_force, evaluate, greedy_schedule, solve,
+                                      solve_rolling)
 
 GB = 1e9
 
@@ -81,6 +82,30 @@ def test_milp_equals_brute_force_and_backends_agree(inst):
         bad, obj = evaluate(inst, sol)
         assert bad == []
         assert obj == pytest.approx(exact, rel=1e-6, abs=1e-6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny())
+def test_the_greedy_warm_start_is_feasible_never_beats_the_optimum_and_keeps_it(inst):
+    exact = brute_force(inst)
+    g = greedy_schedule(inst)
+    if g.status != "FEASIBLE":  # it only fails where a call's needs cannot fit, or DRAM rules bind
+        return
+    bad, obj = evaluate(inst, g)
+    assert bad == [] and obj == pytest.approx(g.objective)
+    assert exact <= obj + 1e-6
+    warm = solve(inst, "scip", time_limit_s=30, hint=g)
+    assert warm.status == "OPTIMAL" and warm.objective == pytest.approx(exact, rel=1e-6, abs=1e-6)
+
+
+def test_greedy_demotes_the_resident_used_farthest_ahead():
+    inst = two_models(hbm=20 * GB)  # one model fits at a time; calls alternate m0, m1, m0, m1
+    g = greedy_schedule(inst)
+    assert g.status == "FEASIBLE"
+    assert g.d.sum() == 4  # every call loads on demand (no prefetch in the greedy rule)
+    assert g.y[0, 1] == 1 and g.y[1, 2] == 1  # demoted to DRAM, restored from there: R^h, not R^n
+    assert g.stall.tolist() == pytest.approx([5.0, 5.0, 1.0, 1.0])
+    assert solve(inst, "scip", time_limit_s=30).objective < g.objective  # the oracle prefetches
 
 
 def _feasible():

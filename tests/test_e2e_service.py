@@ -62,10 +62,10 @@ class Stack:
         return subprocess.Popen([sys.executable, "-m", "statebudget.cli", *args], cwd=self.tmp, env=self.env,
                                 stdout=subprocess.DEVNULL, stderr=open(self.tmp / log, "ab"))
 
-    def start_server(self):
+    def start_server(self, *extra):
         self.server = self.cli("serve", "--db", str(self.tmp / "sb.db"), "--cluster", "toy2", "--catalog", "toy",
                                "--port", str(self.port), "--tokens", str(self.tmp / "tokens.json"),
-                               "--tick-s", "0.5", "--log-level", "warning", log="server.log")
+                               "--tick-s", "0.5", "--log-level", "warning", *extra, log="server.log")
 
         def healthy():
             assert self.server.poll() is None, (self.tmp / "server.log").read_text()[-3000:]
@@ -151,7 +151,12 @@ def _check_books(stack: Stack) -> dict:
 
 
 def test_service_with_two_local_adapters_moves_real_bytes(stack):
-    stack.start_server()
+    # The cost model quotes from this machine's measured tiers, not the preset's figures.
+    prof = stack.tmp / "profile.json"
+    p = stack.cli("profile", "--cluster", "toy2", "--catalog", "toy", "--out", str(prof), "--size-mb", "64",
+                  "--repeats", "2", log="profile.log")
+    assert p.wait(120) == 0, (stack.tmp / "profile.log").read_text()[-2000:]
+    stack.start_server("--profile", str(prof))
     stack.start_adapters()
     trace = parse_trace(toy_trace_jsonl(seed=3, hours=0.05), "toy trace")
     out = asyncio.run(Driver(stack.url, TOKENS["runtime"], speed=30.0, call_s=0.02).replay(trace))

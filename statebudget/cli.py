@@ -372,6 +372,7 @@ def adapter(
     arena_mb: Annotated[Optional[float], typer.Option(help="local: device arena per GPU in MB (1e6 B) when there is no CUDA (default 1 GiB)")] = None,
     inventory: Annotated[Optional[Path], typer.Option(help="local: after each poll, write the ops executed and the copies held here (JSON)")] = None,
     engines: Annotated[Optional[Path], typer.Option(help="vllm, sglang: JSON file {endpoints: {MODEL@gpu:I: URL}, model_paths, cpu_backup}")] = None,
+    catalog: Annotated[Optional[str], typer.Option(help="local: create this catalog's model store under ROOT first")] = None,
     wait_s: Annotated[float, typer.Option(help="long-poll wait")] = 10.0,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
 ):
@@ -396,6 +397,10 @@ def adapter(
         a.run(wait_s=wait_s)
         return
     a = cls(planner, node, token, root=root / node, arena_bytes=int(arena_mb * 1e6) if arena_mb else None)
+    if catalog is not None:
+        from .models.load import load_catalog
+
+        err.print(f"model store: {a.plane.stock(load_catalog(catalog))} objects under {root / node}")
 
     def write_inventory(_n: int) -> None:
         tmp = inventory.with_name(inventory.name + ".tmp")

@@ -139,6 +139,7 @@ def create_app(planner: LivePlanner, auth: Auth, tick_s: float = 5.0, coalesce_s
 
     def handler(status: int):
         async def answer(request: Request, exc: Exception):
+            svc.changed()  # a refusal may have closed an op (committed): wake whoever waits on the plan
             return JSONResponse({"detail": str(exc.args[0]) if exc.args else type(exc).__name__}, status_code=status)
         return answer
 

@@ -98,6 +98,7 @@ class Driver:
                 if rec is not None and rec["decision"] != "rejected":
                     r = await self._send(client, "GET", f"/v1/leases/{rec['lease_id']}")
                     rec["ready_at_use"] = r is not None and r.status_code == 200 and r.json()["ready"]
+                    rec["at_use"] = r.json() if r is not None and r.status_code == 200 else None
                 await self._event(client, type="call_arrived", program=p.program, call=n.id, model=by_id[n.id].model,
                                   context_tokens=n.context_tokens, output_tokens=n.output_tokens)
                 await self._event(client, type="call_started", program=p.program, call=n.id)
@@ -127,6 +128,9 @@ class Driver:
         def q(x):
             return round(lat[min(len(lat) - 1, int(x * len(lat)))] * 1e3, 3) if lat else 0.0
 
+        late = [{"lease_id": r["lease_id"], "model": r["asked_model"], "deadline_s": r["deadline_s"],
+                 "p95_s": r["quote"]["p95_s"], "at_use": {k: (r.get("at_use") or {}).get(k) for k in ("state", "reason", "objects")}}
+                for r in promised if not r["ready_at_use"]]
         return {"events": self.events, "leases": by, "unanswered": self.unanswered,
-                "promised_by_quote": len(promised), "ready_when_promised": len(kept),
+                "promised_by_quote": len(promised), "ready_when_promised": len(kept), "late": late[:10],
                 "request_ms": {"p50": q(0.5), "p99": q(0.99)}, "errors": self.errors[:20], "n_errors": len(self.errors)}

@@ -107,7 +107,17 @@ class Adapter:
         before it is reported, so an op whose report was lost (the planner went away) is reported
         again when offered again, never executed again; commit or abort follows the answer."""
         n = 0
-        for op in self.poll(wait_s):
+        ops = self.poll(wait_s)
+        offered = {op.op_id for op in ops}
+        # Executed ops whose answer never came (the planner died after committing, before replying)
+        # are no longer offered: report them again; the planner answers a duplicate with 200.
+        for op_id, op in list(self._unsettled.items()):
+            if op_id not in offered:
+                status = self.report(op, self.reported[op_id])
+                del self._unsettled[op_id]
+                if self.reported[op_id].status == "done":
+                    self.commit(op) if status == 200 else self.abort(op)
+        for op in ops:
             result = self.reported.get(op.op_id)
             if result is None:
                 t0 = time.perf_counter()

@@ -380,6 +380,20 @@ class LocalDataPlane:
                 self.copies[(key, tier)] = c
             return c
 
+    def stock(self, catalog) -> int:
+        """Create the model store of a catalog up front, as an operator's checkpoints are on disk
+        before serving: the first promotion of a model then reads a file instead of making one."""
+        n = 0
+        for m in catalog.models:
+            objs = [(["w", m.name], m.dense_bytes)]
+            if m.moe:
+                objs += [(["e", m.name, str(p)], m.moe.page_bytes) for p in range(m.moe.pages)]
+            for key, nbytes in objs:
+                self.store(key, self._object_bytes(Op(op_id="stock", kind="promote", object=key, src="none",
+                                                       dst=f"nvme:{self.node}", bytes=nbytes)))
+                n += 1
+        return n
+
     def _meta(self, c: Copy) -> dict[str, str]:
         return {"format": FORMAT, "object": json.dumps(list(c.key)), "checksum": c.checksum}
 

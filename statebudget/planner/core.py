@@ -301,7 +301,16 @@ class PlannerCore:
         total = 0.0
         need = []
         for key in objects:
-            if (key, group) in view.tiers.gpu:
+            c = view.tiers.gpu.get((key, group))
+            if c is not None:
+                if not c.ready:
+                    # still being written: the lease waits for its commit, whose bytes are on the
+                    # links already (the backlog the quote counts on those links)
+                    need.append(key)
+                    for link in self._path_bytes(view.best_source(key, group), group, 0.0):
+                        on_link.setdefault(link, 0.0)
+                        if key[0] != "kv":
+                            w_link.setdefault(link, 0.0)
                 continue
             src = view.best_source(key, group)
             per_gpu = view.size_of(key) / len(group)

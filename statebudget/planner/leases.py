@@ -219,6 +219,14 @@ class LeaseLedger:
             return []
         return self._end(lease, LeaseState.CANCELLED, now, reason)
 
+    def refuse(self, lease_id: str, now: float, reason: str) -> list:
+        """An admitted lease the mechanism could not start (no room): it ends rejected, with the
+        reason, and its objects' transfers stop."""
+        lease = self.get(lease_id)
+        if not lease.state.live:
+            return []
+        return self._end(lease, LeaseState.REJECTED, now, reason)
+
     def cancel_token(self, token: str, now: float) -> list[tuple[str, list]]:
         """Cancel every live lease holding `token`: [(lease_id, objects to stop)]."""
         out = []

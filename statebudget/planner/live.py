@@ -245,11 +245,12 @@ class LivePlanner(ResidencyView):
             if call["status"] == "finished":
                 raise Conflict(f"call {ev['call']!r} already finished (attempt {call['attempt']}): a logical call "
                                f"commits once")
-            self._unpin(rec, call)  # a retry: the old attempt's hold on its state goes
-        for dep in ev.get("after") or ():
+        for dep in ev.get("after") or ():  # every check before the first change: a refusal changes nothing
             d = rec.calls.get(dep)
             if d is None or d["status"] != "finished":
                 raise Conflict(f"call {ev['call']!r} cannot arrive before its dependency {dep!r} has finished")
+        if call is not None:
+            self._unpin(rec, call)  # a retry: the old attempt's hold on its state goes
         deps = [rec.calls[d] for d in ev.get("after") or ()]
         path_in = max((d.get("path_s", 0.0) for d in deps), default=0.0)
         service = call.get("service_s", 0.0) if call is not None else 0.0  # a retry keeps what it attained
@@ -320,8 +321,12 @@ class LivePlanner(ResidencyView):
         kvk = kv_key(rec.program, model)
         tokens = int(ev.get("tokens", 0))
         if tokens > 0 and tokens != self.kv_tokens.get(kvk):
-            # The engine left the call's KV (a new version) on the group it ran on; the copies of
-            # the older version are stale and go first.
+            # The engine left the call's KV (a new version) on the group it ran on, growing the copy
+            # it had there: only the books change for that one. Copies elsewhere are stale and go.
+            same = self.tiers.gpu.get((kvk, group)) if group is not None else None
+            if same is not None and same.ready:
+                self.tiers.remove_gpu_copy(same)
+                self.store.delete_copy(kvk, gpu_tier(group))
             self._apply(self._drop_all(kvk))
             self.kv_tokens[kvk] = tokens
             self.store.put_kv(rec.program, model, tokens)
@@ -331,6 +336,8 @@ class LivePlanner(ResidencyView):
                     c = GpuCopy(kvk, group, per_gpu, True, self.now, self.now, used=True)
                     self.tiers.add_gpu_copy(c)
                     self._save_gpu(c)
+                elif same is not None:  # the books have no room for it: the engine must let it go
+                    self._new_op("drop", kvk, gpu_tier(group), "none", same.nbytes, self.gpus[group[0]].node)
         self._apply(self.policy.on_call_end(self, _Call(rec.program, ev["call"], model)))
         self._save_program(rec)
         return {"call": ev["call"], "status": "finished", "kv_version": self.kv_tokens.get(kvk, 0)}
@@ -432,6 +439,10 @@ class LivePlanner(ResidencyView):
             leases, decisions = self.policy.request_leases(self, [(req, group)])
             self._apply(decisions)
             lease = leases[0]
+            missing = [k for k in lease.objects if (k, group) not in self.tiers.gpu] if lease.state.live else []
+            if missing:  # no room to prepare it now: say so instead of letting it expire
+                self._apply(self.policy.stop_leases(self, [(lease.lease_id, self.ledger.refuse(
+                    lease.lease_id, self.now, f"no room on {gpu_tier(group)} for {'/'.join(map(str, missing[0]))}"))]))
             self._flush()
         self.telemetry.lease(lease.decision)
         self.plan_due = True
@@ -481,12 +492,24 @@ class LivePlanner(ResidencyView):
         if running or held or self.ops:
             raise Conflict(f"the planner holds state ({len(running)} running programs, {held} copies, "
                            f"{len(self.ops)} open ops): finish or cancel the programs and let the ops drain first")
+        try:  # what can fail is tried before anything changes: the model store must fit the NVMe
+            CostModel(cl, cat, profile=self.profile)
+            for node in cl.nodes:
+                need = sum(b for m in cat.models for _, b in self.object_sizes(m))
+                if need > node.nvme_gb * 1e9:
+                    raise ValueError(f"node {node.name}: NVMe ({node.nvme_gb} GB) too small for the model store "
+                                     f"({need / 1e9:.1f} GB)")
+        except ValueError as e:
+            raise Invalid(str(e)) from None
         with self.store.tx():
             epoch, version, seq = self.catalog_epoch + 1, self.plan_version + 1, self._op_seq
             self._setup(cl, cat)
             self.catalog_epoch, self.plan_version, self._op_seq = epoch, version, seq
             self.store.set_meta("cluster", cl.model_dump(mode="json"))
             self.store.set_meta("catalog", cat.model_dump(mode="json"))
+            # a new cluster starts a new ledger of programs and leases (none is live: checked above)
+            for table in ("programs", "leases", "kv", "residency"):
+                self.store.db.execute(f"DELETE FROM {table}")
             self._save_meta()
         return {"cluster": cl.name, "gpus": len(cl.gpus), "models": [m.name for m in cat.models],
                 "catalog_epoch": self.catalog_epoch}
@@ -507,7 +530,6 @@ class LivePlanner(ResidencyView):
 
     def _apply(self, decisions) -> None:
         """The mechanism: decisions become books changes and ops (DESIGN.md §6 decision tuples)."""
-        before = self._op_seq
         for d in decisions or ():
             if d[0] == "promote":
                 self._promote(d[1], d[2], d[3] if len(d) > 3 else None)
@@ -521,8 +543,6 @@ class LivePlanner(ResidencyView):
                     self._close(self.ops[op_id], "cancelled", "nobody waits for it any more")
             else:
                 raise ValueError(f"unknown decision {d[0]!r}")
-        if self._op_seq != before:
-            self._bump()
 
     def _promote(self, key, group, lease_id=None) -> None:
         existing = self.tiers.gpu.get((key, group))
@@ -572,6 +592,8 @@ class LivePlanner(ResidencyView):
             hc = self.tiers.host.get((key, node))
             if hc is None and self.tiers.alloc_host(node, c.nbytes):
                 hc = self.tiers.host[(key, node)] = HostCopy(key, node, c.nbytes, False, self.now)
+            elif hc is not None and not hc.ready:
+                hc = None  # another op is writing that host copy: two writers would race; drop this one
             if hc is not None:
                 dst = f"host:{node}"
         self.tiers.remove_gpu_copy(c)
@@ -588,7 +610,8 @@ class LivePlanner(ResidencyView):
         op = Op(op_id=f"op{self._op_seq}", kind=kind, object=[str(x) for x in key], src=src, dst=dst, bytes=nbytes,
                 epoch=self.epoch_of(key), version=self.version_of(key),
                 deadline=lease.request.deadline_s if lease else None, lease_id=lease.lease_id if lease else None)
-        rec = self.ops[op.op_id] = OpRec(op, node, plan_version=self.plan_version + 1)
+        self._bump()  # an adapter long-polling the plan must see it
+        rec = self.ops[op.op_id] = OpRec(op, node, plan_version=self.plan_version)
         self._on_link(op, +1)
         if kind == "promote":
             self.writer[(key, dst)] = op.op_id
@@ -614,7 +637,9 @@ class LivePlanner(ResidencyView):
 
     def report(self, node: str, op_id: str, result: dict) -> dict:
         """An adapter's report. `done` with the op's version and epoch, while the books still hold
-        them, commits; anything stale or cancelled is refused (Conflict) and undone."""
+        them, commits; anything stale or cancelled is refused (Conflict) and undone. A refusal is
+        committed before it is raised: the op is closed on disk as in memory."""
+        refused = None
         with self.store.tx():
             rec = self.ops.get(op_id)
             if rec is None:
@@ -624,20 +649,21 @@ class LivePlanner(ResidencyView):
             op, key = rec.op, _key(rec.op.object)
             if result["status"] == "done":
                 if (result.get("version"), result.get("epoch")) != (op.version, op.epoch):
-                    self._close(rec, "cancelled", f"reported version/epoch {result.get('version')}/{result.get('epoch')} "
-                                                  f"!= op's {op.version}/{op.epoch}", result)
-                    self._flush()
-                    raise Conflict(f"op {op_id}: {rec.reason}")
-                if (self.version_of(key), self.epoch_of(key)) != (op.version, op.epoch) and op.kind != "drop":
-                    self._close(rec, "cancelled", f"state moved on to version/epoch {self.version_of(key)}/"
-                                                  f"{self.epoch_of(key)} while the op ran", result)
-                    self._flush()
-                    raise Conflict(f"op {op_id}: {rec.reason}")
-                self._commit(rec, result)
+                    refused = (f"reported version/epoch {result.get('version')}/{result.get('epoch')} "
+                               f"!= op's {op.version}/{op.epoch}")
+                elif (self.version_of(key), self.epoch_of(key)) != (op.version, op.epoch) and op.kind != "drop":
+                    refused = (f"state moved on to version/epoch {self.version_of(key)}/{self.epoch_of(key)} "
+                               f"while the op ran")
+                if refused:
+                    self._close(rec, "cancelled", refused, result)
+                else:
+                    self._commit(rec, result)
             else:
                 self._close(rec, result["status"], result.get("error") or "reported " + result["status"], result)
             self._flush()
         self.plan_due = True
+        if refused:
+            raise Conflict(f"op {op_id}: {refused}")
         return {"op_id": op_id, "status": rec.status}
 
     def _closed_report(self, node: str, op_id: str, result: dict) -> dict:
@@ -671,33 +697,54 @@ class LivePlanner(ResidencyView):
     def _close(self, rec: OpRec, status: str, reason: str, result: dict | None = None) -> None:
         """An op ends without a commit: undo its target in the books (the copy it was writing)."""
         op, key = rec.op, _key(rec.op.object)
-        if op.dst.startswith("gpu:"):
+        mine = self.writer.get((key, op.dst)) == op.op_id  # undo only a target this op was writing
+        if op.dst.startswith("gpu:") and mine:
             c = self.tiers.gpu.get((key, _group(op.dst)))
             if c is not None and not c.ready:
                 self.tiers.remove_gpu_copy(c)
                 self.store.delete_copy(key, op.dst)
-        elif op.dst.startswith("host:"):
+        elif op.dst.startswith("host:") and mine:
             hc = self.tiers.host.get((key, op.dst.split(":", 1)[1]))
             if hc is not None and not hc.ready:
                 self.tiers.remove_host_copy(hc)
                 self.store.delete_copy(key, op.dst)
-        if op.kind == "demote" and op.src.startswith("gpu:"):
-            self._demote_undone(rec)
+        if op.src.startswith("gpu:") and (op.kind == "demote" or (op.kind == "drop" and status == "failed")):
+            self._demote_undone(rec)  # the source is still in HBM: a move releases it only on commit
         rec.status, rec.reason, rec.result = status, reason, result
         self._finish(rec)
         self._bump()
 
     def _demote_undone(self, rec: OpRec) -> None:
-        """A demotion failed or was cancelled, so its source is still in HBM (a move releases it
-        only on commit): back into the books if it still fits, else dropped."""
+        """A demotion failed or was cancelled (or a drop failed), so its source is still in HBM (a
+        move releases it only on commit): back into the books if it still fits and is still
+        wanted, else dropped (again)."""
         op, key, group = rec.op, _key(rec.op.object), _group(rec.op.src)
         per_gpu = op.bytes / len(group)
+        if key[0] == "kv" and key not in self.kv_tokens:  # its program ended: it must go
+            self._new_op("drop", key, op.src, "none", op.bytes, rec.node)
+            return
+        back = self.tiers.gpu.get((key, group))
+        if back is not None and not back.ready:
+            # it is being promoted back onto that very group: the source never left, adopt it
+            back.ready = True
+            self._save_gpu(back)
+            writer = self.writer.get((key, op.src))
+            if writer is not None:
+                self._finish_as(self.ops[writer], "cancelled", "its source never left HBM")
+            self.policy.on_copy_ready(self, back)
+            return
         if (key, group) not in self.tiers.gpu and self.tiers.alloc_gpu(group, per_gpu):
             c = GpuCopy(key, group, per_gpu, True, self.now, self.now)
             self.tiers.add_gpu_copy(c)
             self._save_gpu(c)
         else:
             self._new_op("drop", key, op.src, "none", op.bytes, rec.node)
+
+    def _finish_as(self, rec: OpRec, status: str, reason: str) -> None:
+        """Close an op whose target is already settled in the books (nothing to undo)."""
+        rec.status, rec.reason = status, reason
+        self._finish(rec)
+        self._bump()
 
     def _finish(self, rec: OpRec) -> None:
         del self.ops[rec.op.op_id]
@@ -804,6 +851,12 @@ class LivePlanner(ResidencyView):
                 self.policy.group_of[lease.lease_id] = tuple(body["group"])
             if lease.state.live and lease.request.for_call:
                 self.core.lease_of_call[(lease.request.program, lease.request.for_call)] = lease.lease_id
+        for lid, group in self.policy.group_of.items():  # leases wait on in-flight copies again
+            lease = self.ledger.leases.get(lid)
+            for key, st in (lease.objects.items() if lease is not None and lease.state.live else ()):
+                c = self.tiers.gpu.get((key, group))
+                if st == "moving" and c is not None and not c.ready and lid not in (c.lease or ()):
+                    c.lease = (c.lease or ()) + (lid,)
         for rec in self.programs.values():  # calls running at the crash pin their state again
             for call in rec.calls.values():
                 if call["status"] == "started" and call["group"] is not None:
@@ -821,10 +874,6 @@ class LivePlanner(ResidencyView):
                 key = _key(op.object)
                 if op.kind == "promote":
                     self.writer[(key, op.dst)] = op.op_id
-                    if op.lease_id and op.dst.startswith("gpu:"):
-                        c = self.tiers.gpu.get((key, _group(op.dst)))
-                        if c is not None:
-                            c.lease = (op.lease_id,)
                 elif op.dst.startswith("host:"):
                     self.writer[(key, op.dst)] = op.op_id
             for rec in list(self.ops.values()):

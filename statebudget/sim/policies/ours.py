@@ -149,11 +149,12 @@ class StateBudgetLease(StateBudget):
 
     def stop_leases(self, sim, stopped) -> list:
         """Cancel decisions for the transfers of leases that were cancelled or went stale."""
+        core = self._core(sim)
         out = []
         for lid, keys in stopped:
             group = self.group_of.get(lid)
             for key in keys:
-                if group is not None:
+                if group is not None and not core._leased(key):  # another live lease still needs it
                     out.append(("cancel", key, group))
         return out
 

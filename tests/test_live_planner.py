@@ -1,0 +1,88 @@
+"""The live planner's books under the paths a review found wrong: refusals are durable, a lease
+waits for an in-flight copy, a shared transfer survives one lease's cancel, the engine's own KV is
+not dropped when it grows, a failed demotion adopts its source, and a lease with no room says so."""
+
+import pytest
+
+from statebudget.models.load import load_catalog, load_cluster
+from statebudget.planner.ledger import Store
+from statebudget.planner.live import Conflict, LivePlanner
+
+W = ("w", "planner")
+
+
+def planner(db=None):
+    return LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(db) if db else None)
+
+
+def report(p, op, status="done", **kw):
+    return p.report(p.ops[op.op_id].node if op.op_id in p.ops else "n0", op.op_id,
+                    {"status": status, "version": op.version, "epoch": op.epoch, "checksum": "c", **kw})
+
+
+def test_a_refused_report_is_closed_on_disk_too(tmp_path):
+    p = planner(tmp_path / "sb.db")
+    p.event("a", {"type": "program_started", "program": "p1"})
+    lid = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60})["lease_id"]
+    op = next(r.op for r in p.ops.values() if r.op.lease_id == lid)
+    node = p.ops[op.op_id].node
+    with pytest.raises(Conflict, match="version"):
+        p.report(node, op.op_id, {"status": "done", "version": op.version + 1, "epoch": op.epoch})
+    assert p.store.get_op(op.op_id)["status"] == "cancelled"
+    assert not any(r["tier"].startswith("gpu") for r in p.store.copies())
+    p.store.close()
+    q = planner(tmp_path / "sb.db")
+    assert op.op_id not in q.ops and q.tiers.hbm_used == [0.0, 0.0]
+    with pytest.raises(Conflict, match="already cancelled"):  # a later, correct report cannot publish it
+        q.report(node, op.op_id, {"status": "done", "version": op.version, "epoch": op.epoch, "checksum": "c"})
+    assert not q.lease_view(q.ledger.leases[lid])["ready"]
+
+
+def test_a_lease_on_a_copy_in_flight_waits_for_its_commit_and_survives_the_other_cancel():
+    p = planner()
+    for t, prog in (("a", "pa"), ("b", "pb")):
+        p.event(t, {"type": "program_started", "program": prog})
+    la = p.submit_lease("a", {"program": "pa", "model": "planner", "deadline_s": 60})
+    lb = p.submit_lease("b", {"program": "pb", "model": "planner", "deadline_s": 60})
+    assert not lb["ready"] and lb["state"] == "transferring" and lb["quote"]["p95_s"] > 0
+    (op,) = [r.op for r in p.ops.values()]  # one transfer serves both
+    p.cancel_lease("a", la["lease_id"])
+    assert op.op_id in p.ops  # b still needs it
+    report(p, op)
+    assert p.lease_view(p.ledger.leases[lb["lease_id"]])["ready"]
+
+
+def test_a_growing_kv_on_its_own_group_is_not_dropped():
+    p = planner()
+    p.event("a", {"type": "program_started", "program": "p1"})
+    for i, tokens in ((1, 1000), (2, 2000)):
+        p.event("a", {"type": "call_arrived", "program": "p1", "call": f"c{i}", "model": "planner"})
+        p.event("a", {"type": "call_started", "program": "p1", "call": f"c{i}"})
+        p.event("a", {"type": "call_finished", "program": "p1", "call": f"c{i}", "tokens": tokens})
+    kv = [(k, c.nbytes, c.ready) for (k, _), c in p.tiers.gpu.items() if k[0] == "kv"]
+    assert kv == [(("kv", "p1", "planner"), 2000 * 4096, True)]
+    assert not [r for r in p.ops.values() if r.op.object[0] == "kv"]  # no drop sent to the engine
+
+
+def test_a_failed_demotion_adopts_its_source_when_it_is_being_promoted_back():
+    p = planner()
+    with p.store.tx():
+        p._apply([("promote", W, (0,))])
+    report(p, next(r.op for r in p.ops.values()))
+    with p.store.tx():
+        p._apply([("demote", W, (0,), "host")])
+    demote = next(r.op for r in p.ops.values())
+    with p.store.tx():
+        p._apply([("promote", W, (0,))])
+    report(p, demote, "failed", error="engine busy")
+    assert p.tiers.gpu[(W, (0,))].ready  # the source never left HBM
+    assert not p.ops  # neither the promotion back nor a drop is left to run
+    p.tiers.check()
+
+
+def test_a_lease_with_no_room_is_rejected_with_the_reason():
+    p = planner()
+    p.event("a", {"type": "program_started", "program": "p1"})
+    p.tiers.hbm_used = [cap for cap in p.tiers.hbm_cap]  # every GPU full of pinned state
+    out = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60})
+    assert out["decision"] == "rejected" and "no room" in out["reason"] and not p.ops

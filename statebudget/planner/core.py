@@ -188,10 +188,11 @@ class PlannerCore:
             if not resident[i] and i not in promote:
                 continue
             mi = self.models.index(k[1])
-            duplicate = resident[i] and k[0] == "w" and g != homes.get(k[1])
+            # A second copy of a model's weights competes like any other on its density, which its
+            # candidate value already discounts (0.25x): calls of one model overlap, and a second
+            # replica demoted at once is reloaded from DRAM by the next overlapping call.
             leased = self._leased(k) or (c is not None and (not c.ready or now - c.created < cfg.min_dwell_s))
-            keep = math.inf if leased else 0.0 if duplicate else \
-                plan.density[i] * (p_idle[mi] / max(p_model[mi], 1e-9))
+            keep = math.inf if leased else plan.density[i] * (p_idle[mi] / max(p_model[mi], 1e-9))
             idle.append((keep, i))
         room = cfg.warm_budget * float(cap.sum())
         out = []

@@ -105,6 +105,8 @@ def test_no_late_result_across_an_epoch_and_no_new_call_after_a_cancel():
     p.event("t", {"type": "tool_started", "program": "a", "tool": "shell", "call": "t2"})  # t1 timed out, retried
     with pytest.raises(Conflict, match="late"):
         p.event("t", {"type": "tool_finished", "program": "a", "tool": "shell", "call": "t1"})
+    with pytest.raises(Conflict, match="over"):  # a repeated start of the superseded call
+        p.event("t", {"type": "tool_started", "program": "a", "tool": "shell", "call": "t1"})
     assert p.event("t", {"type": "program_cancelled", "program": "a"})["epoch"] == 1
     with pytest.raises(Conflict, match="stale"):
         p.event("t", {"type": "tool_finished", "program": "a", "tool": "shell", "call": "t2", "epoch": 0})

@@ -101,6 +101,7 @@ class ProgramRec:
     last_model: str | None = None
     tool: list | None = None  # [tool, since, tool call id or None]
     service_s: float = 0.0    # attained service: seconds its calls ran, failed attempts included
+    tools_over: list = field(default_factory=list)  # tool call ids finished or superseded by a retry
 
 
 @dataclass
@@ -344,7 +345,13 @@ class LivePlanner(ResidencyView):
 
     def _tool_started(self, rec: ProgramRec, ev: dict) -> dict:
         self._live(rec, "tool call")
-        rec.tool = [ev["tool"], self.now, ev.get("call")]
+        tid = ev.get("call")
+        if tid is not None and tid in rec.tools_over:
+            raise Conflict(f"tool call {tid!r} of program {rec.program!r} is over (finished, or retried under "
+                           f"another id): a repeated start is stale")
+        if rec.tool is not None and rec.tool[2] is not None and rec.tool[2] != tid:
+            rec.tools_over.append(rec.tool[2])  # a retry supersedes the running tool call
+        rec.tool = [ev["tool"], self.now, tid]
         self._apply(self.policy.on_tool_start(self, _Prog(rec.program, rec.tenant), None, ev["tool"]))
         self._save_program(rec)
         return {"tool": ev["tool"], "status": "started"}
@@ -357,6 +364,8 @@ class LivePlanner(ResidencyView):
         since = rec.tool[1] if rec.tool and rec.tool[0] == tool else self.now
         duration = ev.get("duration_s")
         duration = float(duration) if duration is not None else self.now - since
+        if rec.tool is not None and rec.tool[2] is not None:
+            rec.tools_over.append(rec.tool[2])
         rec.tool = None
         self.policy.on_tool_end(self, _Prog(rec.program, rec.tenant), None, tool, duration)
         self._save_program(rec)

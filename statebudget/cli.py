@@ -437,6 +437,32 @@ def drive(
         json_out.write_text(json.dumps(out, indent=1) + "\n")
 
 
+@app.command()
+@_guard
+def residency(
+    planner: Annotated[str, typer.Option(help="planner URL, e.g. http://127.0.0.1:8700")],
+    token: Annotated[str, typer.Option(envvar="STATEBUDGET_TOKEN", help="an admin token")],
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the raw answer here")] = None,
+):
+    """What a live planner holds: every copy per tier (ready or in flight), open ops, leases."""
+    import httpx
+
+    r = httpx.get(planner.rstrip("/") + "/v1/residency", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    if r.status_code != 200:
+        _fail(f"{planner}: {r.status_code} {r.json().get('detail', r.text) if r.headers.get('content-type', '').startswith('application/json') else r.text}")
+    body = r.json()
+    t = Table("tier", "object", "GB", "state", "version", "pins",
+              title=f"plan version {body['plan_version']}, {body['open_ops']} open ops; leases {body['leases']}; "
+                    f"programs {body['programs']}")
+    for c in body["copies"]:
+        t.add_row(c["tier"], "/".join(c["object"]), f"{c['bytes'] / 1e9:.2f}", "ready" if c["ready"] else "[yellow]in flight[/]",
+                  str(c["version"]), str(c["pins"]))
+    console.print(t)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(body, indent=1) + "\n")
+
+
 token_app = typer.Typer(no_args_is_help=True, help="Manage the service's bearer tokens.")
 app.add_typer(token_app, name="token")
 

@@ -329,6 +329,8 @@ def serve(
     tick_s: Annotated[float, typer.Option(help="planning step at least this often (seconds)", min=0.01)] = 5.0,
     queue: Annotated[str, typer.Option(help="fcfs | plas | atlas: the discipline whose priority call_arrived answers "
                                             "(pass it to the engine, e.g. vLLM's `priority`)")] = "fcfs",
+    stage_host: Annotated[bool, typer.Option(help="stage weights in host DRAM ahead of use (off for vLLM/SGLang "
+                                                  "adapters: their engines reach host DRAM only by sleeping)")] = True,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
 ):
     """Run the planner service: runtimes post events and leases, adapters poll plans (DESIGN.md §7).
@@ -355,7 +357,9 @@ def serve(
     if profile is not None:
         from .profile import load_profile
         prof = load_profile(profile, cl)
-    planner = LivePlanner(cl, cat, Store(db), profile=prof, queue=queue)
+    from .planner.core import PlannerConfig
+
+    planner = LivePlanner(cl, cat, Store(db), profile=prof, queue=queue, config=PlannerConfig(stage_host=stage_host))
     err.print(f"planner on http://{host}:{port}: cluster {planner.cluster.name}, catalog {planner.catalog.name}, "
               f"ledger {db} (plan version {planner.plan_version}, {len(planner.ops)} open ops)")
     uvicorn.run(create_app(planner, auth, tick_s=tick_s), host=host, port=port, log_level="warning")

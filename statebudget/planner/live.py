@@ -38,6 +38,7 @@ from ..sim.memory import GpuCopy, HostCopy, Tiers
 from ..sim.policies.baselines import place_model
 from ..sim.policies.ours import StateBudgetLease
 from ..solvers.costs import CostModel
+from .core import PlannerConfig
 from .leases import Lease, LeaseRequest, LeaseState, Quote
 from .programs import QUEUES, queue_key
 from .ledger import Store
@@ -117,9 +118,12 @@ class OpRec:
 
 class LivePlanner(ResidencyView):
     def __init__(self, cluster: Cluster, catalog: Catalog, store: Store | None = None, clock=time.time,
-                 profile: dict | None = None, telemetry: Telemetry | None = None, queue: str = "fcfs"):
+                 profile: dict | None = None, telemetry: Telemetry | None = None, queue: str = "fcfs",
+                 config: PlannerConfig | None = None):
         """`queue`: the discipline whose priority `call_arrived` answers (fcfs, plas, atlas), for
-        the runtime to pass to its engine (vLLM's `priority`, lower first)."""
+        the runtime to pass to its engine (vLLM's `priority`, lower first). `config`: the planner's
+        knobs (e.g. `stage_host=False` for engines that cannot stage weights into host DRAM)."""
+        self.config = config
         if queue not in QUEUES:
             raise ValueError(f"unknown queue discipline {queue!r} (known: {', '.join(QUEUES)})")
         self.queue = queue
@@ -147,7 +151,7 @@ class LivePlanner(ResidencyView):
         self.tiers = Tiers(cluster)
         self.kv_tokens: dict[tuple, int] = {}
         self.running_models: Counter = Counter()
-        self.policy = StateBudgetLease()
+        self.policy = StateBudgetLease(self.config)
         self.policy.plan_on_events = False
         self.programs: dict[str, ProgramRec] = {}
         self.ops: dict[str, OpRec] = {}          # open ops

@@ -38,6 +38,11 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
+def _write_json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=1) + "\n")
+
+
 def _guard(fn):
     """Turn bad input into one clear line and exit code 2."""
     import functools
@@ -243,8 +248,7 @@ def oracle(
     if out["violations"]:
         console.print(f"[red]the stitched schedule breaks {len(out['violations'])} constraints[/], first: {out['violations'][0]}")
     if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(out, indent=1) + "\n")
+        _write_json(json_out, out)
 
 
 @app.command()
@@ -289,8 +293,7 @@ def sweep(
         t.add_row(r["cluster"], r["trace"], str(r["seed"]), r["policy"], *[f"{r[c]:.3f}" for c in sw.COLUMNS])
     console.print(t)
     if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+        _write_json(json_out, {"rows": rows})
 
 
 @bench_app.command("planner")
@@ -312,8 +315,7 @@ def bench_planner_cmd(
     console.print(f"{programs} live programs: decision p50 {res['decision_ms']['p50']:.3f} ms, "
                   f"p99 {res['decision_ms']['p99']:.3f} ms ({iterations} decisions)")
     if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(res, indent=1) + "\n")
+        _write_json(json_out, res)
 
 
 @app.command()
@@ -437,8 +439,7 @@ def drive(
                   f"{out['ready_when_promised']}/{out['promised_by_quote']}; request p99 {out['request_ms']['p99']} ms; "
                   f"{out['n_errors']} errors")
     if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(out, indent=1) + "\n")
+        _write_json(json_out, out)
 
 
 @app.command()
@@ -463,8 +464,7 @@ def residency(
                   str(c["version"]), str(c["pins"]))
     console.print(t)
     if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(body, indent=1) + "\n")
+        _write_json(json_out, body)
 
 
 token_app = typer.Typer(no_args_is_help=True, help="Manage the service's bearer tokens.")
@@ -528,8 +528,7 @@ def profile_cmd(
         for name, v in prof["prefill_tok_s"].items():
             t.add_row(name, f"{v:,.1f}")
         console.print(t)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(prof, indent=1) + "\n")
+    _write_json(out, prof)
     console.print(f"wrote {out}")
 
 

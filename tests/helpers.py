@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import time
 from statebudget.models import Catalog, Cluster, Program, Trace
 from statebudget.models.trace import TraceHeader
 
 GB = 1e9
+
+
+def wait_until(cond, timeout_s: float, what: str):
+    """Poll `cond` (work of another thread or process) until it is truthy; fail the test with `what` after
+    `timeout_s`. Returns the truthy value."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = cond()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
+        time.sleep(0.05)
 
 
 def cluster(gpus=1, hbm_gb=40.0, h2d=25.0, nvme_read=7.0, root=50.0, wake=0.5, cold=10.0, nodes=1, tflops=312.0,

@@ -21,7 +21,7 @@ import pytest
 from statebudget.api.driver import Driver
 from statebudget.models.load import parse_trace
 
-from helpers import toy_trace_jsonl
+from helpers import toy_trace_jsonl, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = {"admin": "e2e-admin-0123456789", "runtime": "e2e-runtime-0123456789",
@@ -34,15 +34,6 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _until(cond, timeout_s: float, what: str):
-    """Wait for a condition of another process (bounded); fails the test with `what`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = cond()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 class Stack:
@@ -73,7 +64,7 @@ class Stack:
                 return httpx.get(self.url + "/healthz", timeout=1).status_code == 200
             except httpx.HTTPError:
                 return False
-        _until(healthy, 60, "the server to answer /healthz")
+        wait_until(healthy, 60, "the server to answer /healthz")
 
     def start_adapters(self):
         for node in ("n0", "n1"):
@@ -83,7 +74,7 @@ class Stack:
                                           "--catalog", "toy",
                                           "--wait-s", "1", "--log-level", "warning", log=f"adapter-{node}.log"))
         # an adapter writes its inventory after its first poll, once its model store is on disk
-        _until(lambda: all((self.tmp / f"inv-{n}.json").exists() for n in ("n0", "n1")), 120,
+        wait_until(lambda: all((self.tmp / f"inv-{n}.json").exists() for n in ("n0", "n1")), 120,
                "the adapters to stock their model store and poll")
 
     def admin(self, path: str) -> dict:
@@ -166,7 +157,7 @@ def test_service_with_two_local_adapters_moves_real_bytes(stack):
     out = asyncio.run(Driver(stack.url, TOKENS["runtime"], speed=30.0, call_s=0.02).replay(trace))
     assert out["n_errors"] == 0, out["errors"]
     assert out["leases"]["accepted"] > 0
-    _until(stack.drained, 60, "the adapters to drain the plan")
+    wait_until(stack.drained, 60, "the adapters to drain the plan")
     books = _check_books(stack)
     print("e2e:", json.dumps({**out, **books}))
     assert books["moved_bytes"] > 100e6  # weights of several models really moved
@@ -187,8 +178,7 @@ def test_sigkill_restart_loses_nothing(stack):
 
     async def run_with_crash():
         replay = asyncio.create_task(driver.replay(trace))
-        while driver.events < 150:  # mid-run
-            await asyncio.sleep(0.05)
+        await asyncio.to_thread(wait_until, lambda: driver.events >= 150, 120, "150 events before the crash")
         acked = {r[0] for r in stack.ledger("SELECT op_id FROM ops WHERE status = 'done'")}
         accepted = [r["lease_id"] for r in driver.leases if r["decision"] != "rejected"]
         stack.server.send_signal(signal.SIGKILL)
@@ -199,7 +189,7 @@ def test_sigkill_restart_loses_nothing(stack):
 
     acked, accepted_before = asyncio.run(run_with_crash())
     assert acked and accepted_before
-    _until(stack.drained, 60, "the adapters to drain the plan after the restart")
+    wait_until(stack.drained, 60, "the adapters to drain the plan after the restart")
     rows = dict(stack.ledger("SELECT op_id, status FROM ops"))
     assert all(rows[o] == "done" for o in acked), "an acknowledged op was lost"
     leases = {r[0] for r in stack.ledger("SELECT lease_id FROM leases")}
@@ -227,7 +217,7 @@ def test_serve_without_a_token_file_creates_one_with_an_admin_token(tmp_path):
                 return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
             except httpx.HTTPError:
                 return False
-        _until(up, 60, "the server to start")
+        wait_until(up, 60, "the server to start")
         tok_file = tmp_path / "sb.db.tokens.json"
         assert str(tok_file) in log.read_text()  # it says where
         admin = json.loads(tok_file.read_text())["tokens"][0]

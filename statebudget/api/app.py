@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from .. import __version__
 from ..models.errors import InputError
 from ..planner.live import Conflict, Forbidden, Invalid, LivePlanner, NotFound
 from .auth import Auth
@@ -34,22 +35,16 @@ class Service:
     def __init__(self, planner: LivePlanner, auth: Auth, metrics: ServiceMetrics, tick_s: float, coalesce_s: float):
         self.planner, self.auth, self.metrics = planner, auth, metrics
         self.tick_s, self.coalesce_s = tick_s, coalesce_s
-        self._wake: asyncio.Event | None = None
-        self._version_moved: asyncio.Event | None = None
+        self._wake = asyncio.Event()            # events arrived: plan soon
+        self._version_moved = asyncio.Event()   # replaced each time the plan version moves
         self._seen_version = planner.plan_version
         self._jobs: set = set()
-
-    def _events(self):
-        if self._wake is None:
-            self._wake, self._version_moved = asyncio.Event(), asyncio.Event()
-        return self._wake, self._version_moved
 
     def changed(self) -> None:
         """After a request changed the books: wake the planning loop, and the long polls if the
         plan version moved."""
-        wake, _ = self._events()
         if self.planner.plan_due:
-            wake.set()
+            self._wake.set()
         if self.planner.plan_version != self._seen_version:
             self._seen_version = self.planner.plan_version
             self._version_moved.set()
@@ -61,14 +56,13 @@ class Service:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            _, moved = self._events()
             try:
-                await asyncio.wait_for(moved.wait(), left)
+                await asyncio.wait_for(self._version_moved.wait(), left)
             except TimeoutError:
                 return
 
     async def planning_loop(self) -> None:
-        wake, _ = self._events()
+        wake = self._wake
         while True:
             try:
                 await asyncio.wait_for(wake.wait(), self.tick_s)
@@ -131,7 +125,7 @@ def create_app(planner: LivePlanner, auth: Auth, tick_s: float = 5.0, coalesce_s
             if task is not None:
                 task.cancel()
 
-    app = FastAPI(title="StateBudget planner", version=_version(), lifespan=lifespan,
+    app = FastAPI(title="StateBudget planner", version=__version__, lifespan=lifespan,
                   description="Where LLM serving state lives: events and leases in, plans and ops out (DESIGN.md §7).")
     app.state.service = svc
     for r in (events.router, leases.router, plan.router, residency.router, oracle.router, health.router):
@@ -146,11 +140,6 @@ def create_app(planner: LivePlanner, auth: Auth, tick_s: float = 5.0, coalesce_s
     for exc, status in ((NotFound, 404), (Forbidden, 403), (Conflict, 409), (Invalid, 422), (InputError, 422)):
         app.add_exception_handler(exc, handler(status))
     return app
-
-
-def _version() -> str:
-    from .. import __version__
-    return __version__
 
 
 class JsonLogFormatter(logging.Formatter):

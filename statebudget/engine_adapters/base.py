@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from abc import ABC, abstractmethod
 from typing import Literal
 
 import httpx
@@ -60,7 +61,7 @@ def model_of(obj: list[str] | tuple) -> str:
     return obj[2] if obj[0] == "kv" else obj[1]
 
 
-class Adapter:
+class Adapter(ABC):
     """Base class: the planner protocol. Subclasses implement `execute`, `health` and, when a
     target must be undone after a refused report, `abort`/`commit`."""
     kind = "base"
@@ -75,11 +76,13 @@ class Adapter:
         self._unsettled: dict[str, Op] = {}      # executed, no answer from the planner yet
 
     # ---- to implement -------------------------------------------------------------------------
+    @abstractmethod
     def execute(self, op: Op) -> OpResult:
-        raise NotImplementedError
+        """Carry out one op on the engine or data plane (the target stays unpublished)."""
 
+    @abstractmethod
     def health(self) -> dict:
-        raise NotImplementedError
+        """Whether the engine is alive, and what it holds."""
 
     def commit(self, op: Op) -> None:
         """The planner acknowledged `op`: release its source (a move, not a copy)."""

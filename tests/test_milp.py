@@ -114,7 +114,8 @@ def _feasible():
 
 
 def _copy(sol, **arrays):
-    s = Solution(sol.x.copy(), sol.y.copy(), sol.u.copy(), sol.d.copy(), sol.v.copy(), sol.stall.copy())
+    s = Solution(sol.x.copy(), sol.y.copy(), sol.u.copy(), sol.d.copy(), sol.v.copy(), sol.stall.copy(),
+                 choice=dict(sol.choice), wait=None if sol.wait is None else sol.wait.copy())
     for k, v in arrays.items():
         setattr(s, k, v)
     return s
@@ -198,3 +199,80 @@ def test_replay_with_the_oracle_adds_its_block_and_ratios(tmp_path):
         if o["p95"] > 0:
             assert ratio["handoff_stall_p95"] == pytest.approx(p["p95"] / o["p95"], rel=1e-5)
     assert "vs_oracle" not in doc["policies"]["oracle"]
+
+
+# ---- group choice, call spans and waiting ---------------------------------------------------------
+@st.composite
+def tiny_choice(draw):
+    """Models with a weights object on each of one or two GPUs; calls that span slots, choose a
+    GPU per affinity (a program's model), and may wait."""
+    n_gpu = draw(st.integers(1, 2))
+    T = draw(st.integers(2, 4))
+    objs, by_model = [], []
+    for m in range(draw(st.integers(1, 2))):
+        gpus = draw(st.sampled_from([(0,), (1,), (0, 1)] if n_gpu == 2 else [(0,)]))
+        size = draw(st.sampled_from([5, 10, 15])) * GB
+        by_model.append([len(objs) + k for k in range(len(gpus))])
+        objs += [Obj(f"w:m{m}@{i}", (i,), "n0", size, draw(st.sampled_from([0.5, 1.0])), 4.0, (0, T - 1)) for i in gpus]
+    calls = []
+    for t in range(T):
+        for j in range(draw(st.integers(0, 2))):
+            m = draw(st.integers(0, len(by_model) - 1))
+            opts = tuple((o,) for o in by_model[m])
+            calls.append(Call(f"c{t}.{j}", t, opts[0], (), draw(st.integers(t, T - 1)), opts[1:],
+                              affinity=draw(st.sampled_from([m, 10 + len(calls)])),
+                              wait_s=draw(st.sampled_from([None, 3.0, 8.0]))))
+    return Instance(slot_s=tuple(draw(st.sampled_from([0.2, 1.0, 3.0])) for _ in range(T)), objects=tuple(objs),
+                    calls=tuple(calls), hbm=tuple(draw(st.sampled_from([12.0, 20.0])) * GB for _ in range(n_gpu)),
+                    h2d=(10 * GB,) * n_gpu, dram={"n0": draw(st.sampled_from([0.0, 100.0])) * GB},
+                    root={"n0": 15 * GB}, nvme={"n0": 5 * GB}, lam=draw(st.sampled_from([0.0, 1e-11])))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny_choice())
+def test_group_choice_spans_and_waits_match_brute_force_on_both_backends(inst):
+    exact = brute_force(inst)
+    for backend in ("scip", "highs"):
+        sol = solve(inst, backend, time_limit_s=30)
+        if exact == np.inf:
+            assert sol.status == "INFEASIBLE"
+            continue
+        assert sol.status == "OPTIMAL"
+        assert sol.objective == pytest.approx(exact, rel=1e-6, abs=1e-6)
+        bad, obj = evaluate(inst, sol)
+        assert bad == [] and obj == pytest.approx(exact, rel=1e-6, abs=1e-6)
+    g = greedy_schedule(inst)
+    if g.status == "FEASIBLE":
+        assert evaluate(inst, g)[0] == [] and exact <= g.objective + 1e-6
+
+
+def _overlapping(options_for_m1, wait_s=None):
+    """Two 15 GB models, two 20 GB GPUs; a call of each spans slots 0-2, so they overlap."""
+    objs = (Obj("w:m0@0", (0,), "n0", 15 * GB, 1.0, 5.0, (0, 2)), Obj("w:m1@0", (0,), "n0", 15 * GB, 1.0, 5.0, (0, 2)),
+            Obj("w:m1@1", (1,), "n0", 15 * GB, 1.0, 5.0, (0, 2)))
+    calls = (Call("a", 0, (0,), (), 2), Call("b", 0, options_for_m1[0], (), 2, options_for_m1[1:], wait_s=wait_s))
+    return Instance(slot_s=(10.0,) * 3, objects=objs, calls=calls, hbm=(20 * GB, 20 * GB), h2d=(25 * GB,) * 2,
+                    dram={"n0": 100 * GB}, root={"n0": 50 * GB}, nvme={"n0": 7 * GB})
+
+
+def test_overlapping_calls_take_another_gpu_or_wait():
+    both = solve(_overlapping(((1,), (2,))), "scip", 30)  # m1 may run on GPU 0 or GPU 1
+    assert both.status == "OPTIMAL" and both.stall.tolist() == pytest.approx([5.0, 5.0])
+    assert both.choice[-2] == 1  # call b (index 1, its own affinity -2) took its second option, GPU 1
+    assert solve(_overlapping(((1,),)), "scip", 30).status == "INFEASIBLE"  # one GPU for both, no waiting
+    waits = solve(_overlapping(((1,),), wait_s=30.0), "scip", 30)
+    assert waits.status == "OPTIMAL" and waits.wait.tolist() == [0.0, 1.0]
+    assert waits.stall.tolist() == pytest.approx([5.0, 30.0])
+
+
+def test_checker_rejects_a_model_evicted_while_its_call_runs_and_bad_choices():
+    inst = _overlapping(((1,), (2,)), wait_s=30.0)
+    sol = solve(inst, "scip", 30)
+    assert evaluate(inst, sol)[0] == []
+    x = sol.x.copy()
+    x[2, 1:] = 0  # m1 leaves GPU 1 while call b still runs there
+    assert any(b.startswith("(5) call b") and "t=1" in b for b in evaluate(inst, _copy(sol, x=x))[0])
+    bad = _copy(sol, choice={-2: 5})
+    assert any(b.startswith("(0)") for b in evaluate(inst, bad)[0])
+    w = _copy(sol, wait=np.array([1.0, 0.0]))  # call a may not wait
+    assert any(b.startswith("(6b) call a") for b in evaluate(inst, w)[0])

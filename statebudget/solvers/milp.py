@@ -3,12 +3,17 @@ time slot, to minimise total stall plus λ x bytes moved?
 
 Data (an `Instance`)
     slots t = 0..T-1, durations Δ_t (slot boundaries at call arrivals of the zero-stall timeline)
-    objects o: a model's weights (dense + hot expert pages) on its home GPU group, or a program's
-        KV for a model, on that model's home group; bytes b_o, tensor-parallel width k_o
+    objects o: a model's weights (dense + hot expert pages) on one of its candidate GPU groups
+        (replicas), or a program's KV for a model on one of those groups; bytes b_o,
+        tensor-parallel width k_o
     per object: restore seconds R^h_o from host DRAM, R^n_o from NVMe (weights: transfer +
         cold start; KV: recompute); live slots L_o (KV exists from its first call to the program end)
-    calls c: slot t_c, the objects N_c it needs; P_c ⊆ N_c the objects it produces (its KV's first
-        appearance: no stall, but it occupies HBM)
+    calls c: arrival slot t_c and span S_c = t_c..e_c (the slots it runs in the zero-stall
+        timeline); options k = 1..K_c, each the objects N_ck it needs on one GPU group (the model's
+        weights and the program's KV there); W_c the stall of waiting instead (for calls that may);
+        P_c the objects it produces (its KV's first appearance: no stall, but HBM)
+    affinities a: calls of one program and model share one choice (a program's KV stays on the
+        group it was made on); a(c) the call's affinity
     per GPU i: HBM H_i, H2D bandwidth B_i; per node n: DRAM D_n, root bandwidth B^root_n,
         NVMe read bandwidth B^nvme_n; λ (seconds per byte moved)
 
@@ -16,9 +21,12 @@ Variables (binary unless said)
     x[o,t] o in HBM during slot t          y[o,t] o in host DRAM (and not in HBM) during t
     u[o,t] o prefetched into HBM for t (moved during slot t-1)
     d[o,t] o loaded on demand at t by a call that needs it      v[o,t] o staged NVMe -> DRAM for t
+    z[a,k] affinity a runs on option k (a constant 1 where a has one option)
+    q_c    call c waits: it holds nothing, and stalls W_c (its load may still start at t_c)
     s_c >= 0 (continuous) the stall of call c
 
 Constraints
+    (0) sum_k z[a,k] = 1                                       one option per affinity
     (1) x[o,t] + y[o,t] <= 1                                   one tier at a time
     (2) x[o,t] <= x[o,t-1] + u[o,t] + d[o,t]                    HBM residency needs a promotion
         (x[o,-1], y[o,-1] from the initial tiers: by default every object starts on NVMe, as
@@ -26,10 +34,13 @@ Constraints
     (3) y[o,t] <= y[o,t-1] + x[o,t-1] + v[o,t]                  DRAM residency: demotion or staging
     (3b) u[o,t] <= y[o,t-1]                                      prefetch reads DRAM (NVMe is staged
         first, at the NVMe's rate; only an on-demand load streams from NVMe, and pays R^n)
-    (4) d[o,t] = 0 unless a call at t needs o; outside L_o: x = y = 0; u[o,0] = v[o,0] = 0
-        unless the instance has a lead time before slot 0 (Δ_{-1}, a rolling window's predecessor)
-    (5) x[o,t_c] = 1 for o in N_c                               a call runs with its state
-    (6) s_c >= R^n_o d[o,t_c] - (R^n_o - R^h_o) y[o,t_c-1]      for o in N_c \\ P_c
+    (4) d[o,t] <= sum over calls c arriving at t and options k with o in N_ck of z[a(c),k];
+        outside L_o: x = y = 0; u[o,0] = v[o,0] = 0 unless the instance has a lead time before
+        slot 0 (Δ_{-1}, a rolling window's predecessor)
+    (5) x[o,t] >= z[a(c),k] - q_c  for o in N_ck, t in S_c       a call runs with its state, all along
+    (6) s_c >= R^n_o d[o,t_c] - (R^n_o - R^h_o) y[o,t_c-1] - R^n_o (1 - z[a(c),k] + q_c)
+                                                               for o in N_ck \\ P_c
+    (6b) s_c >= W_c q_c                                         a call that waits
     (7) sum_{o on i} b_o/k_o x[o,t] <= H_i                      HBM per GPU
     (8) sum_{o on n} b_o y[o,t] <= D_n                          DRAM per node
     (9) sum_{o on i} b_o/k_o u[o,t] <= B_i Δ_{t-1}              prefetch within the H2D link
@@ -37,6 +48,9 @@ Constraints
     (11) sum_{o on n} b_o v[o,t] <= B^nvme_n Δ_{t-1}            staging within the NVMe read rate
 Objective
     min  sum_c s_c + λ sum_{o,t} b_o (u[o,t] + d[o,t] + v[o,t])
+
+Compute is not modelled: overlapping calls share a GPU for free (the simulator's batching), so
+the MILP's stall is state stall only.
 
 Backends: OR-Tools (SCIP by default, or CP-SAT) and PuLP (HiGHS or CBC) to cross-check. Every
 solve reports status, objective, best bound and gap; at the time limit the best feasible solution
@@ -68,9 +82,21 @@ class Obj:
 @dataclass(frozen=True)
 class Call:
     name: str
-    slot: int
-    needs: tuple[int, ...]     # object indices
-    produces: tuple[int, ...]  # subset of needs: created by this call (no stall)
+    slot: int                  # arrival slot t_c (< 0 in a rolling window: it arrived in an earlier one)
+    needs: tuple[int, ...]     # object indices of its first option
+    produces: tuple[int, ...]  # objects created by this call (no stall), in any option
+    end: int | None = None     # last slot it runs in (inclusive); None: its arrival slot only
+    alts: tuple[tuple[int, ...], ...] = ()  # further options: the same state on other GPU groups
+    affinity: int | None = None  # calls sharing an affinity choose the same option; None: its own
+    wait_s: float | None = None  # W_c: the call may wait instead of running (q_c), at this stall
+
+    @property
+    def options(self) -> tuple[tuple[int, ...], ...]:
+        return (self.needs,) + self.alts
+
+    @property
+    def last(self) -> int:
+        return self.slot if self.end is None else max(self.end, self.slot)
 
 
 @dataclass(frozen=True)
@@ -113,18 +139,45 @@ class Solution:
     gap: float = 0.0
     solve_s: float = 0.0
     backend: str = ""
+    choice: dict = field(default_factory=dict)  # affinity -> option index (absent: option 0)
+    wait: np.ndarray | None = None  # per call, 1 where it waits (q_c); None: none waits
+
+    def waits(self, ci: int) -> bool:
+        return self.wait is not None and self.wait[ci] > 0.5
+
+
+def affinity(ci: int, c: Call) -> int:
+    """The key of a call's choice: its affinity, or its own (negative) key when it has none."""
+    return c.affinity if c.affinity is not None else -1 - ci
+
+
+def chosen(inst: Instance, sol: Solution, ci: int) -> tuple[int, ...]:
+    """The objects of the option call `ci`'s affinity chose in `sol` (where it runs, or loads
+    and waits)."""
+    c = inst.calls[ci]
+    return c.options[sol.choice.get(affinity(ci, c), 0)]
 
 
 def _gap(obj: float, bound: float) -> float:
     return abs(obj - bound) / max(abs(obj), 1e-9) if obj or bound else 0.0
 
 
-def needers(inst: Instance) -> dict[tuple[int, int], list[int]]:
-    """(object, slot) -> calls at that slot that need it."""
-    out: dict[tuple[int, int], list[int]] = {}
+def needers(inst: Instance) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """(object, slot) -> (call, option) pairs of the calls arriving at that slot whose option needs it."""
+    out: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for ci, c in enumerate(inst.calls):
-        for o in c.needs:
-            out.setdefault((o, c.slot), []).append(ci)
+        for k, opt in enumerate(c.options):
+            for o in opt:
+                out.setdefault((o, c.slot), []).append((ci, k))
+    return out
+
+
+def active(inst: Instance) -> dict[int, list[int]]:
+    """slot -> the calls running in it (their span S_c, cut to the instance)."""
+    out: dict[int, list[int]] = {}
+    for ci, c in enumerate(inst.calls):
+        for t in range(max(c.slot, 0), min(c.last, inst.T - 1) + 1):
+            out.setdefault(t, []).append(ci)
     return out
 
 
@@ -134,12 +187,20 @@ def evaluate(inst: Instance, sol: Solution, tol: float = 1e-6) -> tuple[list[str
     bad: list[str] = []
     O, T = len(inst.objects), inst.T
     x, y, u, d, v, s = sol.x, sol.y, sol.u, sol.d, sol.v, sol.stall
-    need = needers(inst)
     for arr, name in ((x, "x"), (y, "y"), (u, "u"), (d, "d"), (v, "v")):
         if arr.shape != (O, T):
             return [f"{name} has shape {arr.shape}, expected {(O, T)}"], float("nan")
         if np.any((np.abs(arr) > tol) & (np.abs(arr - 1) > tol)):
             bad.append(f"{name} is not binary")
+    options: dict[int, int] = {}
+    for ci, c in enumerate(inst.calls):
+        a = affinity(ci, c)
+        if options.setdefault(a, len(c.options)) != len(c.options):
+            bad.append(f"(0) call {c.name}: its affinity's calls have different numbers of options")
+        if not 0 <= sol.choice.get(a, 0) < len(c.options):
+            bad.append(f"(0) call {c.name}: option {sol.choice.get(a, 0)} does not exist")
+            return bad, float("nan")
+    need = {(o, c.slot) for ci, c in enumerate(inst.calls) for o in chosen(inst, sol, ci)}
     for o, ob in enumerate(inst.objects):
         for t in range(T):
             xp = x[o, t - 1] if t > 0 else float(inst.init_tier(o) == 0)
@@ -161,10 +222,18 @@ def evaluate(inst: Instance, sol: Solution, tol: float = 1e-6) -> tuple[list[str
     stall_total = 0.0
     for ci, c in enumerate(inst.calls):
         t = c.slot
-        for o in c.needs:
-            if x[o, t] < 1 - tol:
-                bad.append(f"(5) call {c.name}: {inst.objects[o].name} not in HBM at t={t}")
-            if o in c.produces:
+        objs = chosen(inst, sol, ci)
+        if sol.waits(ci):
+            if c.wait_s is None or not 0 <= t < T:
+                bad.append(f"(6b) call {c.name}: waits, which it may not")
+            elif s[ci] < c.wait_s - tol:
+                bad.append(f"(6b) call {c.name}: waits but stalls {s[ci]:.3f} < {c.wait_s:.3f}")
+            objs = ()
+        for o in objs:
+            for tt in range(max(t, 0), min(c.last, T - 1) + 1):
+                if x[o, tt] < 1 - tol:
+                    bad.append(f"(5) call {c.name}: {inst.objects[o].name} not in HBM at t={tt}")
+            if o in c.produces or not 0 <= t < T:
                 continue
             ob = inst.objects[o]
             yp = y[o, t - 1] if t > 0 else float(inst.init_tier(o) == 1)
@@ -211,17 +280,23 @@ def evaluate(inst: Instance, sol: Solution, tol: float = 1e-6) -> tuple[list[str
 def greedy_schedule(inst: Instance) -> Solution:
     """A feasible schedule by the greedy rule, for warm starts and as the in-model yardstick.
 
-    The rule: load what a call needs on demand, keep it in HBM, and when a GPU is full demote the
-    resident whose next use is farthest away (the oracle may look ahead), into DRAM when it fits,
-    else drop it. It never prefetches, so it satisfies (2), (3), (3b) and (9)-(11) by construction,
-    and (7) whenever the needs of one call fit at all."""
+    The rule: a call's affinity takes, at its first call, the option that fits beside the calls
+    running now and misses the fewest bytes; a call whose option does not fit waits; load
+    what a call needs on demand, keep it in HBM while it runs, and when a GPU is full demote the
+    resident whose next use is farthest away (the oracle may look ahead), into DRAM when it
+    fits, else drop it. It never prefetches, so it satisfies (2), (3), (3b) and (9)-(11) by
+    construction; status is FEASIBLE when the rest holds too."""
     O, T = len(inst.objects), inst.T
     x, y, u, d, v = (np.zeros((O, T)) for _ in range(5))
     stall = np.zeros(len(inst.calls))
+    wait = np.zeros(len(inst.calls))
+    choice: dict[int, int] = {}
     uses: dict[int, list[int]] = {}
     for c in inst.calls:
-        for o in c.needs:
+        for o in {o for opt in c.options for o in opt}:
             uses.setdefault(o, []).append(c.slot)
+    for ts in uses.values():
+        ts.sort()
     cursor = {o: 0 for o in uses}
 
     def next_use(o: int, t: int) -> float:
@@ -232,41 +307,65 @@ def greedy_schedule(inst: Instance) -> Solution:
         cursor[o] = k
         return ts[k] if k < len(ts) else float("inf")
 
-    tier = [inst.init_tier(o) for o in range(O)]
-    by_slot: dict[int, list[int]] = {}
-    for ci, c in enumerate(inst.calls):
-        by_slot.setdefault(c.slot, []).append(ci)
     n_gpu = len(inst.hbm)
+    cap = np.asarray(inst.hbm, dtype=float) + 1
+
+    def hbm_of(objs) -> np.ndarray:
+        used = np.zeros(n_gpu)
+        for o in objs:
+            ob = inst.objects[o]
+            for i in ob.gpus:
+                used[i] += ob.bytes / len(ob.gpus)
+        return used
+
+    tier = [inst.init_tier(o) for o in range(O)]
+    arrivals: dict[int, list[int]] = {}
+    running: list[tuple[int, tuple[int, ...]]] = []  # (last slot, objects)
+    for ci, c in enumerate(inst.calls):
+        if c.slot < 0:  # arrived in an earlier window: runs on, on its (fixed) first option
+            running.append((c.last, c.options[0]))
+        else:
+            arrivals.setdefault(c.slot, []).append(ci)
     for t in range(T):
         prev = list(tier)
         for o, ob in enumerate(inst.objects):
             if not (ob.live[0] <= t <= ob.live[1]):
                 tier[o] = 2
-        needed = set()
-        for ci in by_slot.get(t, ()):
-            needed.update(inst.calls[ci].needs)
-        for o in sorted(needed):
-            if tier[o] != 0:
-                d[o, t] = 1
-                tier[o] = 0
-        used = np.zeros(n_gpu)
+        running = [r for r in running if r[0] >= t]
+        held = {o for _, objs in running for o in objs}
+        for ci in arrivals.get(t, ()):
+            c = inst.calls[ci]
+            a = affinity(ci, c)
+            if a not in choice:
+                ranked = sorted((not np.all(hbm_of(held | set(opt)) <= cap),
+                                 sum(inst.objects[o].bytes for o in opt if tier[o] != 0), k)
+                                for k, opt in enumerate(c.options))
+                choice[a] = ranked[0][-1]
+            objs = c.options[choice[a]]
+            if c.wait_s is not None and not np.all(hbm_of(held | set(objs)) <= cap):
+                wait[ci] = 1
+                continue
+            running.append((c.last, objs))
+            held |= set(objs)
+            for o in objs:
+                if tier[o] != 0:
+                    d[o, t] = 1
+                    tier[o] = 0
+        used = hbm_of(o for o in range(O) if tier[o] == 0)
         dram: dict[str, float] = {}
         for o, ob in enumerate(inst.objects):
-            if tier[o] == 0:
-                for i in ob.gpus:
-                    used[i] += ob.bytes / len(ob.gpus)
-            elif tier[o] == 1:
+            if tier[o] == 1:
                 dram[ob.node] = dram.get(ob.node, 0.0) + ob.bytes
-        over = [i for i in range(n_gpu) if used[i] > inst.hbm[i] + 1]
+        over = [i for i in range(n_gpu) if used[i] > cap[i]]
         if over:
-            victims = sorted((o for o in range(O) if tier[o] == 0 and o not in needed
+            victims = sorted((o for o in range(O) if tier[o] == 0 and o not in held
                               and any(i in over for i in inst.objects[o].gpus)),
                              key=lambda o: (-next_use(o, t), o))
             for o in victims:
-                if all(used[i] <= inst.hbm[i] + 1 for i in range(n_gpu)):
+                if np.all(used <= cap):
                     break
                 ob = inst.objects[o]
-                if not any(used[i] > inst.hbm[i] + 1 for i in ob.gpus):
+                if not any(used[i] > cap[i] for i in ob.gpus):
                     continue
                 for i in ob.gpus:
                     used[i] -= ob.bytes / len(ob.gpus)
@@ -279,17 +378,21 @@ def greedy_schedule(inst: Instance) -> Solution:
         for o in range(O):
             x[o, t] = tier[o] == 0
             y[o, t] = tier[o] == 1
-        for ci in by_slot.get(t, ()):
+        for ci in arrivals.get(t, ()):
             c = inst.calls[ci]
+            if wait[ci]:
+                stall[ci] = c.wait_s
+                continue
+            objs = c.options[choice[affinity(ci, c)]]
             worst = 0.0
-            for o in c.needs:
+            for o in objs:
                 if o in c.produces:
                     continue
                 ob = inst.objects[o]
                 yp = y[o, t - 1] if t > 0 else float(inst.init_tier(o) == 1)
                 worst = max(worst, ob.restore_nvme_s * d[o, t] - (ob.restore_nvme_s - ob.restore_host_s) * yp)
             stall[ci] = worst
-    sol = Solution(x, y, u, d, v, stall, backend="greedy")
+    sol = Solution(x, y, u, d, v, stall, backend="greedy", choice=choice, wait=wait)
     bad, sol.objective = evaluate(inst, sol)
     sol.status = STATUS_FEASIBLE if not bad else STATUS_NOT_SOLVED
     return sol
@@ -324,17 +427,40 @@ class _Builder:
                 be.add(U[o][t] - yp <= 0, f"c3b_o{o}_t{t}")  # Constraint (3b)
                 if not (ob.live[0] <= t <= ob.live[1]):  # Constraint (4)
                     be.add(X[o][t] + Y[o][t] <= 0, f"c4_o{o}_t{t}")
+        Z: dict[int, list] = {}  # affinity -> one binary per option, where there is a choice
+        for ci, c in enumerate(inst.calls):
+            a = affinity(ci, c)
+            if len(c.options) > 1 and a not in Z:
+                Z[a] = [be.var(f"z_a{a}_k{k}", 0, 1, True) for k in range(len(c.options))]
+                be.add(be.sum(Z[a]) == 1, f"c0_a{a}")  # Constraint (0)
+
+        def z(ci, k):
+            zs = Z.get(affinity(ci, inst.calls[ci]))
+            return 1 if zs is None else zs[k]
+
+        Q = {ci: be.var(f"q_c{ci}", 0, 1, True) for ci, c in enumerate(inst.calls)
+             if c.wait_s is not None and 0 <= c.slot < T}
+
+        for (o, t), pairs in need.items():  # Constraint (4): an on-demand load serves a call that chose o
+            if 0 <= t < T and all(affinity(ci, inst.calls[ci]) in Z for ci, _ in pairs):
+                be.add(D[o][t] - be.sum(z(ci, k) for ci, k in pairs) <= 0, f"c4d_o{o}_t{t}")
         for ci, c in enumerate(inst.calls):
             t = c.slot
-            for o in c.needs:
-                be.add(X[o][t] >= 1, f"c5_c{ci}_o{o}")  # Constraint (5)
-                if o in c.produces:
-                    continue
-                ob = inst.objects[o]
-                yp = Y[o][t - 1] if t > 0 else int(inst.init_tier(o) == 1)
-                # Constraint (6)
-                be.add(S[ci] - ob.restore_nvme_s * D[o][t] + (ob.restore_nvme_s - ob.restore_host_s) * yp >= 0,
-                       f"c6_c{ci}_o{o}")
+            q = Q.get(ci, 0)
+            if ci in Q:
+                be.add(S[ci] - c.wait_s * q >= 0, f"c6b_c{ci}")  # Constraint (6b)
+            for k, opt in enumerate(c.options):
+                for o in opt:
+                    for tt in range(max(t, 0), min(c.last, T - 1) + 1):
+                        be.add(X[o][tt] - z(ci, k) + q >= 0, f"c5_c{ci}_k{k}_o{o}_t{tt}")  # Constraint (5)
+                    if o in c.produces or not 0 <= t < T:
+                        continue
+                    ob = inst.objects[o]
+                    yp = Y[o][t - 1] if t > 0 else int(inst.init_tier(o) == 1)
+                    # Constraint (6)
+                    slack = ob.restore_nvme_s * (1 - z(ci, k) + q)
+                    be.add(S[ci] - ob.restore_nvme_s * D[o][t] + (ob.restore_nvme_s - ob.restore_host_s) * yp
+                           + slack >= 0, f"c6_c{ci}_k{k}_o{o}")
         n_gpu = len(inst.hbm)
         nodes = sorted({ob.node for ob in inst.objects})
         for t in range(T):
@@ -354,7 +480,7 @@ class _Builder:
                     be.add(be.sum(b * V[o][t] for o, b in on) <= inst.nvme.get(n, 0.0) * window, f"c11_{n}_t{t}")
         moved = be.sum(inst.objects[o].bytes * (U[o][t] + D[o][t] + V[o][t]) for o in range(O) for t in range(T))
         be.minimize(be.sum(S) + inst.lam * moved)
-        return X, Y, U, D, V, S
+        return X, Y, U, D, V, S, Z, Q
 
 
 class _OrTools:
@@ -471,11 +597,13 @@ def solve(inst: Instance, backend: str = "scip", time_limit_s: float = 60.0, thr
         raise ValueError(f"unknown MILP backend {backend!r} (known: {', '.join(BACKENDS)})")
     t0 = time.perf_counter()
     be = BACKENDS[backend]()
-    X, Y, U, D, V, S = _Builder(inst, be).build()
+    X, Y, U, D, V, S, Z, Q = _Builder(inst, be).build()
     if hint is not None:
         O, T = len(inst.objects), inst.T
         pairs = [(grid[o][t], val[o, t]) for grid, val in ((X, hint.x), (Y, hint.y), (U, hint.u), (D, hint.d), (V, hint.v))
                  for o in range(O) for t in range(T)]
+        pairs += [(zk, float(k == hint.choice.get(a, 0))) for a, zs in Z.items() for k, zk in enumerate(zs)]
+        pairs += [(q, float(hint.waits(ci))) for ci, q in Q.items()]
         be.hint(pairs + [(S[ci], hint.stall[ci]) for ci in range(len(inst.calls))])
     status, obj, bound = be.solve(time_limit_s, threads)
     O, T = len(inst.objects), inst.T
@@ -485,7 +613,9 @@ def solve(inst: Instance, backend: str = "scip", time_limit_s: float = 60.0, thr
         return np.array([[round(val(vs[o][t])) for t in range(T)] for o in range(O)], dtype=float).reshape(O, T)
 
     if status in (STATUS_OPTIMAL, STATUS_FEASIBLE):
-        sol = Solution(grid(X), grid(Y), grid(U), grid(D), grid(V), np.array([max(val(s), 0.0) for s in S]))
+        sol = Solution(grid(X), grid(Y), grid(U), grid(D), grid(V), np.array([max(val(s), 0.0) for s in S]),
+                       choice={a: int(np.argmax([val(zk) for zk in zs])) for a, zs in Z.items()},
+                       wait=np.array([float(ci in Q and val(Q[ci]) > 0.5) for ci in range(len(inst.calls))]))
     else:
         z = np.zeros((O, T))
         sol = Solution(z, z.copy(), z.copy(), z.copy(), z.copy(), np.zeros(len(inst.calls)))
@@ -497,12 +627,41 @@ def solve(inst: Instance, backend: str = "scip", time_limit_s: float = 60.0, thr
 
 
 def brute_force(inst: Instance) -> float:
-    """The exact optimum of a tiny instance by dynamic programming over slots, the state being the
-    tier of every object (HBM, DRAM, neither): an independent check of the MILP (3^O states)."""
+    """The exact optimum of a tiny instance: every assignment of options to affinities and of
+    waiting to the calls that may wait, and for each a dynamic program over slots whose state is
+    the tier of every object (HBM, DRAM, neither). An independent check of the MILP
+    (options^A x 2^W x 3^O states)."""
+    import itertools
+
+    keys = sorted({affinity(ci, c): len(c.options) for ci, c in enumerate(inst.calls)}.items())
+    may_wait = [ci for ci, c in enumerate(inst.calls) if c.wait_s is not None and 0 <= c.slot < inst.T]
+    best = np.inf
+    for pick in itertools.product(*(range(n) for _, n in keys)):
+        choice = {a: k for (a, _), k in zip(keys, pick)}
+        for waiting in itertools.product((False, True), repeat=len(may_wait)):
+            waits = {ci for ci, w in zip(may_wait, waiting) if w}
+            calls, loads, waited = [], set(), 0.0
+            for ci, c in enumerate(inst.calls):
+                objs = c.options[choice[affinity(ci, c)]]
+                if ci in waits:  # holds nothing; its load may still start
+                    waited += c.wait_s
+                    loads |= {(o, c.slot) for o in objs}
+                else:
+                    calls.append(Call(c.name, c.slot, objs, tuple(o for o in c.produces if o in objs), c.end))
+            fixed = Instance(inst.slot_s, inst.objects, tuple(calls), inst.hbm, inst.h2d, inst.dram, inst.root,
+                             inst.nvme, inst.lam, inst.init, inst.lead_s)
+            best = min(best, waited + _brute_force_fixed(fixed, loads))
+    return best
+
+
+def _brute_force_fixed(inst: Instance, loads: set = frozenset()) -> float:
+    """`brute_force` for calls of one option each that all run; `loads`: more (object, slot)
+    pairs where an on-demand load may happen (the loads of waiting calls)."""
     import itertools
 
     O, T = len(inst.objects), inst.T
-    need = needers(inst)
+    need = set(needers(inst)) | set(loads)
+    running = active(inst)
     states = list(itertools.product((0, 1, 2), repeat=O))  # 0 HBM, 1 DRAM, 2 neither
     n_gpu = len(inst.hbm)
 
@@ -528,8 +687,8 @@ def brute_force(inst: Instance) -> float:
 
     def step_cost(prev, cur, t) -> float:
         """Cheapest way (stall + λ bytes) to go from tiers `prev` to `cur` into slot t; inf if none."""
-        for c in calls_at.get(t, ()):
-            if any(cur[o] != 0 for o in c.needs):
+        for ci in running.get(t, ()):
+            if any(cur[o] != 0 for o in inst.calls[ci].needs):
                 return np.inf
         window = inst.window_s(t)
         moved = 0.0
@@ -594,18 +753,38 @@ def brute_force(inst: Instance) -> float:
     return min(cost.values()) if cost else np.inf
 
 
+def object_model(name: str) -> tuple[str, str | None, str]:
+    """("w" or "kv", program or None, model) of a MILP object name (`w:MODEL@G` or
+    `kv:PROGRAM:MODEL@G`, G the GPU group as `0-1`)."""
+    kind, rest = name.split(":", 1)
+    rest = rest.rsplit("@", 1)[0]
+    if kind == "kv":
+        prog, model = rest.rsplit(":", 1)
+        return kind, prog, model
+    return kind, None, rest
+
+
+def _group_name(g: tuple[int, ...]) -> str:
+    return "-".join(str(i) for i in g)
+
+
 def build_instance(cluster, catalog, trace, cost, max_slots: int | None = None, lam: float = 1e-12,
-                   hot_touch: float = 0.5) -> tuple[Instance, dict]:
+                   hot_touch: float = 0.5, replicas: int = 2) -> tuple[Instance, dict]:
     """The MILP instance of a whole trace. Slots are aligned to call arrivals of the zero-stall
-    timeline: one slot per distinct arrival time, or `max_slots` cut at arrival quantiles (then
-    calls sharing a slot must fit HBM together). Each model gets one home GPU group,
-    largest models first onto the group with most HBM left; a model's object is its dense weights
-    plus the expert pages a call touches with P >= `hot_touch`. A program's KV for a model is an
-    object from that model's first call in the program to the program's end; its "NVMe" restore is
-    a recompute. Returns (instance, index) where index maps names back to trace entities."""
+    timeline: one slot per distinct arrival time, or `max_slots` cut at arrival quantiles; a call
+    spans the slots from its arrival to its end there. Each model gets up to `replicas` candidate
+    GPU groups, spread like homes (largest models first, each replica onto the fitting group with
+    most HBM left); its object on a group is its dense weights plus the expert pages a call
+    touches with P >= `hot_touch`. A program's KV for a model is an object per candidate group,
+    from that model's first call in the program to the program's end; its "NVMe" restore is a
+    recompute. A call's options are the candidate groups (weights and KV there), chosen once per
+    program and model, and waiting (stall: its zero-stall duration plus a cold load of its
+    weights). Returns (instance, index) where index maps names back to trace entities."""
     from ..traces.timeline import nominal_timeline
     from .costs import page_touch_probs
 
+    if replicas < 1:
+        raise ValueError(f"replicas must be at least 1, got {replicas}")
     tl = nominal_timeline(trace, catalog)
     calls = sorted(((tl[(p.program, n.id)][0], p.program, n.id, n) for p in trace.programs for n in p.nodes
                     if n.kind == "call" and (p.program, n.id) in tl), key=lambda c: (c[0], c[1], c[2]))
@@ -621,28 +800,35 @@ def build_instance(cluster, catalog, trace, cost, max_slots: int | None = None, 
     T = len(slot_s)
     gpus = cluster.gpus
     left = [cluster.usable_hbm_bytes(g) for g in gpus]
-    homes, objs, index = {}, [], {"objects": [], "calls": [], "homes": {}}
+    homes: dict[str, list] = {}
+    objs, index = [], {"objects": [], "calls": [], "homes": homes}
     max_kv: dict[str, float] = {}  # a home must hold the model with its largest call's KV
     for _, _, _, n in calls:
         kv = (n.context_tokens + n.output_tokens) * catalog.by_name[n.model].kv_bytes_per_token
         max_kv[n.model] = max(max_kv.get(n.model, 0.0), kv)
-    for m in sorted(catalog.models, key=lambda m: (-m.total_bytes, m.name)):
-        groups = cluster.groups(m.tp)
-        hot = int((page_touch_probs(m.moe) >= hot_touch).sum()) if m.moe else 0
-        nbytes = m.dense_bytes + hot * (m.moe.page_bytes if m.moe else 0.0)
-        need = (nbytes + max_kv.get(m.name, 0.0)) / m.tp
-        fit = [g for g in groups if all(need <= cluster.usable_hbm_bytes(gpus[i]) for i in g)]
-        if not fit:
-            continue
-        g = max(fit, key=lambda g: (min(left[i] for i in g), [-i for i in g]))
-        for i in g:
-            left[i] -= nbytes / m.tp
-        homes[m.name] = g
-        node = gpus[g[0]].node
-        extra = nbytes - m.dense_bytes
-        objs.append(Obj(f"w:{m.name}", g, node, nbytes, cost.weights_restore_s(m, "host", node, g, extra),
-                        cost.weights_restore_s(m, "nvme", node, g, extra), (0, T - 1)))
-    w_index = {o.name[2:]: k for k, o in enumerate(objs)}
+    w_index: dict[tuple, int] = {}
+    for r in range(replicas):
+        for m in sorted(catalog.models, key=lambda m: (-m.total_bytes, m.name)):
+            if r > 0 and m.name not in homes:
+                continue
+            hot = int((page_touch_probs(m.moe) >= hot_touch).sum()) if m.moe else 0
+            nbytes = m.dense_bytes + hot * (m.moe.page_bytes if m.moe else 0.0)
+            need = (nbytes + max_kv.get(m.name, 0.0)) / m.tp
+            taken = {i for g in homes.get(m.name, ()) for i in g}
+            fit = [g for g in cluster.groups(m.tp) if not taken & set(g)
+                   and all(need <= cluster.usable_hbm_bytes(gpus[i]) for i in g)]
+            if not fit:
+                continue
+            g = max(fit, key=lambda g: (min(left[i] for i in g), [-i for i in g]))
+            for i in g:
+                left[i] -= nbytes / m.tp
+            homes.setdefault(m.name, []).append(g)
+            node = gpus[g[0]].node
+            extra = nbytes - m.dense_bytes
+            w_index[(m.name, g)] = len(objs)
+            objs.append(Obj(f"w:{m.name}@{_group_name(g)}", g, node, nbytes,
+                            cost.weights_restore_s(m, "host", node, g, extra),
+                            cost.weights_restore_s(m, "nvme", node, g, extra), (0, T - 1)))
     prog_end = {}
     for p in trace.programs:
         ends = [tl[(p.program, n.id)][1] for n in p.nodes if (p.program, n.id) in tl]
@@ -650,33 +836,32 @@ def build_instance(cluster, catalog, trace, cost, max_slots: int | None = None, 
     kv_calls: dict[tuple, list] = {}
     for t0, prog, nid, n in calls:
         kv_calls.setdefault((prog, n.model), []).append((slot_of(t0), nid, n))
-    kv_index = {}
+    kv_index: dict[tuple, int] = {}
     for (prog, model), cs in sorted(kv_calls.items()):
-        if model not in homes:
-            continue
         m = catalog.by_name[model]
-        g = homes[model]
         tokens = max(n.context_tokens + n.output_tokens for _, _, n in cs)
         nbytes = tokens * m.kv_bytes_per_token
         first = cs[0][0]
-        kv_index[(prog, model)] = len(objs)
-        objs.append(Obj(f"kv:{prog}:{model}", g, gpus[g[0]].node, nbytes,
-                        cost.group_transfer_s(nbytes, "host", gpus[g[0]].node, g), cost.prefill_s(m, tokens, g),
-                        (first, max(first, prog_end[prog]))))
+        for g in homes.get(model, ()):
+            kv_index[(prog, model, g)] = len(objs)
+            objs.append(Obj(f"kv:{prog}:{model}@{_group_name(g)}", g, gpus[g[0]].node, nbytes,
+                            cost.group_transfer_s(nbytes, "host", gpus[g[0]].node, g), cost.prefill_s(m, tokens, g),
+                            (first, max(first, prog_end[prog]))))
+    affinities: dict[tuple, int] = {}
     out_calls = []
-    first_seen: set = set()
     for t0, prog, nid, n in calls:
-        if n.model not in homes:
+        groups = homes.get(n.model)
+        if not groups:
             continue
-        needs = [w_index[n.model]]
-        produces = []
-        k = kv_index.get((prog, n.model))
-        if k is not None:
-            needs.append(k)
-            if (prog, n.model) not in first_seen:
-                produces.append(k)
-                first_seen.add((prog, n.model))
-        out_calls.append(Call(f"{prog}/{nid}", slot_of(t0), tuple(needs), tuple(produces)))
+        first = (prog, n.model) not in affinities
+        a = affinities.setdefault((prog, n.model), len(affinities))
+        options = [(w_index[(n.model, g)], kv_index[(prog, n.model, g)]) for g in groups]
+        produces = tuple(kv_index[(prog, n.model, g)] for g in groups) if first else ()
+        t1 = tl[(prog, nid)][1]
+        wait_s = (t1 - t0) + max(objs[w_index[(n.model, g)]].restore_nvme_s for g in groups)
+        out_calls.append(Call(f"{prog}/{nid}", slot_of(t0), options[0], produces,
+                              end=max(slot_of(t0), slot_of(max(t0, t1 - 1e-9))), alts=tuple(options[1:]),
+                              affinity=a, wait_s=wait_s))
         index["calls"].append((prog, nid))
     nodes = {nd.name: nd for nd in cluster.nodes}
     inst = Instance(slot_s=slot_s, objects=tuple(objs), calls=tuple(out_calls),
@@ -686,7 +871,6 @@ def build_instance(cluster, catalog, trace, cost, max_slots: int | None = None, 
                     root={n: cost.link_bw[f"root:{n}"] for n in nodes},
                     nvme={n: cost.link_bw[f"nvme_r:{n}"] for n in nodes}, lam=lam)
     index["objects"] = [o.name for o in objs]
-    index["homes"] = homes
     index["slot_starts"] = [float(x) for x in edges]
     return inst, index
 
@@ -709,7 +893,7 @@ def solve_rolling(inst: Instance, window: int = 24, overlap: int = 8, backend: s
     if window <= overlap:
         raise ValueError(f"window ({window}) must exceed overlap ({overlap})")
     O, T = len(inst.objects), inst.T
-    full = Solution(*(np.zeros((O, T)) for _ in range(5)), np.zeros(len(inst.calls)))
+    full = Solution(*(np.zeros((O, T)) for _ in range(5)), np.zeros(len(inst.calls)), wait=np.zeros(len(inst.calls)))
     tiers = [inst.init_tier(o) for o in range(O)]
     windows = []
     start = 0
@@ -721,10 +905,21 @@ def solve_rolling(inst: Instance, window: int = 24, overlap: int = 8, backend: s
         sub_objs = tuple(Obj(ob.name, ob.gpus, ob.node, ob.bytes, ob.restore_host_s, ob.restore_nvme_s,
                              (max(ob.live[0] - start, 0), min(ob.live[1], end - 1) - start))
                          for ob in (inst.objects[o] for o in objs))
-        call_ids = [ci for ci, c in enumerate(inst.calls) if start <= c.slot < end]
-        sub_calls = tuple(Call(inst.calls[ci].name, inst.calls[ci].slot - start,
-                               tuple(remap[o] for o in inst.calls[ci].needs),
-                               tuple(remap[o] for o in inst.calls[ci].produces)) for ci in call_ids)
+        # calls arriving in the window, and calls still running into it from earlier windows
+        # (those hold their state and cannot wait any more; one that waited holds nothing); an
+        # affinity decided in an earlier window keeps its option
+        call_ids, sub_calls = [], []
+        for ci, c in enumerate(inst.calls):
+            if not (c.slot < end and c.last >= start) or (c.slot < start and full.waits(ci)):
+                continue
+            a = affinity(ci, c)
+            opts = c.options if a not in full.choice else (c.options[full.choice[a]],)
+            mapped = [tuple(remap[o] for o in opt) for opt in opts]
+            sub_calls.append(Call(c.name, c.slot - start, mapped[0], tuple(remap[o] for o in c.produces if o in remap),
+                                  min(c.last, end - 1) - start, tuple(mapped[1:]), a,
+                                  c.wait_s if c.slot >= start else None))
+            call_ids.append(ci)
+        sub_calls = tuple(sub_calls)
         sub = Instance(slot_s=inst.slot_s[start:end], objects=sub_objs, calls=sub_calls, hbm=inst.hbm, h2d=inst.h2d,
                        dram=inst.dram, root=inst.root, nvme=inst.nvme, lam=inst.lam,
                        init=tuple(tiers[o] for o in objs), lead_s=inst.window_s(start))
@@ -742,8 +937,13 @@ def solve_rolling(inst: Instance, window: int = 24, overlap: int = 8, backend: s
                 arr[o, start:keep_to] = part[k, :n_keep]
             tiers[o] = 0 if sol.x[k, n_keep - 1] else 1 if sol.y[k, n_keep - 1] else 2
         for k, ci in enumerate(call_ids):
-            if inst.calls[ci].slot < keep_to:
+            c = inst.calls[ci]
+            if start <= c.slot < keep_to:
                 full.stall[ci] = sol.stall[k]
+                a = affinity(ci, c)
+                if a not in full.choice:
+                    full.choice[a] = sol.choice.get(a, 0)
+                full.wait[ci] = float(sol.waits(k))
         for o in range(O):
             if o not in remap:
                 tiers[o] = 2  # not alive in this window: dead already, or not born yet
@@ -799,13 +999,13 @@ def solve_static(inst: Instance, fill: float = 0.75, backend: str = "scip", time
 
 
 def oracle_summary(cluster, catalog, trace, cost, window: int = 24, overlap: int = 8, backend: str = "scip",
-                   time_limit_s: float = 10.0, progress=None, warm_start: bool = True) -> dict:
+                   time_limit_s: float = 10.0, progress=None, warm_start: bool = True, replicas: int = 2) -> dict:
     """Solve a trace window by window and summarise it: the §8 `oracle` block, the instance's
     size, the stall distributions of the schedule, every window and the checker's findings."""
     from ..models.report import Dist
     from ..traces.graph import handoff_calls
 
-    inst, index = build_instance(cluster, catalog, trace, cost)
+    inst, index = build_instance(cluster, catalog, trace, cost, replicas=replicas)
     res = solve_rolling(inst, window, overlap, backend, time_limit_s, progress=progress, warm_start=warm_start)
     sol = res.solution
     handoffs = {(p.program, c) for p in trace.programs for c in handoff_calls(p)}
@@ -813,7 +1013,8 @@ def oracle_summary(cluster, catalog, trace, cost, window: int = 24, overlap: int
     handoff_stalls = [s for s, key in zip(stalls, index["calls"]) if key in handoffs]
     block = {"status": sol.status, "objective": sol.objective, "bound": sol.bound if sol.bound == sol.bound else None,
              "gap": sol.gap, "solve_s": round(sol.solve_s, 3)}
-    return {"oracle": block, "backend": backend, "objects": len(inst.objects), "calls": len(inst.calls),
+    return {"oracle": block, "backend": backend, "replicas": replicas, "objects": len(inst.objects),
+            "calls": len(inst.calls), "waits": int(sol.wait.sum()) if sol.wait is not None else 0,
             "slots": inst.T, "stall_s": Dist.of(stalls).model_dump(), "handoffs": len(handoff_stalls),
             "handoff_stall_s": Dist.of(handoff_stalls).model_dump(), "windows": res.windows,
             "greedy_vs_oracle": _greedy_ratio(res.windows), "violations": res.violations[:20]}

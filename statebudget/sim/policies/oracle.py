@@ -5,7 +5,9 @@ call arrivals of the zero-stall timeline; in the closed loop the clock shifts, s
 keyed on calls, not seconds: when the call of slot t arrives, the state the schedule holds in HBM
 for slot t+1 is promoted (prefetched as planned), what it holds in neither slot is demoted (to
 host DRAM where the schedule keeps it there), and eviction under pressure goes by the schedule's
-next use (Belady with the MILP's foresight). Calls run on the MILP's home groups.
+next use (Belady with the MILP's foresight). A call runs on the GPU group the MILP chose for its
+program and model; one the MILP let wait, or that finds no room there now (the closed loop's
+clock and compute differ from the zero-stall timeline), goes to the default placement.
 
 `static` is the best single placement for the whole trace from the same model with time
 collapsed: a knapsack per GPU that keeps the models whose restores the trace would pay most often.
@@ -17,18 +19,17 @@ import math
 
 from ...models.state import expert_key, kv_key, weights_key
 from ...solvers.costs import page_touch_probs
-from ...solvers.milp import build_instance, solve_rolling, solve_static
+from ...solvers.milp import build_instance, chosen, object_model, solve_rolling, solve_static
 from .base import Policy, default_place
 from .baselines import Static
 
 
 def _state_keys(name: str, catalog, hot_touch: float) -> list[tuple]:
     """The simulator's state keys behind a MILP object name."""
-    kind, rest = name.split(":", 1)
+    kind, prog, model = object_model(name)
     if kind == "kv":
-        prog, model = rest.rsplit(":", 1)
         return [kv_key(prog, model)]
-    m = catalog.by_name[rest]
+    m = catalog.by_name[model]
     pages = [expert_key(m.name, p) for p, t in enumerate(page_touch_probs(m.moe)) if t >= hot_touch] if m.moe else []
     return [weights_key(m.name)] + pages
 
@@ -52,7 +53,8 @@ class Oracle(Policy):
         sol = self.result.solution
         self.x, self.y = sol.x, sol.y
         self.slot_of = {key: inst.calls[ci].slot for ci, key in enumerate(index["calls"])}
-        self.homes = index["homes"]
+        self.group_for = {key: inst.objects[chosen(inst, sol, ci)[0]].gpus
+                          for ci, key in enumerate(index["calls"]) if not sol.waits(ci)}
         self.keys = [_state_keys(o.name, sim.catalog, self.hot_touch) for o in inst.objects]
         self.group_of = [o.gpus for o in inst.objects]
         self.obj_of = {(k, g): i for i, (ks, g) in enumerate(zip(self.keys, self.group_of)) for k in ks}
@@ -69,12 +71,12 @@ class Oracle(Policy):
         self._prepare(sim)
 
     def place(self, sim, call):
-        """The MILP's home group; calls that overlap there (the MILP sees one call per slot)
-        overflow to wherever the default placement finds room now."""
+        """The group the MILP chose; calls it let wait, or that find no room there now, go to
+        wherever the default placement finds room."""
         self._prepare(sim)
-        home = self.homes.get(call.model)
-        if home is not None and sim.could_ever_fit(call, home) and sim.has_room_now(call, home):
-            return home
+        g = self.group_for.get((call.program, call.node))
+        if g is not None and sim.could_ever_fit(call, g) and sim.has_room_now(call, g):
+            return g
         return default_place(sim, call)
 
     def on_call_arrive(self, sim, call):
@@ -115,6 +117,6 @@ class MilpStatic(Static):
     name = "static"
 
     def plan(self, sim) -> dict[str, tuple]:
-        inst, _ = build_instance(sim.cluster, sim.catalog, sim.trace, sim.cost, hot_touch=0.5)
+        inst, _ = build_instance(sim.cluster, sim.catalog, sim.trace, sim.cost, hot_touch=0.5, replicas=1)
         keep = solve_static(inst, 1.0 - self.kv_headroom)
-        return {inst.objects[o].name.split(":", 1)[1]: inst.objects[o].gpus for o in keep}
+        return {object_model(inst.objects[o].name)[2]: inst.objects[o].gpus for o in keep}

@@ -224,6 +224,7 @@ def oracle(
     window: Annotated[int, typer.Option(help="slots per window", min=2)] = 24,
     overlap: Annotated[int, typer.Option(help="slots re-planned by the next window", min=0)] = 8,
     warm_start: Annotated[bool, typer.Option(help="start each window from the greedy schedule")] = True,
+    replicas: Annotated[int, typer.Option(help="candidate GPU groups per model a call may run on", min=1)] = 2,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the oracle block and windows here")] = None,
 ):
     """Solve the offline MILP (full future knowledge) over a trace, window by window."""
@@ -238,11 +239,12 @@ def oracle(
         task = prog.add_task("milp", total=1)
         out = oracle_summary(cl, cat, tr, CostModel(cl, cat), window, overlap, backend, time_limit,
                              progress=lambda done, total: prog.update(task, completed=done, total=total),
-                             warm_start=warm_start)
+                             warm_start=warm_start, replicas=replicas)
     block = out["oracle"]
     bound = f"{block['bound']:.3f}" if block["bound"] is not None else "none (rolling horizon)"
     console.print(f"{block['status']}: objective {block['objective']:.3f}, bound {bound}, max window gap "
-                  f"{block['gap']:.2e}, {len(out['windows'])} windows, {block['solve_s']:.1f} s solving; "
+                  f"{block['gap']:.2e}, {len(out['windows'])} windows, {block['solve_s']:.1f} s solving; {out['waits']} of "
+                  f"{out['calls']} calls wait; "
                   f"handoff stall p95 {out['handoff_stall_s']['p95']:.3f} s over {out['handoffs']} handoffs"
                   + (f"; greedy warm start at {out['greedy_vs_oracle']:.3f}x the optimum" if out["greedy_vs_oracle"] else ""))
     if out["violations"]:

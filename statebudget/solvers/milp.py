@@ -620,7 +620,9 @@ def solve(inst: Instance, backend: str = "scip", time_limit_s: float = 60.0, thr
         z = np.zeros((O, T))
         sol = Solution(z, z.copy(), z.copy(), z.copy(), z.copy(), np.zeros(len(inst.calls)))
     sol.status, sol.objective, sol.backend = status, obj, backend
-    sol.bound = bound if bound == bound else obj
+    # the objective is never negative, so 0 is always a valid bound (a solver stopped early may
+    # report -infinity)
+    sol.bound = max(bound, 0.0) if bound == bound else obj
     sol.gap = _gap(obj, sol.bound) if status in (STATUS_OPTIMAL, STATUS_FEASIBLE) else float("nan")
     sol.solve_s = time.perf_counter() - t0
     return sol

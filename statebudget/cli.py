@@ -28,8 +28,8 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 # The options every command that reads a cluster, a catalog or a trace file shares.
-ClusterOpt = Annotated[str, typer.Option(help="cluster file or preset (hetero16, hetero8, h200x8, single-a100)")]
-CatalogOpt = Annotated[str, typer.Option(help="catalog file or preset (agent-team, solo)")]
+ClusterOpt = Annotated[str, typer.Option(help="cluster file or preset (hetero16, hetero8, h200x8, single-a100, toy2)")]
+CatalogOpt = Annotated[str, typer.Option(help="catalog file or preset (agent-team, solo, toy)")]
 TraceOpt = Annotated[Path, typer.Option(help="trace file (JSONL, format v1)")]
 
 
@@ -244,9 +244,12 @@ def oracle(
     bound = f"{block['bound']:.3f}" if block["bound"] is not None else "none (rolling horizon)"
     console.print(f"{block['status']}: objective {block['objective']:.3f}, bound {bound}, max window gap "
                   f"{block['gap']:.2e}, {len(out['windows'])} windows, {block['solve_s']:.1f} s solving; {out['waits']} of "
-                  f"{out['calls']} calls wait; "
+                  f"{out['calls']} calls wait"
+                  + (f" ({out['trace_calls'] - out['calls']} calls the trace cancels are left out)"
+                     if out['trace_calls'] > out['calls'] else "") + "; "
                   f"handoff stall p95 {out['handoff_stall_s']['p95']:.3f} s over {out['handoffs']} handoffs"
-                  + (f"; greedy warm start at {out['greedy_vs_oracle']:.3f}x the optimum" if out["greedy_vs_oracle"] else ""))
+                  + (f"; the greedy warm start's objective is {out['greedy_vs_oracle']:.3f}x the solver's"
+                     if out["greedy_vs_oracle"] else ""))
     if out["violations"]:
         console.print(f"[red]the stitched schedule breaks {len(out['violations'])} constraints[/], first: {out['violations'][0]}")
     if json_out:
@@ -290,7 +293,11 @@ def sweep(
         task = prog.add_task("sweep", total=len(todo))
         report = lambda done, total: prog.update(task, completed=done)  # noqa: E731
         rows = sw.run_ray(todo, ray, report) if ray else sw.run_local(todo, workers, report)
-    t = Table("cluster", "trace", "seed", "policy", *sw.COLUMNS, title=f"{len(rows)} replays ({'Ray ' + ray if ray else 'local processes'})")
+    t = Table(title=f"{len(rows)} replays ({'Ray ' + ray if ray else 'local processes'})")
+    for name in ("cluster", "trace", "seed", "policy"):
+        t.add_column(name, no_wrap=True)  # names are never cut; the figures' headers wrap instead
+    for c in sw.COLUMNS:
+        t.add_column(c.replace("_", " "), justify="right", overflow="fold")
     for r in rows:
         t.add_row(r["cluster"], r["trace"], str(r["seed"]), r["policy"], *[f"{r[c]:.3f}" for c in sw.COLUMNS])
     console.print(t)
@@ -361,6 +368,9 @@ def serve(
     if profile is not None:
         from .profile import load_profile
         prof = load_profile(profile, cl)
+        if prof.get("machine", {}).get("device") == "arena":
+            err.print(f"[yellow]warning:[/] {profile} was measured without a GPU (device arena in RAM): its h2d/d2h "
+                      "links are host copies, not PCIe", highlight=False)
     from .planner.core import PlannerConfig
 
     planner = LivePlanner(cl, cat, Store(db), profile=prof, queue=queue, config=PlannerConfig(stage_host=stage_host))
@@ -381,6 +391,8 @@ def adapter(
     inventory: Annotated[Optional[Path], typer.Option(help="local: after each poll, write the ops executed and the copies held here (JSON)")] = None,
     engines: Annotated[Optional[Path], typer.Option(help="vllm, sglang: JSON file {endpoints: {MODEL@gpu:I: URL}, model_paths, cpu_backup}")] = None,
     catalog: Annotated[Optional[str], typer.Option(help="local: create this catalog's model store under ROOT first")] = None,
+    bytes_scale: Annotated[float, typer.Option(help="local: objects get this fraction of their real size (e.g. 0.001 "
+                                                    "to run a real catalog's plan on a laptop)")] = 1.0,
     wait_s: Annotated[float, typer.Option(help="long-poll wait")] = 10.0,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
 ):
@@ -404,11 +416,19 @@ def adapter(
         err.print(f"{kind} adapter of {node} polling {planner}; {len(cfg.endpoints)} engine servers")
         a.run(wait_s=wait_s)
         return
-    a = cls(planner, node, token, root=root / node, arena_bytes=int(arena_mb * 1e6) if arena_mb else None)
+    if not 0 < bytes_scale <= 1:
+        _fail(f"--bytes-scale must be in (0, 1], got {bytes_scale}")
+    a = cls(planner, node, token, root=root / node, arena_bytes=int(arena_mb * 1e6) if arena_mb else None,
+            bytes_scale=bytes_scale)
     if catalog is not None:
         from .models.load import load_catalog
 
-        err.print(f"model store: {a.plane.stock(load_catalog(catalog))} objects under {root / node}")
+        from .engine_adapters.local import DataPlaneError
+
+        try:
+            err.print(f"model store: {a.plane.stock(load_catalog(catalog))} objects under {root / node}")
+        except DataPlaneError as e:
+            _fail(str(e))
 
     def write_inventory(_n: int) -> None:
         tmp = inventory.with_name(inventory.name + ".tmp")
@@ -436,12 +456,19 @@ def drive(
     from .api.driver import Driver
     from .models.load import load_trace
 
-    out = asyncio.run(Driver(planner, token, speed, call_s).replay(load_trace(trace)))
+    try:
+        out = asyncio.run(Driver(planner, token, speed, call_s).replay(load_trace(trace)))
+    except PermissionError as e:
+        _fail(f"the planner refused the token ({e}); a runtime token comes from "
+              f"`statebudget token add --tokens FILE --role runtime --tenant NAME`")
     console.print(f"{out['events']} events; leases {out['leases']}; ready when the quote promised: "
                   f"{out['ready_when_promised']}/{out['promised_by_quote']}; request p99 {out['request_ms']['p99']} ms; "
                   f"{out['n_errors']} errors")
     if json_out:
         _write_json(json_out, out)
+    if out["n_errors"]:
+        err.print(f"[bold red]{out['n_errors']} requests failed[/], the first: {out['errors'][0]}", highlight=False)
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -514,6 +541,10 @@ def profile_cmd(
                                progress=lambda step, done, total: prog.update(task, description=step, completed=done,
                                                                                total=total))
     m, mach = prof["measured"], prof["machine"]
+    if mach["device"] == "arena":
+        err.print("[yellow]warning:[/] no CUDA device here: the h2d/d2h figures are RAM copies into the local "
+                  "adapter's device arena and prefill runs on the CPU. Right for `adapter local` without a GPU; "
+                  "measure on the GPU host for anything else.", highlight=False)
     t = Table("figure", "measured", title=f"{mach['hostname']} ({mach['device']}; {mach['size_mb']:.0f} MiB x {repeats})")
     for key, label in [("file_to_host_Bps", "file -> host (page cache)"), ("host_to_file_Bps", "host -> file (fsync)"),
                        ("host_to_device_Bps", "host -> device"), ("device_to_host_Bps", "device -> host")]:

@@ -212,3 +212,41 @@ def test_restart_keeps_leases_ops_and_residency(tmp_path):
     reoffered = {o["op_id"] for n in ("n0", "n1") for o in q.plan_for(n, 0)["ops"]}
     assert reoffered == {o["op_id"] for o in ops} - {first["op_id"]}
     assert q.report(node, first["op_id"], done(first))["duplicate"]  # acknowledged before: not twice
+
+
+def test_a_token_added_to_the_file_works_without_a_restart(tmp_path):
+    from statebudget.api.auth import add_token, create_token_file
+
+    path = tmp_path / "tokens.json"
+    admin = create_token_file(path)
+    auth = Auth.load(path)
+    assert auth.principal(admin).role == "admin"
+    new = add_token(path, "runtime", tenant="team")
+    who = auth.principal(new)
+    assert who is not None and who.role == "runtime" and who.tenant == "team"
+    path.write_text("{ broken")  # mid-edit: the tokens known so far keep working, unknown ones still fail
+    assert auth.principal(new).role == "runtime" and auth.principal("x" * 32) is None
+
+
+def test_the_driver_stops_at_a_refused_token(client):
+    import asyncio
+
+    import httpx
+
+    from statebudget.api.driver import Driver
+    from statebudget.models.load import parse_trace
+
+    trace = parse_trace(toy_trace_jsonl(1, 0.02), "toy trace")
+    transport = httpx.ASGITransport(app=client.app)
+    driver = Driver("http://planner", "not-a-known-token-0123", speed=1000, call_s=0.0, transport=transport)
+    with pytest.raises(PermissionError, match="401"):
+        asyncio.run(driver.replay(trace))
+    assert driver.events <= 1  # it stopped at the first refusal, not after every program
+
+
+def test_a_rejected_lease_says_why(client):
+    start_program(client)
+    r = lease(client, model="coder", deadline_s=0.001)  # no copy crosses a link in a millisecond
+    body = r.json()
+    assert r.status_code == 200 and body["decision"] == "rejected", body
+    assert "after the deadline" in body["reason"] or "deadline passed" in body["reason"], body

@@ -6,7 +6,8 @@
 
 Tokens come from a JSON file (`{"tokens": [{"token", "role", "tenant"?, "node"?}]}`), named by
 `--tokens`, by `STATEBUDGET_TOKENS_FILE`, or given inline in `STATEBUDGET_TOKENS`. Tokens are kept
-only as SHA-256 digests in memory.
+only as SHA-256 digests in memory. A file is read again when a request brings a token not known
+and the file has changed since (`statebudget token add` while the server runs): no restart.
 """
 
 from __future__ import annotations
@@ -57,11 +58,37 @@ def _digest(token: str) -> str:
 
 
 class Auth:
-    def __init__(self, entries: list[TokenEntry]):
+    def __init__(self, entries: list[TokenEntry], path: Path | None = None):
         self._by_digest = {_digest(e.token): Principal(e.role, e.tenant, e.node) for e in entries}
+        self._path = path
+        self._stamp = self._file_stamp()
+
+    def _file_stamp(self):
+        return self._file_stamp_of(self._path) if self._path is not None else None
+
+    @staticmethod
+    def _file_stamp_of(path: Path):
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size)
 
     def principal(self, token: str) -> Principal | None:
-        return self._by_digest.get(_digest(token))
+        who = self._by_digest.get(_digest(token))
+        if who is None and self._path is not None and self._file_stamp() != self._stamp:
+            self._reload()
+            who = self._by_digest.get(_digest(token))
+        return who
+
+    def _reload(self) -> None:
+        """Read the token file again; a file broken mid-edit keeps the tokens known so far."""
+        stamp = self._file_stamp()
+        try:
+            fresh = Auth.from_json(self._path.read_text(), str(self._path))
+        except (OSError, InputError):
+            return
+        self._by_digest, self._stamp = fresh._by_digest, stamp
 
     @classmethod
     def from_json(cls, text: str, source: str) -> "Auth":
@@ -82,7 +109,9 @@ class Auth:
             p = Path(path)
             if not p.exists():
                 raise InputError(str(p), "file", "no such token file")
-            return cls.from_json(p.read_text(), str(p))
+            auth = cls.from_json(p.read_text(), str(p))
+            auth._path, auth._stamp = p, auth._file_stamp_of(p)
+            return auth
         inline = os.environ.get("STATEBUDGET_TOKENS")
         if inline:
             return cls.from_json(inline, "STATEBUDGET_TOKENS")

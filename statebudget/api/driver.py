@@ -44,6 +44,8 @@ class Driver:
                 r = await client.request(method, path, json=body)
                 if r.status_code >= 500 and time.monotonic() < deadline:
                     raise httpx.RemoteProtocolError(f"{r.status_code}")
+                if r.status_code in (401, 403):  # every later request would fail the same way
+                    raise PermissionError(f"{method} {path}: {r.status_code} {r.text[:200]}")
                 self.latency_s.append(time.perf_counter() - t0)
                 return r
             except httpx.ConnectError:

@@ -382,7 +382,18 @@ class LocalDataPlane:
 
     def stock(self, catalog) -> int:
         """Create the model store of a catalog up front, as an operator's checkpoints are on disk
-        before serving: the first promotion of a model then reads a file instead of making one."""
+        before serving: the first promotion of a model then reads a file instead of making one.
+        Refuses, before writing anything, when the store would not fit the disk's free space."""
+        import shutil
+
+        total = sum(self._object_bytes(Op(op_id="stock", kind="promote", object=["w", m.name], src="none",
+                                          dst=f"nvme:{self.node}", bytes=m.total_bytes)) for m in catalog.models)
+        self.root.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.root).free
+        if total > free:
+            raise DataPlaneError(f"the model store of catalog {catalog.name!r} needs {total / 1e9:.1f} GB and "
+                                 f"{self.root} has {free / 1e9:.1f} GB free: pass a smaller catalog or shrink "
+                                 f"objects with bytes_scale (adapter --bytes-scale)")
         n = 0
         for m in catalog.models:
             objs = [(["w", m.name], m.dense_bytes)]

@@ -90,7 +90,7 @@ def parse_trace(lines, source: str) -> Trace:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line.rstrip("\r\n"))
         except json.JSONDecodeError as e:
             raise InputError(source, f"{lineno}", f"malformed JSON line: {e.msg} at column {e.colno}") from None
         if not isinstance(obj, dict):

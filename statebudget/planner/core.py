@@ -25,7 +25,7 @@ import numpy as np
 from ..models.state import expert_key, kv_key, weights_key
 from ..solvers.costs import page_touch_probs
 from ..solvers.greedy import Candidates, solve
-from .leases import LeaseLedger, LeaseRequest, Quote, decide, rank_key
+from .leases import LeaseLedger, LeaseRequest, LeaseState, Quote, decide, rank_key, rejection_reason
 from .predictor import Predictor
 
 
@@ -361,6 +361,8 @@ class PlannerCore:
             ok = self.lease_budget_ok(view, q, group, req.deadline_s, now, committed)
             state = decide(req, q, now, ok)
             lease = self.ledger.submit(req, q, state, now)
+            if state == LeaseState.REJECTED:
+                lease.reason = rejection_reason(req, q, now, ok)
             if state.live:
                 for i in group:
                     gpu = view.gpus[i]

@@ -117,6 +117,16 @@ def decide(req: LeaseRequest, quote: Quote, now: float, budget_ok: bool) -> Leas
     return LeaseState.REJECTED
 
 
+def rejection_reason(req: LeaseRequest, quote: Quote, now: float, budget_ok: bool) -> str:
+    """Why `decide` rejected a lease, in words a runtime can log."""
+    window = req.deadline_s - now
+    if window <= 0:
+        return f"the deadline passed {-window:.1f} s ago"
+    if quote.p95_s > window:
+        return f"quoted P95 ready in {quote.p95_s:.1f} s, after the deadline in {window:.1f} s"
+    return "the links cannot carry it by the deadline and keep the SLO margin for calls without a lease"
+
+
 class LeaseLedger:
     def __init__(self):
         self.leases: dict[str, Lease] = {}

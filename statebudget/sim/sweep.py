@@ -44,6 +44,20 @@ def run_local(todo: list[dict], workers: int | None = None, progress=None) -> li
     return sorted(rows, key=_key)
 
 
+def _reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast with a clear message when nothing listens at HOST:PORT (Ray itself retries for minutes)."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--ray {address!r}: expected auto or HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ValueError(f"--ray {address}: cannot reach a Ray head there ({e.strerror or e}); start one with "
+                         f"`ray start --head --port {port}` or drop --ray to use local processes") from None
+
+
 def run_ray(todo: list[dict], address: str, progress=None) -> list[dict]:
     import os
 
@@ -51,9 +65,15 @@ def run_ray(todo: list[dict], address: str, progress=None) -> list[dict]:
         # Ray turns a loopback address into the host's network IP unless told it is a one-node
         # cluster; keep a local cluster on the loopback interface (must precede `import ray`).
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if address != "auto":
+        _reachable(address)
     import ray
 
-    ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    except ConnectionError as e:
+        raise ValueError(f"--ray {address}: no Ray cluster there ({str(e).splitlines()[0]}); start one with "
+                         f"`ray start --head` or drop --ray to use local processes") from None
     try:
         remote = ray.remote(run_job)
         pending = [remote.remote(j) for j in todo]

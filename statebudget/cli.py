@@ -160,7 +160,8 @@ def replay(
                                               "tool-wait KV preserve|swap|discard|adaptive")] = "ondemand",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the §8 report here")] = None,
     plots: Annotated[Optional[Path], typer.Option(help="write plots (PNG) into this folder")] = None,
-    seed: Annotated[int, typer.Option(help="simulator seed (MoE page sampling)")] = 0,
+    seed: Annotated[Optional[int], typer.Option(help="simulator seed (MoE page sampling); default: the trace's seed "
+                                                     "(its header), as `sweep` does, else 0")] = None,
     check: Annotated[bool, typer.Option(help="check capacity invariants after every event (slower)")] = False,
     profile: Annotated[Optional[Path], typer.Option(help="a `statebudget profile` file: measured bandwidths replace the presets'")] = None,
     prefill_slots: Annotated[Optional[int], typer.Option(help="prefills a GPU runs at once (default: any number, sharing its FLOP/s); "
@@ -174,6 +175,8 @@ def replay(
     names = _policy_list(policy)
     cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace(trace)
     check_compatible(cl, cat, tr, str(trace))
+    if seed is None:
+        seed = tr.header.seed if tr.header.seed is not None else 0
     horizon = max(p.start for p in tr.programs) + 1.0
     t0 = time.perf_counter()
     with Progress(TextColumn("{task.description:<14}"), BarColumn(), TextColumn("sim {task.fields[t]:>7.0f} s"),

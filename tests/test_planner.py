@@ -189,3 +189,24 @@ def test_capacities_hold_under_random_lease_storms(sc):
         if lease.state in (LeaseState.CANCELLED, LeaseState.STALE, LeaseState.EXPIRED) and lease.ready_s is not None:
             assert lease.ready_s <= lease.ended_s, f"{lease.lease_id} published after it ended"
         assert lease.state != LeaseState.SUBMITTED
+
+
+def test_prefill_weight_places_a_long_prompt_on_the_faster_gpu():
+    from statebudget.models import Cluster
+
+    cl = Cluster.model_validate({
+        "name": "two-speeds", "hbm_reserve_frac": 0.0,
+        "gpu_kinds": {k: {"hbm_gb": 40, "hbm_gbps": 1555, "h2d_gbps": 25, "d2h_gbps": 25, "tflops": tf,
+                          "wake_s": 0.5, "cold_start_s": 10.0} for k, tf in (("Slow", 30.0), ("Fast", 300.0))},
+        "nodes": [{"name": "n0", "host_dram_gb": 256, "nvme_gb": 4000, "nvme_read_gbps": 7, "nvme_write_gbps": 5,
+                   "root_gbps": 50, "gpus": {"Slow": 1, "Fast": 1}}]})
+    slow = next(i for i, g in enumerate(cl.gpus) if g.kind == "Slow")
+    tr = trace(program("p", [call("a", "m", ctx=50_000, out=10)]))
+    placed = {}
+    for w in (0.0, 1.0):
+        sim = Simulator(cl, catalog(("m", 10.0)), tr, StateBudgetLease(PlannerConfig(place_prefill_weight=w)))
+        placed[w] = sim.run().calls[0].group
+    # the weights are nowhere, so both GPUs restore alike: restore alone breaks the tie by index,
+    # restore plus prefill takes the GPU with 10x the FLOP/s
+    assert slow == 0 and placed[0.0] == (slow,)
+    assert cl.gpus[placed[1.0][0]].kind == "Fast"

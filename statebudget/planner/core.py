@@ -47,6 +47,7 @@ class PlannerConfig:
     lease_slo_margin: float = 0.2    # link share leases may not take (left for non-lease calls)
     lookahead: int = 3               # calls ahead the predictor follows the switch matrix
     stage_host: bool = True          # stage weights and expert pages of models in use in host DRAM
+    place_prefill_weight: float = 0.0  # place a call where restore + this x its prefill is least (1: soonest first token)
 
 
 class PlannerCore:

@@ -102,15 +102,20 @@ def restore_estimate_s(sim, call, group) -> float:
     return total
 
 
-def default_place(sim, call, groups=None):
-    """The group where the call's state is ready soonest, preferring groups with room now (after
-    evicting unpinned state) over groups where it would wait for running calls; ties go to the
-    less busy, then the one with more free HBM, then the lower index. Groups that could never hold
-    the call are skipped."""
+def default_place(sim, call, groups=None, compute: float = 0.0):
+    """The group where the call's state is ready soonest (with `compute` > 0: the least restore +
+    `compute` x the prefill of its new tokens on that group's GPUs; 1 = the soonest first token),
+    preferring groups with room now (after evicting unpinned state) over groups where it would
+    wait for running calls; ties go to the less busy, then the one with more free HBM, then the
+    lower index. Groups that could never hold the call are skipped."""
+    from ...models.state import kv_key
+
     m = sim.catalog.by_name[call.model]
     footprint = sim.call_footprint(call)
+    new_tokens = max(0, call.context_tokens - sim.kv_tokens.get(kv_key(call.program, call.model), 0)) if compute else 0
     ranked = sorted(
-        (restore_estimate_s(sim, call, g), sum(sim.running_on[i] for i in g), -min(sim.tiers.gpu_free(i) for i in g), g)
+        (restore_estimate_s(sim, call, g) + (compute * sim.cost.prefill_s(m, new_tokens, g) if compute else 0.0),
+         sum(sim.running_on[i] for i in g), -min(sim.tiers.gpu_free(i) for i in g), g)
         for g in (groups if groups is not None else sim.groups(m.tp)) if sim.could_ever_fit(call, g, footprint))
     for *_, g in ranked:
         if sim.has_room_now(call, g):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ...models.state import kv_key
 from ...planner.core import PlannerConfig, PlannerCore
 from ...planner.leases import LeaseRequest
-from .base import Policy
+from .base import Policy, default_place
 from .baselines import place_model
 
 
@@ -27,6 +27,11 @@ class StateBudget(Policy):
         """A planning step after an event. The simulator plans at every event; the service sets
         `plan_on_events = False` and coalesces the events of a few milliseconds into one `on_tick`."""
         return self._core(sim).plan(sim, sim.now) if self.plan_on_events else []
+
+    def place(self, sim, call):
+        """Where the call's state is ready soonest, its prefill there weighted in by
+        `PlannerConfig.place_prefill_weight` (BENCHMARKS.md: the stall / TTFT trade-off)."""
+        return default_place(sim, call, compute=self._core(sim).cfg.place_prefill_weight)
 
     def _core(self, sim) -> PlannerCore:
         if self.core is None:

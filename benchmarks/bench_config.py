@@ -1,9 +1,11 @@
-"""Issue 3's P95 / wasted-bytes frontier: statebudget-lease with one `PlannerConfig` override,
-hetero16 + agent-team, 2-hour traces, seeds 1-3 (simulator seed = trace seed).
+"""statebudget-lease with `PlannerConfig` overrides: hetero16 + agent-team, 2-hour traces,
+seeds 1-3 (simulator seed = trace seed). Issue 3's P95 / wasted-bytes frontier and the stall /
+TTFT trade-off of placement come from it.
 
-    .venv/bin/python benchmarks/bench_waste.py "promote_min_p=1.01, page_min_touch=1.01" [--trace swe-team]
+    .venv/bin/python benchmarks/bench_config.py "promote_min_p=1.01, page_min_touch=1.01" [--trace swe-team]
 
-Prints, per seed, handoff-stall P95, wasted bytes, warm tax, non-lease TTFT P99 and lease-lateness P99.
+Prints, per seed, handoff-stall P95, wasted bytes, warm tax, TTFT P95, SLO violations, non-lease
+TTFT P99 and lease-lateness P99.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def main():
         res = Simulator(cl, cat, tr, StateBudgetLease(PlannerConfig(**kw)), cost=CostModel(cl, cat), seed=seed).run()
         b = policy_report(res, tr.header.slo_classes, nominal_timeline(tr, cat))
         print(f"{args.trace} seed {seed} {kw}: handoff p95 {b.handoff_stall_s.p95:.3f} s, wasted "
-              f"{b.wasted_bytes / 1e12:.3f} TB, warm tax {b.warm_tax:.3f}, non-lease TTFT p99 "
+              f"{b.wasted_bytes / 1e12:.3f} TB, warm tax {b.warm_tax:.3f}, TTFT p95 {b.ttft_s.p95:.2f} s, "
+              f"SLO violations {b.slo_violations:.3f}, non-lease TTFT p99 "
               f"{b.nonlease_ttft_s.p99:.2f} s, lease lateness p99 {b.lease_lateness_s.p99:.2f} s", flush=True)
 
 

@@ -157,3 +157,18 @@ def test_a_long_program_is_not_starved_by_a_stream_of_short_ones():
     assert ahead, "PLAS let no short program ahead"
     assert max(c.arrive - b2.arrive for c in ahead) <= overtaking_window_s(service) + 1e-9
     assert b2.start - b2.arrive < 2 * STARVE_S
+
+
+def test_like_sized_programs_stay_fcfs_under_plas_and_a_twice_larger_one_falls_behind():
+    from statebudget.planner.programs import SERVICE_QUANTUM_S, service_level
+
+    q = SERVICE_QUANTUM_S
+    assert [service_level(x) for x in (0.0, q * 0.99, q, q * 1.99, q * 2, q * 5)] == [0, 0, q, q, 2 * q, 4 * q]
+    # 12 s and 18 s of service share a level: the earlier arrival goes first, as under fcfs
+    early = queue_key("plas", arrive=0.0, now=10.0, program_service=1.8 * q, path_service=0.0)
+    late = queue_key("plas", arrive=5.0, now=10.0, program_service=1.2 * q, path_service=0.0)
+    assert early < late
+    # four times the service: the later, smaller program overtakes
+    big = queue_key("plas", arrive=0.0, now=10.0, program_service=4 * q, path_service=0.0)
+    small = queue_key("plas", arrive=5.0, now=10.0, program_service=q, path_service=0.0)
+    assert small < big

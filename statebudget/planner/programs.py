@@ -6,7 +6,8 @@ Queue disciplines (a sort key, lowest first):
 
     fcfs   arrival time
     plas   the program's attained service (compute seconds of its finished calls): a new call
-           inherits its program's service, so short programs overtake long ones (§4)
+           inherits its program's service, so short programs overtake long ones (§4). Service
+           counts in doubling levels (`service_level`): like-sized programs stay FCFS
     atlas  the attained service along the call's critical path in the program's DAG, so a thread
            of a wide fork/join program is not penalised for its siblings (§6)
 
@@ -35,12 +36,15 @@ Tool-wait KV rules (at each tool start, for the program's KV in HBM):
 
 from __future__ import annotations
 
+import math
+
 QUEUES = ("fcfs", "plas", "atlas")
 KV_RULES = ("preserve", "swap", "discard", "adaptive")
 AGING = 0.5     # seconds of key per second waited
 STARVE_S = 30.0  # a call waiting this long since it arrived goes ahead of every call not yet waiting as long
 URGENCY_CAP_S = 10.0  # the most key a call's shrinking TTFT slack takes off (§19): bounded, so it cannot starve
 TENANT_SCALE_S = 10.0  # key added per unit of a tenant's service share above its weighted fair share (§20)
+SERVICE_QUANTUM_S = 10.0  # attained service counts in levels 0, 10, 20, 40, 80 ... s (`service_level`)
 
 
 def parse_spec(spec: str, known_policies) -> tuple[str, str, str | None]:
@@ -75,11 +79,22 @@ def queue_key(discipline: str, arrive: float, now: float, program_service: float
     `starve_s` at most."""
     if discipline == "fcfs" or now - arrive >= starve_s:
         return (0, 0.0, arrive)
-    service = program_service if discipline == "plas" else path_service
+    service = service_level(program_service if discipline == "plas" else path_service)
     # A call that can still make its TTFT bound gains up to URGENCY_CAP_S as its slack runs out; one
     # already late gains nothing (boosting it would not save its SLO): PLAS and aging decide (§19).
     urgency = URGENCY_CAP_S - slack_s if slack_s is not None and 0.0 <= slack_s < URGENCY_CAP_S else 0.0
     return (1, service - aging * (now - arrive) - urgency + TENANT_SCALE_S * tenant_excess, arrive)
+
+
+def service_level(service: float, quantum: float = SERVICE_QUANTUM_S) -> float:
+    """Attained service rounded down to a level: 0 below `quantum`, then quantum x 2^k (Tiresias's
+    discretised LAS). Programs of like size share a level and go FCFS among themselves (the aging
+    term orders them by arrival); only a program that has had twice as much service as another
+    falls behind it. Never above the service itself, so the overtaking bound of the module
+    docstring holds as it is."""
+    if service < quantum:
+        return 0.0
+    return quantum * 2.0 ** math.floor(math.log2(service / quantum))
 
 
 def tenant_excess(service: dict[str, float], weights: dict[str, float], tenant: str) -> float:

@@ -281,3 +281,20 @@ def test_adapter_commits_on_200_and_aborts_on_409(tmp_path):
     assert ad.executed == ["a", "b"] and len(posted) == 4
     h = ad.health()
     assert h["kind"] == "local" and h["device"] == "arena" and h["copies"] == {"gpu:0": 1}
+
+
+def test_stocking_a_store_larger_than_the_free_disk_refuses_before_writing(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from statebudget.models.load import load_catalog
+
+    cat = load_catalog("agent-team")  # 439 GB at full size
+    plane = LocalDataPlane(tmp_path / "n0", node="n0")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 0, 50 * 10**9))
+    with pytest.raises(local.DataPlaneError, match="needs 439.3 GB.*50.0 GB free"):
+        plane.stock(cat)
+    assert not any(plane.nvme_dir.rglob("*.safetensors"))  # nothing written
+    small = LocalDataPlane(tmp_path / "n1", node="n1", bytes_scale=1e-4)  # 44 MB: fits
+    assert small.stock(cat) == sum(1 + (m.moe.pages if m.moe else 0) for m in cat.models)

@@ -61,3 +61,17 @@ def test_sweep_rejects_bad_grids():
     assert res.exit_code == 2 and "unknown trace preset 'nope'" in res.output
     res = runner.invoke(app, ["sweep", "--seeds", "1,x"])
     assert res.exit_code == 2 and "--seeds" in res.output
+
+
+def test_sweep_on_an_unreachable_ray_head_fails_fast_in_one_line():
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = CliRunner().invoke(app, ["sweep", "--traces", "swe-team", "--seeds", "1", "--policy", "ondemand",
+                                   "--hours", "0.05", "--ray", f"127.0.0.1:{port}"])
+    assert res.exit_code == 2 and "cannot reach a Ray head" in res.output, res.output
+    res = CliRunner().invoke(app, ["sweep", "--traces", "swe-team", "--seeds", "1", "--policy", "ondemand",
+                                   "--hours", "0.05", "--ray", "no-port-here"])
+    assert res.exit_code == 2 and "expected auto or HOST:PORT" in res.output, res.output

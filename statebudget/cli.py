@@ -358,14 +358,7 @@ def serve(
     from .planner.live import LivePlanner
 
     setup_logging(log_level)
-    if tokens is None and not os.environ.get("STATEBUDGET_TOKENS_FILE") and not os.environ.get("STATEBUDGET_TOKENS"):
-        tokens = db.with_name(db.name + ".tokens.json")
-        if not tokens.exists():
-            create_token_file(tokens)
-            err.print(f"created {tokens} with an admin token; add runtime and adapter tokens with "
-                      f"`statebudget token add --tokens {tokens} --role runtime --tenant NAME`")
-    auth = Auth.load(tokens)
-    cl, cat = load_cluster(cluster), load_catalog(catalog)
+    cl, cat = load_cluster(cluster), load_catalog(catalog)  # bad input fails before anything is written
     check_compatible(cl, cat)
     prof = None
     if profile is not None:
@@ -374,6 +367,13 @@ def serve(
         if prof.get("machine", {}).get("device") == "arena":
             err.print(f"[yellow]warning:[/] {profile} was measured without a GPU (device arena in RAM): its h2d/d2h "
                       "links are host copies, not PCIe", highlight=False)
+    if tokens is None and not os.environ.get("STATEBUDGET_TOKENS_FILE") and not os.environ.get("STATEBUDGET_TOKENS"):
+        tokens = db.with_name(db.name + ".tokens.json")
+        if not tokens.exists():
+            create_token_file(tokens)
+            err.print(f"created {tokens} with an admin token; add runtime and adapter tokens with "
+                      f"`statebudget token add --tokens {tokens} --role runtime --tenant NAME`")
+    auth = Auth.load(tokens)
     from .planner.core import PlannerConfig
 
     planner = LivePlanner(cl, cat, Store(db), profile=prof, queue=queue, config=PlannerConfig(stage_host=stage_host))

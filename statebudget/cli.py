@@ -227,6 +227,8 @@ def oracle(
     window: Annotated[int, typer.Option(help="slots per window", min=2)] = 24,
     overlap: Annotated[int, typer.Option(help="slots re-planned by the next window", min=0)] = 8,
     warm_start: Annotated[bool, typer.Option(help="start each window from the greedy schedule")] = True,
+    lead: Annotated[str, typer.Option(help="planner: the greedy warm start follows the online planner's decisions "
+                                           "(statebudget-lease replayed first); none: the greedy rule alone")] = "planner",
     replicas: Annotated[int, typer.Option(help="candidate GPU groups per model a call may run on", min=1)] = 2,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the oracle block and windows here")] = None,
 ):
@@ -237,12 +239,20 @@ def oracle(
 
     cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace(trace)
     check_compatible(cl, cat, tr, str(trace))
+    if lead not in ("planner", "none"):
+        _fail(f"--lead: expected planner or none, got {lead!r}")
+    guide_from = None
+    if lead == "planner":
+        from .sim.policies.oracle import planner_guide
+
+        seed = tr.header.seed if tr.header.seed is not None else 0
+        guide_from = lambda inst, index: planner_guide(cl, cat, tr, CostModel(cl, cat), inst, index, seed=seed)  # noqa: E731
     with Progress(TextColumn("MILP windows"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} slots"),
                   TimeElapsedColumn(), console=err, transient=not sys.stderr.isatty()) as prog:
         task = prog.add_task("milp", total=1)
         out = oracle_summary(cl, cat, tr, CostModel(cl, cat), window, overlap, backend, time_limit,
                              progress=lambda done, total: prog.update(task, completed=done, total=total),
-                             warm_start=warm_start, replicas=replicas)
+                             warm_start=warm_start, replicas=replicas, guide_from=guide_from)
     block = out["oracle"]
     bound = f"{block['bound']:.3f}" if block["bound"] is not None else "none (rolling horizon)"
     console.print(f"{block['status']}: objective {block['objective']:.3f}, bound {bound}, max window gap "

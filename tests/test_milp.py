@@ -276,3 +276,24 @@ def test_checker_rejects_a_model_evicted_while_its_call_runs_and_bad_choices():
     assert any(b.startswith("(0)") for b in evaluate(inst, bad)[0])
     w = _copy(sol, wait=np.array([1.0, 0.0]))  # call a may not wait
     assert any(b.startswith("(6b) call a") for b in evaluate(inst, w)[0])
+
+
+def test_the_warm_start_can_follow_the_online_planner_and_stays_feasible():
+    from statebudget.models.load import load_catalog, load_cluster
+    from statebudget.sim.policies.oracle import planner_guide
+    from statebudget.solvers.costs import CostModel
+    from statebudget.solvers.milp import build_instance
+    from statebudget.traces.generators import generate
+
+    cl, cat = load_cluster("hetero16"), load_catalog("agent-team")
+    tr, cost = generate("swe-team", 2, 0.15), CostModel(cl, cat)
+    inst, index = build_instance(cl, cat, tr, cost)
+    guide = planner_guide(cl, cat, tr, cost, inst, index, seed=2)
+    assert guide.tiers.shape == (len(inst.objects), inst.T) and guide.tiers.min() >= 0 and guide.choice
+    plain, led = greedy_schedule(inst), greedy_schedule(inst, guide)
+    for sol in (plain, led):
+        assert sol.status == "FEASIBLE" and evaluate(inst, sol)[0] == []
+    assert plain.u.sum() + plain.v.sum() == 0  # the plain rule never prefetches or stages
+    assert led.u.sum() + led.v.sum() > 0       # following the planner, it does
+    rolled = solve_rolling(inst, backend="scip", time_limit_s=20, guide=guide)
+    assert rolled.violations == [] and all(w["status"] == "OPTIMAL" for w in rolled.windows)

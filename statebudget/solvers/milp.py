@@ -277,15 +277,33 @@ def evaluate(inst: Instance, sol: Solution, tol: float = 1e-6) -> tuple[list[str
     return bad, float(stall_total + inst.lam * moved)
 
 
-def greedy_schedule(inst: Instance) -> Solution:
+@dataclass
+class Guide:
+    """What the online planner did, slot by slot, in the MILP's terms (`planner_guide`): the tier
+    it held each object in at each slot's first call (0 HBM, 1 DRAM, 2 neither) and the option
+    each affinity's first call ran on."""
+    tiers: np.ndarray                     # [O x T]
+    choice: dict = field(default_factory=dict)
+
+    def window(self, objs: list[int], start: int, end: int) -> "Guide":
+        return Guide(self.tiers[objs, start:end], self.choice)
+
+
+def greedy_schedule(inst: Instance, guide: Guide | None = None) -> Solution:
     """A feasible schedule by the greedy rule, for warm starts and as the in-model yardstick.
 
     The rule: a call's affinity takes, at its first call, the option that fits beside the calls
     running now and misses the fewest bytes; a call whose option does not fit waits; load
     what a call needs on demand, keep it in HBM while it runs, and when a GPU is full demote the
     resident whose next use is farthest away (the oracle may look ahead), into DRAM when it
-    fits, else drop it. It never prefetches, so it satisfies (2), (3), (3b) and (9)-(11) by
-    construction; status is FEASIBLE when the rest holds too."""
+    fits, else drop it. Without a guide it never prefetches, so it satisfies (2), (3), (3b) and
+    (9)-(11) by construction; status is FEASIBLE when the rest holds too.
+
+    With a `guide` (the online planner's decisions) it follows the planner where the model
+    allows: an affinity takes the planner's option when it fits; what the planner held in HBM is
+    prefetched from DRAM within the link budgets (9), (10) and the GPU's room; what it held in
+    DRAM is staged within (11) and (8); and eviction takes what the planner did not hold in HBM
+    first."""
     O, T = len(inst.objects), inst.T
     x, y, u, d, v = (np.zeros((O, T)) for _ in range(5))
     stall = np.zeros(len(inst.calls))
@@ -338,6 +356,7 @@ def greedy_schedule(inst: Instance) -> Solution:
             a = affinity(ci, c)
             if a not in choice:
                 ranked = sorted((not np.all(hbm_of(held | set(opt)) <= cap),
+                                 guide is None or k != guide.choice.get(a, -1),
                                  sum(inst.objects[o].bytes for o in opt if tier[o] != 0), k)
                                 for k, opt in enumerate(c.options))
                 choice[a] = ranked[0][-1]
@@ -356,11 +375,14 @@ def greedy_schedule(inst: Instance) -> Solution:
         for o, ob in enumerate(inst.objects):
             if tier[o] == 1:
                 dram[ob.node] = dram.get(ob.node, 0.0) + ob.bytes
+        if guide is not None and (t > 0 or inst.lead_s > 0):
+            _follow(inst, guide, t, prev, tier, used, dram, u, v)
         over = [i for i in range(n_gpu) if used[i] > cap[i]]
         if over:
+            unheld = (lambda o: guide.tiers[o, t] != 0) if guide is not None else (lambda o: False)
             victims = sorted((o for o in range(O) if tier[o] == 0 and o not in held
                               and any(i in over for i in inst.objects[o].gpus)),
-                             key=lambda o: (-next_use(o, t), o))
+                             key=lambda o: (not unheld(o), -next_use(o, t), o))
             for o in victims:
                 if np.all(used <= cap):
                     break
@@ -396,6 +418,37 @@ def greedy_schedule(inst: Instance) -> Solution:
     bad, sol.objective = evaluate(inst, sol)
     sol.status = STATUS_FEASIBLE if not bad else STATUS_NOT_SOLVED
     return sol
+
+
+def _follow(inst: Instance, guide: Guide, t: int, prev: list, tier: list, used: np.ndarray, dram: dict,
+            u: np.ndarray, v: np.ndarray) -> None:
+    """One slot of the planner's lead (`greedy_schedule` with a guide): prefetch from DRAM what it
+    held in HBM, and stage from NVMe what it held in DRAM, within the slot's link budgets and the
+    room left."""
+    window = inst.window_s(t)
+    pre = np.zeros(len(inst.hbm))
+    root: dict[str, float] = {}
+    nv: dict[str, float] = {}
+    for o, ob in enumerate(inst.objects):
+        want = guide.tiers[o, t]
+        if want == 2 or tier[o] == 0 or not (ob.live[0] <= t <= ob.live[1]):
+            continue
+        share = ob.bytes / len(ob.gpus)
+        if want == 0 and prev[o] == 1 and tier[o] == 1:  # (3b): a prefetch reads DRAM
+            if (all(pre[i] + share <= inst.h2d[i] * window and used[i] + share <= inst.hbm[i] for i in ob.gpus)
+                    and root.get(ob.node, 0.0) + ob.bytes <= inst.root.get(ob.node, 0.0) * window):
+                for i in ob.gpus:
+                    pre[i] += share
+                    used[i] += share
+                root[ob.node] = root.get(ob.node, 0.0) + ob.bytes
+                dram[ob.node] -= ob.bytes
+                u[o, t], tier[o] = 1, 0
+        elif want == 1 and tier[o] == 2 and prev[o] == 2:
+            if (nv.get(ob.node, 0.0) + ob.bytes <= inst.nvme.get(ob.node, 0.0) * window
+                    and dram.get(ob.node, 0.0) + ob.bytes <= inst.dram.get(ob.node, 0.0)):
+                nv[ob.node] = nv.get(ob.node, 0.0) + ob.bytes
+                dram[ob.node] = dram.get(ob.node, 0.0) + ob.bytes
+                v[o, t], tier[o] = 1, 1
 
 
 # ---- the model, written once against a tiny solver-neutral interface ---------------------------
@@ -886,13 +939,15 @@ class RollingResult:
 
 
 def solve_rolling(inst: Instance, window: int = 24, overlap: int = 8, backend: str = "scip",
-                  time_limit_s: float = 10.0, threads: int = 1, progress=None, warm_start: bool = True) -> RollingResult:
+                  time_limit_s: float = 10.0, threads: int = 1, progress=None, warm_start: bool = True,
+                  guide: Guide | None = None) -> RollingResult:
     """Rolling horizon: solve overlapping windows of `window` slots in order, keep the first
     `window - overlap` slots of each, and start the next window from the tiers they left. Each
     window holds the objects alive in it; its first slot cannot be prefetched into (the previous
     window's plan already decided what is there). With `warm_start` each window starts from the
-    greedy schedule of that window (`greedy_schedule`), whose objective the window reports beside
-    the solver's. The stitched schedule is checked by `evaluate` on the whole instance."""
+    greedy schedule of that window (`greedy_schedule`), led by the online planner's decisions when
+    a `guide` is given (`sim/policies/oracle.py:planner_guide`); the window reports its objective
+    beside the solver's. The stitched schedule is checked by `evaluate` on the whole instance."""
     if window <= overlap:
         raise ValueError(f"window ({window}) must exceed overlap ({overlap})")
     O, T = len(inst.objects), inst.T
@@ -926,7 +981,8 @@ def solve_rolling(inst: Instance, window: int = 24, overlap: int = 8, backend: s
         sub = Instance(slot_s=inst.slot_s[start:end], objects=sub_objs, calls=sub_calls, hbm=inst.hbm, h2d=inst.h2d,
                        dram=inst.dram, root=inst.root, nvme=inst.nvme, lam=inst.lam,
                        init=tuple(tiers[o] for o in objs), lead_s=inst.window_s(start))
-        greedy = greedy_schedule(sub) if warm_start else None
+        greedy = greedy_schedule(sub, guide.window(objs, start, end) if guide is not None else None) \
+            if warm_start else None
         usable = greedy if greedy is not None and greedy.status == STATUS_FEASIBLE else None
         sol = solve(sub, backend, time_limit_s, threads, hint=usable)
         windows.append({"slots": [start, end], "status": sol.status, "objective": sol.objective,
@@ -1002,14 +1058,17 @@ def solve_static(inst: Instance, fill: float = 0.75, backend: str = "scip", time
 
 
 def oracle_summary(cluster, catalog, trace, cost, window: int = 24, overlap: int = 8, backend: str = "scip",
-                   time_limit_s: float = 10.0, progress=None, warm_start: bool = True, replicas: int = 2) -> dict:
+                   time_limit_s: float = 10.0, progress=None, warm_start: bool = True, replicas: int = 2,
+                   guide_from=None) -> dict:
     """Solve a trace window by window and summarise it: the §8 `oracle` block, the instance's
     size, the stall distributions of the schedule, every window and the checker's findings."""
     from ..models.report import Dist
     from ..traces.graph import handoff_calls
 
     inst, index = build_instance(cluster, catalog, trace, cost, replicas=replicas)
-    res = solve_rolling(inst, window, overlap, backend, time_limit_s, progress=progress, warm_start=warm_start)
+    guide = guide_from(inst, index) if guide_from is not None and warm_start else None
+    res = solve_rolling(inst, window, overlap, backend, time_limit_s, progress=progress, warm_start=warm_start,
+                        guide=guide)
     sol = res.solution
     handoffs = {(p.program, c) for p in trace.programs for c in handoff_calls(p)}
     stalls = list(sol.stall)

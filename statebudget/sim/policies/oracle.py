@@ -120,3 +120,44 @@ class MilpStatic(Static):
         inst, _ = build_instance(sim.cluster, sim.catalog, sim.trace, sim.cost, hot_touch=0.5, replicas=1)
         keep = solve_static(inst, 1.0 - self.kv_headroom)
         return {object_model(inst.objects[o].name)[2]: inst.objects[o].gpus for o in keep}
+
+
+def planner_guide(cluster, catalog, trace, cost, inst, index, policy: str = "statebudget-lease", seed: int = 0):
+    """Replay `policy` (the online planner) in the simulator and read, at the first call of each
+    MILP slot, the tier it holds every MILP object in, and the group each program's first call of
+    a model ran on: a `Guide` for the warm start of the rolling horizon (`greedy_schedule`)."""
+    import numpy as np
+
+    from ...solvers.milp import Guide, affinity
+    from ..engine import Simulator
+    from . import REGISTRY
+
+    keys = [(_state_keys(o.name, catalog, 2.0)[0], o.gpus, o.node) for o in inst.objects]
+    slot_of = {key: inst.calls[ci].slot for ci, key in enumerate(index["calls"])}
+    calls_of = {key: ci for ci, key in enumerate(index["calls"])}
+    tiers = np.full((len(inst.objects), inst.T), -1, dtype=np.int8)
+    choice: dict[int, int] = {}
+
+    class Recorder(REGISTRY[policy]):
+        def on_call_arrive(self, sim, call):
+            t = slot_of.get((call.program, call.node))
+            if t is not None and tiers[0, t] < 0:
+                gpu, host = sim.tiers.gpu, sim.tiers.host
+                tiers[:, t] = [0 if (k, g) in gpu else 1 if (k, n) in host else 2 for k, g, n in keys]
+            return super().on_call_arrive(sim, call)
+
+        def place(self, sim, call):
+            group = super().place(sim, call)
+            ci = calls_of.get((call.program, call.node))
+            if ci is not None:
+                c = inst.calls[ci]
+                groups = [inst.objects[opt[0]].gpus for opt in c.options]
+                if group in groups:
+                    choice.setdefault(affinity(ci, c), groups.index(group))
+            return group
+
+    Simulator(cluster, catalog, trace, Recorder(), cost=cost, seed=seed).run()
+    for t in range(inst.T):  # a slot whose first call never came (cancelled): the tiers before it
+        if tiers[0, t] < 0:
+            tiers[:, t] = tiers[:, t - 1] if t > 0 else 2
+    return Guide(tiers, choice)

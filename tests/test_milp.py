@@ -297,3 +297,17 @@ def test_the_warm_start_can_follow_the_online_planner_and_stays_feasible():
     assert led.u.sum() + led.v.sum() > 0       # following the planner, it does
     rolled = solve_rolling(inst, backend="scip", time_limit_s=20, guide=guide)
     assert rolled.violations == [] and all(w["status"] == "OPTIMAL" for w in rolled.windows)
+
+
+def test_a_planner_prefetch_serves_the_call_of_that_slot():
+    from statebudget.solvers.milp import Guide
+
+    # one 10 GB model in DRAM; a call at t=1; the planner had it in HBM by then (3 s x 10 GB/s suffice)
+    inst = Instance(slot_s=(3.0, 3.0), objects=(Obj("w:m0@0", (0,), "n0", 10 * GB, 1.0, 4.0, (0, 1)),),
+                    calls=(Call("c1", 1, (0,), ()),), hbm=(20 * GB,), h2d=(10 * GB,), dram={"n0": 100 * GB},
+                    root={"n0": 15 * GB}, nvme={"n0": 5 * GB}, init=(1,))
+    led = greedy_schedule(inst, Guide(np.array([[1, 0]], dtype=np.int8)))
+    assert led.u[0, 1] == 1 and led.d[0, 1] == 0 and led.stall.tolist() == [0.0]
+    assert evaluate(inst, led)[0] == []
+    assert led.objective == pytest.approx(solve(inst, "scip", 30).objective)
+    assert greedy_schedule(inst).stall.tolist() == [1.0]  # without the lead: a restore from DRAM

@@ -351,6 +351,12 @@ def greedy_schedule(inst: Instance, guide: Guide | None = None) -> Solution:
                 tier[o] = 2
         running = [r for r in running if r[0] >= t]
         held = {o for _, objs in running for o in objs}
+        if guide is not None and (t > 0 or inst.lead_s > 0):  # the planner's moves first: a call then
+            dram: dict[str, float] = {}                     # finds what it prefetched already there
+            for o, ob in enumerate(inst.objects):
+                if tier[o] == 1:
+                    dram[ob.node] = dram.get(ob.node, 0.0) + ob.bytes
+            _follow(inst, guide, t, prev, tier, hbm_of(o for o in range(O) if tier[o] == 0), dram, u, v)
         for ci in arrivals.get(t, ()):
             c = inst.calls[ci]
             a = affinity(ci, c)
@@ -375,8 +381,6 @@ def greedy_schedule(inst: Instance, guide: Guide | None = None) -> Solution:
         for o, ob in enumerate(inst.objects):
             if tier[o] == 1:
                 dram[ob.node] = dram.get(ob.node, 0.0) + ob.bytes
-        if guide is not None and (t > 0 or inst.lead_s > 0):
-            _follow(inst, guide, t, prev, tier, used, dram, u, v)
         over = [i for i in range(n_gpu) if used[i] > cap[i]]
         if over:
             unheld = (lambda o: guide.tiers[o, t] != 0) if guide is not None else (lambda o: False)
@@ -676,7 +680,7 @@ def solve(inst: Instance, backend: str = "scip", time_limit_s: float = 60.0, thr
     sol.status, sol.objective, sol.backend = status, obj, backend
     # the objective is never negative, so 0 is always a valid bound (a solver stopped early may
     # report -infinity)
-    sol.bound = max(bound, 0.0) if bound == bound else obj
+    sol.bound = max(bound, 0.0) if bound == bound else (obj if status == STATUS_OPTIMAL else 0.0)
     sol.gap = _gap(obj, sol.bound) if status in (STATUS_OPTIMAL, STATUS_FEASIBLE) else float("nan")
     sol.solve_s = time.perf_counter() - t0
     return sol

@@ -137,6 +137,7 @@ def planner_guide(cluster, catalog, trace, cost, inst, index, policy: str = "sta
     calls_of = {key: ci for ci, key in enumerate(index["calls"])}
     tiers = np.full((len(inst.objects), inst.T), -1, dtype=np.int8)
     choice: dict[int, int] = {}
+    seen: set[int] = set()
 
     class Recorder(REGISTRY[policy]):
         def on_call_arrive(self, sim, call):
@@ -149,11 +150,12 @@ def planner_guide(cluster, catalog, trace, cost, inst, index, policy: str = "sta
         def place(self, sim, call):
             group = super().place(sim, call)
             ci = calls_of.get((call.program, call.node))
-            if ci is not None:
+            if ci is not None and affinity(ci, inst.calls[ci]) not in seen:  # the affinity's first call
                 c = inst.calls[ci]
+                seen.add(affinity(ci, c))
                 groups = [inst.objects[opt[0]].gpus for opt in c.options]
-                if group in groups:
-                    choice.setdefault(affinity(ci, c), groups.index(group))
+                if group in groups:  # else the planner ran it off the MILP's candidates: no lead
+                    choice[affinity(ci, c)] = groups.index(group)
             return group
 
     Simulator(cluster, catalog, trace, Recorder(), cost=cost, seed=seed).run()

@@ -904,8 +904,10 @@ def build_instance(cluster, catalog, trace, cost, max_slots: int | None = None, 
         first = cs[0][0]
         for g in homes.get(model, ()):
             kv_index[(prog, model, g)] = len(objs)
+            recompute = cost.prefill_s(m, tokens, g)
+            # from DRAM: onboard it, or recompute it where that is quicker (R^h <= R^n, as (6) assumes)
             objs.append(Obj(f"kv:{prog}:{model}@{_group_name(g)}", g, gpus[g[0]].node, nbytes,
-                            cost.group_transfer_s(nbytes, "host", gpus[g[0]].node, g), cost.prefill_s(m, tokens, g),
+                            min(cost.group_transfer_s(nbytes, "host", gpus[g[0]].node, g), recompute), recompute,
                             (first, max(first, prog_end[prog]))))
     affinities: dict[tuple, int] = {}
     out_calls = []

@@ -1,7 +1,6 @@
 """The planner service through its HTTP API (in process): auth, the lease and op protocol, the
 commit boundary, epochs, metrics and oracle runs."""
 
-import time
 
 import pytest
 from fastapi.testclient import TestClient

@@ -243,10 +243,9 @@ def oracle(
         _fail(f"--lead: expected planner or none, got {lead!r}")
     guide_from = None
     if lead == "planner":
-        from .sim.policies.oracle import planner_guide
+        from .sim.policies.oracle import planner_lead
 
-        seed = tr.header.seed if tr.header.seed is not None else 0
-        guide_from = lambda inst, index: planner_guide(cl, cat, tr, CostModel(cl, cat), inst, index, seed=seed)  # noqa: E731
+        guide_from = planner_lead(cl, cat, tr, CostModel(cl, cat))
     with Progress(TextColumn("MILP windows"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} slots"),
                   TimeElapsedColumn(), console=err, transient=not sys.stderr.isatty()) as prog:
         task = prog.add_task("milp", total=1)

@@ -177,13 +177,15 @@ def _finished(client, run_id):
 
 
 def test_oracle_run_in_the_background(client):
-    r = client.post("/v1/oracle/runs", json={"trace_jsonl": toy_trace_jsonl(1, 0.05), "time_limit_s": 5},
+    r = client.post("/v1/oracle/runs", json={"trace_jsonl": toy_trace_jsonl(1, 0.05), "time_limit_s": 5,
+                                             "lead": "planner", "replicas": 1},
                     headers=H("admin"))
     assert r.status_code == 202
     run_id = r.json()["run_id"]
     body = wait_until(lambda: _finished(client, run_id), 120, "the oracle run")
     assert body["status"] == "done", body
     assert body["result"]["oracle"]["status"] in ("OPTIMAL", "FEASIBLE") and body["result"]["calls"] > 0
+    assert body["result"]["replicas"] == 1 and body["result"]["violations"] == []
     bad = client.post("/v1/oracle/runs", json={"preset": "swe-team", "trace_jsonl": "{}"}, headers=H("admin"))
     assert bad.status_code == 422
     r = client.post("/v1/oracle/runs", json={"preset": "swe-team", "hours": 0.05}, headers=H("admin"))

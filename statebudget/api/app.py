@@ -100,8 +100,14 @@ class Service:
             trace = generate(body.preset, body.seed, body.hours) if body.preset else \
                 parse_trace(body.trace_jsonl, "uploaded trace")
             check_compatible(p.cluster, p.catalog, trace, "uploaded trace")
-            result = oracle_summary(p.cluster, p.catalog, trace, CostModel(p.cluster, p.catalog), body.window,
-                                    body.overlap, body.backend, body.time_limit_s)
+            cost = CostModel(p.cluster, p.catalog)
+            lead = None
+            if body.lead == "planner":
+                from ..sim.policies.oracle import planner_lead
+
+                lead = planner_lead(p.cluster, p.catalog, trace, cost)
+            result = oracle_summary(p.cluster, p.catalog, trace, cost, body.window, body.overlap, body.backend,
+                                    body.time_limit_s, replicas=body.replicas, guide_from=lead)
             store.put_run(run["run_id"], "done", {**run, "status": "done", "result": result, "finished_s": time.time()})
         except Exception as e:
             store.put_run(run["run_id"], "failed", {**run, "status": "failed", "error": f"{type(e).__name__}: {e}",

@@ -114,6 +114,9 @@ class OracleRunCreate(BaseModel):
     backend: Literal["scip", "cp-sat", "highs", "cbc"] = "scip"
     window: int = Field(24, ge=2, le=500)
     overlap: int = Field(8, ge=0, le=499)
+    replicas: int = Field(2, ge=1, le=4, description="candidate GPU groups per model a call may run on")
+    lead: Literal["planner", "none"] = Field("none", description="planner: each window's greedy warm start "
+                                             "follows the online planner, replayed first (slower to start)")
 
     @model_validator(mode="after")
     def _one_trace(self):

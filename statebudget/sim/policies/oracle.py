@@ -163,3 +163,10 @@ def planner_guide(cluster, catalog, trace, cost, inst, index, policy: str = "sta
         if tiers[0, t] < 0:
             tiers[:, t] = tiers[:, t - 1] if t > 0 else 2
     return Guide(tiers, choice)
+
+
+def planner_lead(cluster, catalog, trace, cost):
+    """`oracle_summary`'s `guide_from` for a warm start led by the online planner, simulated with
+    the trace's own seed."""
+    seed = trace.header.seed if trace.header.seed is not None else 0
+    return lambda inst, index: planner_guide(cluster, catalog, trace, cost, inst, index, seed=seed)

@@ -241,15 +241,16 @@ def oracle(
     check_compatible(cl, cat, tr, str(trace))
     if lead not in ("planner", "none"):
         _fail(f"--lead: expected planner or none, got {lead!r}")
+    cost = CostModel(cl, cat)
     guide_from = None
     if lead == "planner":
         from .sim.policies.oracle import planner_lead
 
-        guide_from = planner_lead(cl, cat, tr, CostModel(cl, cat))
+        guide_from = planner_lead(cl, cat, tr, cost)
     with Progress(TextColumn("MILP windows"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} slots"),
                   TimeElapsedColumn(), console=err, transient=not sys.stderr.isatty()) as prog:
         task = prog.add_task("milp", total=1)
-        out = oracle_summary(cl, cat, tr, CostModel(cl, cat), window, overlap, backend, time_limit,
+        out = oracle_summary(cl, cat, tr, cost, window, overlap, backend, time_limit,
                              progress=lambda done, total: prog.update(task, completed=done, total=total),
                              warm_start=warm_start, replicas=replicas, guide_from=guide_from)
     block = out["oracle"]

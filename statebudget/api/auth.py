@@ -59,20 +59,17 @@ def _digest(token: str) -> str:
 
 class Auth:
     def __init__(self, entries: list[TokenEntry], path: Path | None = None):
+        """`path`: the token file the entries came from, read again when it changes."""
         self._by_digest = {_digest(e.token): Principal(e.role, e.tenant, e.node) for e in entries}
         self._path = path
         self._stamp = self._file_stamp()
 
     def _file_stamp(self):
-        return self._file_stamp_of(self._path) if self._path is not None else None
-
-    @staticmethod
-    def _file_stamp_of(path: Path):
         try:
-            st = path.stat()
+            st = self._path.stat() if self._path is not None else None
         except OSError:
             return None
-        return (st.st_mtime_ns, st.st_size)
+        return (st.st_mtime_ns, st.st_size) if st is not None else None
 
     def principal(self, token: str) -> Principal | None:
         who = self._by_digest.get(_digest(token))
@@ -91,13 +88,13 @@ class Auth:
         self._by_digest, self._stamp = fresh._by_digest, stamp
 
     @classmethod
-    def from_json(cls, text: str, source: str) -> "Auth":
+    def from_json(cls, text: str, source: str, path: Path | None = None) -> "Auth":
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise InputError(source, f"line {e.lineno}", f"not JSON: {e.msg}") from None
         try:
-            return cls(TokenFile(**data).tokens if isinstance(data, dict) else TokenFile(tokens=data).tokens)
+            return cls(TokenFile(**data).tokens if isinstance(data, dict) else TokenFile(tokens=data).tokens, path)
         except ValidationError as e:
             raise InputError(source, *pydantic_where(e)) from None
 
@@ -109,9 +106,7 @@ class Auth:
             p = Path(path)
             if not p.exists():
                 raise InputError(str(p), "file", "no such token file")
-            auth = cls.from_json(p.read_text(), str(p))
-            auth._path, auth._stamp = p, auth._file_stamp_of(p)
-            return auth
+            return cls.from_json(p.read_text(), str(p), path=p)
         inline = os.environ.get("STATEBUDGET_TOKENS")
         if inline:
             return cls.from_json(inline, "STATEBUDGET_TOKENS")

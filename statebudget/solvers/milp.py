@@ -336,6 +336,13 @@ def greedy_schedule(inst: Instance, guide: Guide | None = None) -> Solution:
                 used[i] += ob.bytes / len(ob.gpus)
         return used
 
+    def dram_now() -> dict[str, float]:
+        dram: dict[str, float] = {}
+        for o, ob in enumerate(inst.objects):
+            if tier[o] == 1:
+                dram[ob.node] = dram.get(ob.node, 0.0) + ob.bytes
+        return dram
+
     tier = [inst.init_tier(o) for o in range(O)]
     arrivals: dict[int, list[int]] = {}
     running: list[tuple[int, tuple[int, ...]]] = []  # (last slot, objects)
@@ -352,11 +359,8 @@ def greedy_schedule(inst: Instance, guide: Guide | None = None) -> Solution:
         running = [r for r in running if r[0] >= t]
         held = {o for _, objs in running for o in objs}
         if guide is not None and (t > 0 or inst.lead_s > 0):  # the planner's moves first: a call then
-            dram: dict[str, float] = {}                     # finds what it prefetched already there
-            for o, ob in enumerate(inst.objects):
-                if tier[o] == 1:
-                    dram[ob.node] = dram.get(ob.node, 0.0) + ob.bytes
-            _follow(inst, guide, t, prev, tier, hbm_of(o for o in range(O) if tier[o] == 0), dram, u, v)
+            _follow(inst, guide, t, prev, tier,                 # finds what it prefetched already there
+                    hbm_of(o for o in range(O) if tier[o] == 0), dram_now(), u, v)
         for ci in arrivals.get(t, ()):
             c = inst.calls[ci]
             a = affinity(ci, c)
@@ -377,10 +381,7 @@ def greedy_schedule(inst: Instance, guide: Guide | None = None) -> Solution:
                     d[o, t] = 1
                     tier[o] = 0
         used = hbm_of(o for o in range(O) if tier[o] == 0)
-        dram: dict[str, float] = {}
-        for o, ob in enumerate(inst.objects):
-            if tier[o] == 1:
-                dram[ob.node] = dram.get(ob.node, 0.0) + ob.bytes
+        dram = dram_now()
         over = [i for i in range(n_gpu) if used[i] > cap[i]]
         if over:
             unheld = (lambda o: guide.tiers[o, t] != 0) if guide is not None else (lambda o: False)

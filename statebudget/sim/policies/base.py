@@ -112,7 +112,7 @@ def default_place(sim, call, groups=None, compute: float = 0.0):
 
     m = sim.catalog.by_name[call.model]
     footprint = sim.call_footprint(call)
-    new_tokens = max(0, call.context_tokens - sim.kv_tokens.get(kv_key(call.program, call.model), 0)) if compute else 0
+    new_tokens = max(0, call.context_tokens - sim.kv_tokens.get(kv_key(call.program, call.model), 0))
     ranked = sorted(
         (restore_estimate_s(sim, call, g) + (compute * sim.cost.prefill_s(m, new_tokens, g) if compute else 0.0),
          sum(sim.running_on[i] for i in g), -min(sim.tiers.gpu_free(i) for i in g), g)

@@ -132,7 +132,8 @@ def planner_guide(cluster, catalog, trace, cost, inst, index, policy: str = "sta
     from ..engine import Simulator
     from . import REGISTRY
 
-    keys = [(_state_keys(o.name, catalog, 2.0)[0], o.gpus, o.node) for o in inst.objects]
+    # each object's first key stands for it: the weights (its pages follow them) or the KV
+    keys = [(_state_keys(o.name, catalog, Oracle.hot_touch)[0], o.gpus, o.node) for o in inst.objects]
     slot_of = {key: inst.calls[ci].slot for ci, key in enumerate(index["calls"])}
     calls_of = {key: ci for ci, key in enumerate(index["calls"])}
     tiers = np.full((len(inst.objects), inst.T), -1, dtype=np.int8)

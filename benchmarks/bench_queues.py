@@ -24,9 +24,9 @@ SPECS = ["statebudget", "statebudget:plas", "statebudget:atlas"]
 
 
 def run(args) -> list[dict]:
-    trace_name, seed, hours, load = args
+    trace_name, seed, hours, load, slots, max_batch = args
     tr = generate(trace_name, seed, hours, load=load)
-    rep = replay(load_cluster("hetero16"), load_catalog("agent-team"), tr, SPECS, prefill_slots=1)
+    rep = replay(load_cluster("hetero16"), load_catalog("agent-team"), tr, SPECS, prefill_slots=slots, max_batch=max_batch)
     rows = []
     for spec in SPECS:
         b = rep.report.policies[spec]
@@ -60,9 +60,12 @@ def main():
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--load", type=float, default=8.0)
+    ap.add_argument("--prefill-slots", default="1", help="prefills a GPU runs at once, or 'none' (no limit)")
+    ap.add_argument("--max-batch", type=int, default=32, help="calls a GPU runs at once")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
-    jobs = [(t, int(s), a.hours, a.load) for t in ("mixed-tenants", "mapreduce") for s in a.seeds.split(",")]
+    slots = None if a.prefill_slots == "none" else int(a.prefill_slots)
+    jobs = [(t, int(s), a.hours, a.load, slots, a.max_batch) for t in ("mixed-tenants", "mapreduce") for s in a.seeds.split(",")]
     with ProcessPoolExecutor() as pool:
         rows = [r for rs in pool.map(run, jobs) for r in rs]
     keys = ["program_latency_p50", "program_latency_mean", "program_latency_p95", "slowdown_p99", "slowdown_max", "max_wait_max", "ttft_p95", "programs_per_hour",

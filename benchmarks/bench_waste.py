@@ -1,7 +1,7 @@
 """Where statebudget-lease's wasted bytes come from (issue 3's unmet goal: at most 25 % of
 prefetch-all's), and the P95 / wasted-bytes frontier of the two knobs that make most of them.
 
-    .venv/bin/python benchmarks/bench_waste.py [--trace swe-team] [--seeds 1,2,3] [--grid]
+    .venv/bin/python benchmarks/bench_waste.py [--trace swe-team] [--seeds 1,2,3] [--config "promote_min_p=0.9"] [--grid]
 
 Wasted bytes (DESIGN.md) are bytes promoted into HBM for copies evicted or cancelled before any
 use. Each wasted copy is put in one class:
@@ -20,11 +20,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import numpy as np
 
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.core import PlannerConfig
+from statebudget.planner.core import lease_config
 from statebudget.sim.engine import Simulator
 from statebudget.sim.metrics import policy_report
 from statebudget.sim.policies import REGISTRY
@@ -32,6 +33,9 @@ from statebudget.sim.policies.ours import StateBudgetLease
 from statebudget.solvers.costs import CostModel
 from statebudget.traces.generators import generate
 from statebudget.traces.timeline import nominal_timeline
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_config import parse_overrides  # noqa: E402
 
 
 class WasteSim(Simulator):
@@ -103,18 +107,20 @@ def main():
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--hours", type=float, default=2.0)
     ap.add_argument("--grid", action="store_true")
+    ap.add_argument("--config", default="", help='overrides of the lease defaults (planner.core.lease_config) for the breakdown, e.g. "promote_min_p=0.9"')
     args = ap.parse_args()
+    cfg = lease_config(**parse_overrides(args.config))
     seeds = [int(s) for s in args.seeds.split(",")]
     cl, cat = load_cluster("hetero16"), load_catalog("agent-team")
     traces = {s: generate(args.trace, s, args.hours) for s in seeds}
     total, classes, pa = 0.0, Counter(), []
     for s in seeds:
-        rep, by = run(cl, cat, traces[s], s, StateBudgetLease())
+        rep, by = run(cl, cat, traces[s], s, StateBudgetLease(cfg))
         total += rep.wasted_bytes
         classes.update(by)
         pa.append(run(cl, cat, traces[s], s, REGISTRY["prefetch-all"]())[0].wasted_bytes)
     n = len(seeds)
-    print(f"{args.trace}, seeds {args.seeds}: statebudget-lease wastes {total / n / 1e12:.3f} TB a run, "
+    print(f"{args.trace}, seeds {args.seeds}, {args.config or 'the lease defaults'}: statebudget-lease wastes {total / n / 1e12:.3f} TB a run, "
           f"prefetch-all {np.mean(pa) / 1e12:.3f} TB")
     print("| asked by | state | removed by | meanwhile | TB a run | share |\n|---|---|---|---|---|---|")
     for (origin, kind, remover, meanwhile), b in classes.most_common():
@@ -125,7 +131,7 @@ def main():
     print("\n| promote_min_p | lease_page_min_touch | handoff P95 s (per seed) | wasted TB (per seed) |\n|---|---|---|---|")
     for p in (0.35, 0.6, 0.8, 1.01):
         for t in (0.4, 0.7, 0.99):
-            reps = [run(cl, cat, traces[s], s, StateBudgetLease(PlannerConfig(promote_min_p=p, lease_page_min_touch=t)))[0]
+            reps = [run(cl, cat, traces[s], s, StateBudgetLease(lease_config(promote_min_p=p, lease_page_min_touch=t)))[0]
                     for s in seeds]
             p95 = [r.handoff_stall_s.p95 for r in reps]
             w = [r.wasted_bytes / 1e12 for r in reps]

@@ -384,9 +384,9 @@ def serve(
             err.print(f"created {tokens} with an admin token; add runtime and adapter tokens with "
                       f"`statebudget token add --tokens {tokens} --role runtime --tenant NAME`")
     auth = Auth.load(tokens)
-    from .planner.core import PlannerConfig
+    from .planner.core import lease_config
 
-    planner = LivePlanner(cl, cat, Store(db), profile=prof, queue=queue, config=PlannerConfig(stage_host=stage_host))
+    planner = LivePlanner(cl, cat, Store(db), profile=prof, queue=queue, config=lease_config(stage_host=stage_host))
     err.print(f"planner on http://{host}:{port}: cluster {planner.cluster.name}, catalog {planner.catalog.name}, "
               f"ledger {db} (plan version {planner.plan_version}, {len(planner.ops)} open ops)")
     uvicorn.run(create_app(planner, auth, tick_s=tick_s), host=host, port=port, log_level="warning")

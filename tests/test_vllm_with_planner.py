@@ -9,7 +9,7 @@ from statebudget.api.app import create_app
 from statebudget.api.auth import Auth, TokenEntry
 from statebudget.engine_adapters.vllm import VllmAdapter
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.core import PlannerConfig
+from statebudget.planner.core import lease_config
 from statebudget.planner.live import LivePlanner
 
 RUNTIME, ADAPTER = "runtime-token-0123456789", "adapter-n0-token-0123456789"
@@ -19,7 +19,7 @@ def test_a_lease_wakes_the_vllm_server_of_its_model():
     fakes = {m: FakeVllm() for m in ("planner", "coder", "reviewer")}
     for f in fakes.values():  # servers start asleep at level 2: weights not loaded
         f.asleep, f.weights_valid = {"weights", "kv_cache"}, False
-    planner = LivePlanner(load_cluster("toy2"), load_catalog("toy"), config=PlannerConfig(stage_host=False))
+    planner = LivePlanner(load_cluster("toy2"), load_catalog("toy"), config=lease_config(stage_host=False))
     auth = Auth([TokenEntry(token=RUNTIME, role="runtime", tenant="t"), TokenEntry(token=ADAPTER, role="adapter", node="n0")])
     with TestClient(create_app(planner, auth, planning_loop=False)) as client, \
             serve(fakes["planner"].app) as u1, serve(fakes["coder"].app) as u2, serve(fakes["reviewer"].app) as u3:

@@ -4,7 +4,8 @@ A synthetic but full state: every model's weights (and hot expert pages) residen
 group, N live programs spread over the agent-team phases (running a call, or waiting on a tool
 of some class, some with a runtime hint), each holding KV for the models it has called. Each
 iteration changes one program (a call arrives, or a tool starts) and times one `plan` step: the
-work the planner does per runtime event."""
+work the planner does per runtime event. With hints the planner runs the service's settings
+(`lease_config`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ..models.state import expert_key, kv_key, weights_key
 from ..models.trace import Program, Trace, TraceNode
 from ..sim.engine import Simulator
 from ..sim.policies.base import Policy
-from .core import PlannerCore
+from .core import PlannerCore, lease_config
 
 TOOLS = ("search", "edit", "test", "build", "shell", "approval")
 
@@ -28,7 +29,7 @@ def bench_planner(cluster: Cluster, catalog: Catalog, programs: int, iterations:
     rng = np.random.default_rng(seed)
     dummy = Trace(programs=[Program(program="_", start=0.0, nodes=[TraceNode(id="n", kind="tool", duration=0.0)])])
     view = Simulator(cluster, catalog, dummy, Policy())
-    core = PlannerCore(catalog, view.cost, use_hints=use_hints)
+    core = PlannerCore(catalog, view.cost, lease_config() if use_hints else None, use_hints=use_hints)
     models = [m.name for m in catalog.models]
     for m in catalog.models:  # the catalog warm on its home groups, as far as HBM allows
         home = core._home(view, m)

@@ -18,7 +18,7 @@ One planning step (`plan`), at every event that changes what is likely next:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -34,7 +34,7 @@ class PlannerConfig:
     horizon_s: float = 30.0          # value = P(needed within this) x restore seconds
     idle_horizon_s: float = 90.0     # idle residents are ranked by P(needed within this)
     idle_threshold: float = 0.08     # models less likely than this within it are not staged in host
-    warm_budget: float = 0.36       # share of cluster HBM that idle weights and pages may hold
+    warm_budget: float = 0.45        # share of cluster HBM that idle weights and pages may hold
     min_dwell_s: float = 0.0        # a promoted copy stays at least this long (no promote/demote ping-pong)
     promote_min_p: float = 0.35      # promote only what is at least this likely within the horizon
     hysteresis: float = 0.3          # residents' density bonus against thrashing
@@ -48,6 +48,16 @@ class PlannerConfig:
     lookahead: int = 3               # calls ahead the predictor follows the switch matrix
     stage_host: bool = True          # stage weights and expert pages of models in use in host DRAM
     place_prefill_weight: float = 0.0  # place a call where restore + this x its prefill is least (1: soonest first token)
+
+
+def lease_config(**overrides) -> PlannerConfig:
+    """The planner's settings when leases drive it (statebudget-lease, the service): the hints name
+    the next calls, so the planner promotes on its own predictions only when they are near-certain
+    (`promote_min_p` 0.8), and a lease prepares only the expert pages nearly every call touches
+    (`lease_page_min_touch` 0.99). On swe-team this keeps P95 and wastes 1/14 of the bytes
+    (BENCHMARKS.md, issue 3). Without hints (statebudget) speculation is the planner's only tool,
+    and it keeps the plain defaults."""
+    return replace(PlannerConfig(promote_min_p=0.8, lease_page_min_touch=0.99), **overrides)
 
 
 class PlannerCore:

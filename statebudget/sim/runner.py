@@ -26,7 +26,7 @@ class Replay:
 
 def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str], seed: int = 0,
            check_invariants: bool = False, progress=None, profile: dict | None = None,
-           prefill_slots: int | None = None) -> Replay:
+           prefill_slots: int | None = None, max_batch: int = 32) -> Replay:
     """Each entry of `policies` is a spec `POLICY[:QUEUE[:KV]]`; the report keys it by that exact
     string. `progress(spec, sim_time)` is called now and then while a policy runs."""
     cost = CostModel(cluster, catalog, profile=profile)
@@ -37,7 +37,7 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
         base, queue, kv = parse_spec(name, REGISTRY)
         policy = make_policy(base)
         sim = Simulator(cluster, catalog, trace, policy, cost=cost, seed=seed, check_invariants=check_invariants,
-                        queue=queue, kv_rule=kv, prefill_slots=prefill_slots)
+                        queue=queue, kv_rule=kv, prefill_slots=prefill_slots, max_batch=max_batch)
         res = sim.run(progress=(lambda t, n=name: progress(n, t)) if progress else None)
         results[name] = res
         blocks[name] = policy_report(res, trace.header.slo_classes, nominal)

@@ -4,7 +4,7 @@ simulator calls these hooks; the service feeds the same core from runtime events
 from __future__ import annotations
 
 from ...models.state import kv_key
-from ...planner.core import PlannerConfig, PlannerCore
+from ...planner.core import PlannerConfig, PlannerCore, lease_config
 from ...planner.leases import LeaseRequest
 from .base import Policy, default_place
 from .baselines import place_model
@@ -93,7 +93,7 @@ class StateBudgetLease(StateBudget):
     use_hints = True
 
     def __init__(self, config: PlannerConfig | None = None):
-        super().__init__(config)
+        super().__init__(config or lease_config())
         self.group_of: dict[str, tuple] = {}
         self.tool_of: dict[str, tuple[str, float]] = {}  # program -> (tool running, since)
 

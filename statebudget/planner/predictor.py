@@ -139,6 +139,7 @@ class LiveProgram:
     last_arrival: float | None = None
     running_calls: int = 0
     hint: tuple[str, float, str | None] | None = None  # (model, confidence, call) announced for the next call
+    rec: tuple | None = field(default=None, repr=False, compare=False)  # its row of `Predictor._state`; None when changed
 
 
 class Predictor:
@@ -160,6 +161,8 @@ class Predictor:
         self._cache_key = None
         self._cache = None
         self._memo: dict[tuple, object] = {}
+        self._tenants: dict[str, int] = {}            # tenant -> index in the per-program rows
+        self._classes: dict[str, int] = {ANY: 0}      # tool class -> index
 
     # ---- events -------------------------------------------------------------------------------
     def program_started(self, program: str, tenant: str, now: float) -> None:
@@ -185,6 +188,7 @@ class Predictor:
         lp.last_model, lp.phase, lp.since, lp.hint = model, "call", now, None
         lp.call_end_s = max(lp.call_end_s if lp.running_calls else 0.0, now + expected_s)
         lp.running_calls += 1
+        lp.rec = None
 
     def call_finished(self, program: str, now: float) -> None:
         self._version += 1
@@ -192,13 +196,13 @@ class Predictor:
         if lp is not None:
             lp.running_calls = max(0, lp.running_calls - 1)
             if lp.running_calls == 0 and lp.phase == "call":
-                lp.phase, lp.tool, lp.since = "tool", None, now
+                lp.phase, lp.tool, lp.since, lp.rec = "tool", None, now, None
 
     def tool_started(self, program: str, tool: str, now: float) -> None:
         self._version += 1
         lp = self.live.get(program)
         if lp is not None and lp.running_calls == 0:
-            lp.phase, lp.tool, lp.since = "tool", tool, now
+            lp.phase, lp.tool, lp.since, lp.rec = "tool", tool, now, None
 
     def tool_finished(self, program: str, tool: str, duration_s: float, now: float) -> None:
         self._version += 1
@@ -208,14 +212,14 @@ class Predictor:
         self._version += 1
         lp = self.live.get(program)
         if lp is not None:
-            lp.hint = (model, confidence, call)
+            lp.hint, lp.rec = (model, confidence, call), None
 
     def call_cancelled(self, program: str, call: str) -> None:
         """A branch was abandoned: a hint announced for it no longer holds."""
         self._version += 1
         lp = self.live.get(program)
         if lp is not None and lp.hint is not None and lp.hint[2] == call:
-            lp.hint = None
+            lp.hint, lp.rec = None, None
 
     def program_finished(self, program: str, now: float = 0.0) -> None:
         self._version += 1
@@ -245,49 +249,52 @@ class Predictor:
         return c / c.sum(axis=1, keepdims=True)
 
     def _state(self, now: float, use_hints: bool):
-        """Per-live-program arrays, rebuilt only when an event changed something (or the clock moved)."""
+        """Per-live-program arrays, rebuilt only when an event changed something (or the clock
+        moved). Each program keeps its row (`LiveProgram.rec`) until an event changes it, so a
+        rebuild reads one attribute per unchanged program; the rest is numpy."""
         key = (self._version, now, use_hints)
         if self._cache_key == key:
             return self._cache
         self._memo.clear()  # every memo is keyed by the same version and clock
         progs = list(self.live.values())
         n = len(self.models)
-        rows = np.array([self.idx.get(lp.last_model, n) for lp in progs], dtype=int)
-        q = np.zeros((len(progs), n))
-        by_tenant: dict[str, list[int]] = {}
-        for k, lp in enumerate(progs):
-            by_tenant.setdefault(lp.tenant, []).append(k)
-        for tenant, ks in by_tenant.items():
-            ks = np.asarray(ks)
-            q[ks] = self.switch_matrix(now, tenant)[rows[ks], :n]
-        if use_hints:
-            for k, lp in enumerate(progs):
-                if lp.hint is not None and lp.hint[0] in self.idx:
-                    conf = lp.hint[1]
-                    q[k] *= 1.0 - conf
-                    q[k, self.idx[lp.hint[0]]] += conf
-        classes: dict[str, int] = {ANY: 0}
-        n_p = len(progs)
-        in_call = np.zeros(n_p, bool)
-        no_tool = np.zeros(n_p, bool)
-        cls = np.zeros(n_p, int)
-        elapsed = np.zeros(n_p)
-        call_left = np.zeros(n_p)
-        for k, lp in enumerate(progs):
-            if lp.phase == "tool":
-                elapsed[k] = now - lp.since
-                if lp.tool is None:
-                    no_tool[k] = True
-                else:
-                    cls[k] = classes.setdefault(lp.tool, len(classes))
-            else:
-                in_call[k] = True
-                call_left[k] = max(0.0, lp.call_end_s - now)
-        params = np.array([self.tools.params(c) for c in classes])
-        mu, sig = (params[cls, 0], params[cls, 1]) if len(progs) else (np.zeros(0), np.ones(0))
+        a = np.array([lp.rec or self._row(lp) for lp in progs], dtype=float).reshape(len(progs), 8)
+        rows, tenant, cls, hinted = (a[:, i].astype(int) for i in (0, 1, 3, 6))
+        in_call = a[:, 2] > 0
+        no_tool = ~in_call & (cls < 0)
+        cls = np.maximum(cls, 0)
+        present, which = np.unique(tenant, return_inverse=True)
+        names = list(self._tenants)
+        mats = np.stack([self.switch_matrix(now, names[t]) for t in present]) if len(progs) else None
+        q = mats[which, rows, :n] if len(progs) else np.zeros((0, n))
+        h = np.nonzero(hinted >= 0)[0] if use_hints else ()
+        if len(h):
+            conf = a[h, 7]
+            q[h] *= (1.0 - conf)[:, None]
+            q[h, hinted[h]] += conf
+        elapsed = np.where(in_call, 0.0, now - a[:, 4])
+        call_left = np.where(in_call, np.maximum(0.0, a[:, 5] - now), 0.0)
+        params = np.array([self.tools.params(c) for c in self._classes])
+        mu, sig = params[cls, 0], params[cls, 1]
+        # P(the wait ended by now), the same for every horizon (`p_next_within`)
+        f0 = np.where(~in_call & (elapsed > 0), _lognorm_cdf(elapsed, mu, sig), 0.0)
         self._cache_key = key
-        self._cache = (progs, q, in_call, no_tool, mu, sig, elapsed, call_left)
+        self._cache = (progs, q, in_call, no_tool, mu, sig, elapsed, call_left, f0)
         return self._cache
+
+    def _row(self, lp: LiveProgram) -> tuple:
+        """A program's row: last-model row of the switch matrix, tenant, in a call (1/0), tool class
+        (-1: between a call and the next event), since, call end, hinted model (-1: none), hint
+        confidence."""
+        tool = lp.phase == "tool"
+        tenant = self._tenants.setdefault(lp.tenant, len(self._tenants))
+        cls = 0
+        if tool:
+            cls = -1 if lp.tool is None else self._classes.setdefault(lp.tool, len(self._classes))
+        hint = lp.hint if lp.hint is not None and lp.hint[0] in self.idx else None
+        lp.rec = (self.idx.get(lp.last_model, len(self.models)), tenant, 0 if tool else 1, cls, lp.since,
+                  lp.call_end_s, -1 if hint is None else self.idx[hint[0]], 0.0 if hint is None else hint[1])
+        return lp.rec
 
     def next_model_probs(self, now: float, use_hints: bool = True) -> tuple[list[str], np.ndarray]:
         """(program ids, matrix [programs x models]) of P(the program's next call is on model m);
@@ -298,10 +305,8 @@ class Predictor:
     def p_next_within(self, now: float, horizon_s: float, use_hints: bool = True) -> np.ndarray:
         """For each live program (in `live` order): P(its next call arrives within the horizon):
         the rest of its tool wait, or — while a call runs — the call's end plus a tool wait."""
-        _, _, in_call, no_tool, mu, sig, elapsed, call_left = self._state(now, use_hints)
-        start = np.where(in_call, 0.0, elapsed)
+        _, _, in_call, no_tool, mu, sig, elapsed, call_left, f0 = self._state(now, use_hints)
         end = np.where(in_call, horizon_s - call_left, elapsed + horizon_s)
-        f0 = np.where(start > 0, _lognorm_cdf(start, mu, sig), 0.0)
         f1 = np.where(end > 0, _lognorm_cdf(np.maximum(end, 1e-9), mu, sig), 0.0)
         p = np.where(f0 < 1.0, (f1 - f0) / np.maximum(1.0 - f0, 1e-12), 1.0)
         p = np.where(no_tool, 0.9, p)  # between a call's end and the next event: soon

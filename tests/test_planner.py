@@ -1,6 +1,8 @@
 """The online planner: predictor, greedy solver, and the statebudget policies in the simulator,
 including random lease storms (hypothesis)."""
 
+import copy
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -77,6 +79,45 @@ def _cands(values, resident, per_gpu, groups, n_gpu):
     paths = [{} if r else {f"h2d:{g[0]}": per_gpu[i]} for i, (r, g) in enumerate(zip(resident, groups))]
     return Candidates([("w", str(i)) for i in range(len(values))], groups, member, np.asarray(per_gpu, float),
                       np.asarray(values, float), np.asarray(resident), paths)
+
+
+EVENTS = st.lists(st.tuples(st.sampled_from(["start", "call", "end", "tool", "hint", "cancel", "finish"]),
+                             st.integers(0, 4), st.integers(0, 2), st.floats(0.1, 30.0)), max_size=40)
+
+
+@given(EVENTS)
+@settings(max_examples=60, deadline=None)
+def test_cached_program_rows_match_a_rebuild_from_scratch(events):
+    """The predictor keeps each live program's row between events; after any sequence of events
+    its estimates equal those of the same predictor with every cached row dropped."""
+    models = ["a", "b", "c"]
+    pred = Predictor(models)
+    now = 0.0
+    for kind, k, mi, dt in events:
+        now += dt
+        prog = f"p{k}"
+        if kind == "start":
+            pred.program_started(prog, f"t{k % 2}", now)
+        elif kind == "call":
+            pred.call_arrived(prog, models[mi], now, expected_s=dt)
+        elif kind == "end":
+            pred.call_finished(prog, now)
+        elif kind == "tool":
+            pred.tool_started(prog, ["search", "test", "build"][mi], now)
+        elif kind == "hint":
+            pred.hinted(prog, models[mi], 0.7, call=f"n{mi}")
+        elif kind == "cancel":
+            pred.call_cancelled(prog, f"n{mi}")
+        else:
+            pred.program_finished(prog, now)
+        scratch = copy.deepcopy(pred)
+        for lp in scratch.live.values():
+            lp.rec = None
+        scratch._cache_key = None
+        scratch._memo.clear()
+        for hints in (True, False):
+            later = now + 1.0
+            assert np.array_equal(pred.need_within(later, 30.0, hints)[1], scratch.need_within(later, 30.0, hints)[1])
 
 
 def test_greedy_takes_the_most_stall_saved_per_byte_within_hbm_and_links():

@@ -166,6 +166,8 @@ def replay(
     profile: Annotated[Optional[Path], typer.Option(help="a `statebudget profile` file: measured bandwidths replace the presets'")] = None,
     prefill_slots: Annotated[Optional[int], typer.Option(help="prefills a GPU runs at once (default: any number, sharing its FLOP/s); "
                                                               "with a limit calls queue for compute and --policy's QUEUE matters", min=1)] = None,
+    max_batch: Annotated[int, typer.Option(help="calls a GPU runs at once (an engine's max_num_seqs); calls past it "
+                                                "queue, in --policy's QUEUE order", min=1)] = 32,
 ):
     """Replay a trace against policies; print a table, write the report and plots."""
     from .models.load import check_compatible, load_catalog, load_cluster, load_trace
@@ -191,7 +193,7 @@ def replay(
             from .profile import load_profile
             prof = load_profile(profile, cl)
         result = run_replay(cl, cat, tr, names, seed=seed, check_invariants=check, progress=progress, profile=prof,
-                            prefill_slots=prefill_slots)
+                            prefill_slots=prefill_slots, max_batch=max_batch)
         for n in names:
             prog.update(tasks[n], completed=horizon)
     wall = time.perf_counter() - t0

@@ -172,3 +172,19 @@ def test_like_sized_programs_stay_fcfs_under_plas_and_a_twice_larger_one_falls_b
     big = queue_key("plas", arrive=0.0, now=10.0, program_service=4 * q, path_service=0.0)
     small = queue_key("plas", arrive=5.0, now=10.0, program_service=q, path_service=0.0)
     assert small < big
+
+
+def test_max_batch_bounds_the_calls_a_gpu_runs_at_once():
+    """`replay(..., max_batch=1)`: a GPU runs one call at a time, so calls on one GPU never overlap
+    and the later ones queue (the default of 32 lets them share it)."""
+    from statebudget.sim.runner import replay
+
+    progs = [program(f"p{i}", [call("c", "m", ctx=2000, out=200)], start=0.1 * i) for i in range(4)]
+    tr = trace(*progs)
+    spans = {}
+    for mb in (1, 32):
+        res = replay(cluster(tflops=1.0), catalog(("m", 1.0)), tr, ["statebudget"], max_batch=mb).results["statebudget"]
+        spans[mb] = sorted((c.start, c.end) for c in res.calls)
+        assert len(spans[mb]) == 4 and all(e > s >= 0 for s, e in spans[mb])
+    assert all(spans[1][i][1] <= spans[1][i + 1][0] + 1e-9 for i in range(3))  # one after another
+    assert any(spans[32][i][1] > spans[32][i + 1][0] for i in range(3))         # shared

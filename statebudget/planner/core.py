@@ -81,6 +81,7 @@ class PlannerCore:
     def plan(self, view, now: float) -> list:
         cfg = self.cfg
         pred = self.predictor
+        pred.prepare(now, (cfg.horizon_s, cfg.idle_horizon_s), self.use_hints)
         p_model = pred.model_need_within(now, cfg.horizon_s, self.use_hints)
         progs, p_prog = pred.need_within(now, cfg.horizon_s, self.use_hints)
         tiers = view.tiers

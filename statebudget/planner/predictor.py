@@ -302,11 +302,13 @@ class Predictor:
         progs, q, *_ = self._state(now, use_hints)
         return [lp.program for lp in progs], q
 
-    def p_next_within(self, now: float, horizon_s: float, use_hints: bool = True) -> np.ndarray:
+    def p_next_within(self, now: float, horizon_s, use_hints: bool = True) -> np.ndarray:
         """For each live program (in `live` order): P(its next call arrives within the horizon):
-        the rest of its tool wait, or — while a call runs — the call's end plus a tool wait."""
+        the rest of its tool wait, or — while a call runs — the call's end plus a tool wait. With
+        an array of horizons, one row per horizon."""
         _, _, in_call, no_tool, mu, sig, elapsed, call_left, f0 = self._state(now, use_hints)
-        end = np.where(in_call, horizon_s - call_left, elapsed + horizon_s)
+        h = np.asarray(horizon_s, dtype=float)[..., None]
+        end = np.where(in_call, h - call_left, elapsed + h)
         f1 = np.where(end > 0, _lognorm_cdf(np.maximum(end, 1e-9), mu, sig), 0.0)
         p = np.where(f0 < 1.0, (f1 - f0) / np.maximum(1.0 - f0, 1e-12), 1.0)
         p = np.where(no_tool, 0.9, p)  # between a call's end and the next event: soon
@@ -316,24 +318,35 @@ class Predictor:
         """(programs, [programs x models]) of P(the program needs model m within the horizon),
         looking `lookahead` calls ahead along the switch matrix: the j-th next call comes about
         (j - 1) call cycles after the next one."""
-        key = ("need", self._version, now, horizon_s, use_hints)
-        hit = self._memo.get(key)
-        if hit is None:
-            hit = self._memo[key] = self._need_within(now, horizon_s, use_hints)
-        return hit
+        self.prepare(now, (horizon_s,), use_hints)
+        return self._memo[("need", self._version, now, horizon_s, use_hints)]
 
-    def _need_within(self, now: float, horizon_s: float, use_hints: bool) -> tuple[list[str], np.ndarray]:
+    def prepare(self, now: float, horizons, use_hints: bool = True) -> None:
+        """Compute `need_within` for several horizons in one pass (a planning step asks for two)."""
+        todo = [h for h in horizons if ("need", self._version, now, h, use_hints) not in self._memo]
+        if todo:
+            for h, hit in zip(todo, self._need_within(now, todo, use_hints)):
+                self._memo[("need", self._version, now, h, use_hints)] = hit
+
+    def _need_within(self, now: float, horizons: list, use_hints: bool) -> list:
         progs, q = self.next_model_probs(now, use_hints)
         n = len(self.models)
         step = self.switch_matrix(now)[:n, :n]  # model -> model, END mass dropped
-        miss = 1.0 - q * self.p_next_within(now, horizon_s, use_hints)[:, None]
-        for j in range(1, self.lookahead):
-            left = horizon_s - j * self.cycle_s
-            if left <= 0:
-                break
-            q = q @ step
-            miss *= 1.0 - q * self.p_next_within(now, left, use_hints)[:, None]
-        return progs, 1.0 - miss
+        # the j-th call ahead counts while h - j x cycle is still ahead (the next call always)
+        lefts = [[h] + [left for j in range(1, self.lookahead) if (left := h - j * self.cycle_s) > 0]
+                 for h in horizons]
+        ahead = sorted({left for ls in lefts for left in ls})
+        p = dict(zip(ahead, self.p_next_within(now, np.asarray(ahead), use_hints)))
+        qs = [q]  # q along the switch matrix, j calls ahead
+        out = []
+        for ls in lefts:
+            miss = 1.0 - q * p[ls[0]][:, None]
+            for j, left in enumerate(ls[1:], start=1):
+                if len(qs) <= j:
+                    qs.append(qs[-1] @ step)
+                miss *= 1.0 - qs[j] * p[left][:, None]
+            out.append((progs, 1.0 - miss))
+        return out
 
     def model_need_within(self, now: float, horizon_s: float, use_hints: bool = True) -> np.ndarray:
         """Per model: P(some program, live or new, calls it within the horizon)."""

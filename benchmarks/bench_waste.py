@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter, defaultdict
-from pathlib import Path
 
 import numpy as np
 
@@ -34,8 +33,7 @@ from statebudget.solvers.costs import CostModel
 from statebudget.traces.generators import generate
 from statebudget.traces.timeline import nominal_timeline
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_config import parse_overrides  # noqa: E402
+from bench_config import parse_overrides  # benchmarks/ is on the path of a script run from it
 
 
 class WasteSim(Simulator):

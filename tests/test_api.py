@@ -11,7 +11,7 @@ from statebudget.models.load import load_catalog, load_cluster
 from statebudget.planner.ledger import Store
 from statebudget.planner.live import LivePlanner
 
-from helpers import toy_trace_jsonl, wait_until
+from helpers import toy_trace_jsonl
 
 TOK = {"admin": "admin-token-0123456789", "a": "runtime-a-0123456789", "b": "runtime-b-0123456789",
        "n0": "adapter-n0-0123456789", "n1": "adapter-n1-0123456789"}
@@ -172,8 +172,10 @@ def test_metrics_count_leases_and_events(client):
 
 
 def _finished(client, run_id):
-    body = client.get(f"/v1/oracle/runs/{run_id}", headers=H("admin")).json()
-    return None if body["status"] in ("queued", "running") else body
+    """The run, once it has ended (the request blocks on the job, up to 120 s)."""
+    body = client.get(f"/v1/oracle/runs/{run_id}", params={"wait": 120}, headers=H("admin")).json()
+    assert body["status"] not in ("queued", "running"), f"oracle run {run_id} still {body['status']} after 120 s"
+    return body
 
 
 def test_oracle_run_in_the_background(client):
@@ -182,14 +184,14 @@ def test_oracle_run_in_the_background(client):
                     headers=H("admin"))
     assert r.status_code == 202
     run_id = r.json()["run_id"]
-    body = wait_until(lambda: _finished(client, run_id), 120, "the oracle run")
+    body = _finished(client, run_id)
     assert body["status"] == "done", body
     assert body["result"]["oracle"]["status"] in ("OPTIMAL", "FEASIBLE") and body["result"]["calls"] > 0
     assert body["result"]["replicas"] == 1 and body["result"]["violations"] == []
     bad = client.post("/v1/oracle/runs", json={"preset": "swe-team", "trace_jsonl": "{}"}, headers=H("admin"))
     assert bad.status_code == 422
     r = client.post("/v1/oracle/runs", json={"preset": "swe-team", "hours": 0.05}, headers=H("admin"))
-    body = wait_until(lambda: _finished(client, r.json()["run_id"]), 120, "the failing oracle run")
+    body = _finished(client, r.json()["run_id"])
     assert body["status"] == "failed" and "unknown model" in body["error"]  # swe-team names models toy lacks
 
 

@@ -35,6 +35,17 @@ def _port() -> int:
 
 
 
+def _wait_healthy(server: subprocess.Popen, url: str, log: Path):
+    """Until the server answers /healthz (60 s at most); fails at once, with its log, if it exits."""
+    def healthy():
+        assert server.poll() is None, log.read_text()[-3000:]
+        try:
+            return httpx.get(url + "/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+    wait_until(healthy, 60, "the server to answer /healthz")
+
+
 class Stack:
     def __init__(self, tmp: Path):
         self.tmp, self.port = tmp, _port()
@@ -57,13 +68,7 @@ class Stack:
                                "--port", str(self.port), "--tokens", str(self.tmp / "tokens.json"),
                                "--tick-s", "0.5", "--log-level", "warning", *extra, log="server.log")
 
-        def healthy():
-            assert self.server.poll() is None, (self.tmp / "server.log").read_text()[-3000:]
-            try:
-                return httpx.get(self.url + "/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-        wait_until(healthy, 60, "the server to answer /healthz")
+        _wait_healthy(self.server, self.url, self.tmp / "server.log")
 
     def start_adapters(self):
         for node in ("n0", "n1"):
@@ -210,13 +215,7 @@ def test_serve_without_a_token_file_creates_one_with_an_admin_token(tmp_path):
                           "--cluster", "toy2", "--catalog", "toy", "--port", str(port)], cwd=tmp_path, env=env,
                          stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
     try:
-        def up():
-            assert p.poll() is None, log.read_text()
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-        wait_until(up, 60, "the server to start")
+        _wait_healthy(p, f"http://127.0.0.1:{port}", log)
         tok_file = tmp_path / "sb.db.tokens.json"
         assert str(tok_file) in log.read_text()  # it says where
         admin = json.loads(tok_file.read_text())["tokens"][0]

@@ -38,7 +38,7 @@ class Service:
         self._wake = asyncio.Event()            # events arrived: plan soon
         self._version_moved = asyncio.Event()   # replaced each time the plan version moves
         self._seen_version = planner.plan_version
-        self._jobs: set = set()
+        self._jobs: dict = {}  # run id -> the running oracle job (a future)
 
     def changed(self) -> None:
         """After a request changed the books: wake the planning loop, and the long polls if the
@@ -83,9 +83,15 @@ class Service:
                "created_s": time.time()}
         self.planner.store.put_run(run_id, "queued", run)
         job = asyncio.get_running_loop().run_in_executor(None, self._oracle_job, run, body)
-        self._jobs.add(job)
-        job.add_done_callback(self._jobs.discard)
+        self._jobs[run_id] = job
+        job.add_done_callback(lambda _: self._jobs.pop(run_id, None))
         return run
+
+    async def wait_for_run(self, run_id: str, wait_s: float) -> None:
+        """Until the oracle run `run_id` of this process ends, at most `wait_s` seconds."""
+        job = self._jobs.get(run_id)
+        if job is not None and wait_s > 0:
+            await asyncio.wait({job}, timeout=wait_s)
 
     def _oracle_job(self, run: dict, body) -> None:
         """In a worker thread: the solver releases the GIL while it works."""

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 from helpers import GB, call, catalog, cluster, program, tool, trace
 from statebudget.cli import app
 from statebudget.models.load import write_trace
+from statebudget.planner.predictor import ResumeModel, ToolWaitModel
 from statebudget.planner.programs import adaptive_choice, parse_spec, queue_key
 from statebudget.sim.engine import Simulator
 from statebudget.sim.policies import REGISTRY, make_policy
@@ -40,6 +41,62 @@ def test_adaptive_picks_the_cheapest_rule():
     assert adaptive_choice(1 * GB, wait_s=0.1, hbm_bytes=40 * GB, pcie_bps=25 * GB, recompute_s=1.0) == "preserve"
     assert adaptive_choice(5 * GB, wait_s=60, hbm_bytes=40 * GB, pcie_bps=25 * GB, recompute_s=5.0) == "swap"
     assert adaptive_choice(5 * GB, wait_s=60, hbm_bytes=40 * GB, pcie_bps=25 * GB, recompute_s=0.01) == "discard"
+
+
+def test_adaptive_weighs_the_chance_of_resuming():
+    # A KV its program will not come back to is not worth moving out and back, nor recomputing.
+    kw = dict(wait_s=60, hbm_bytes=40 * GB, pcie_bps=25 * GB, recompute_s=5.0)
+    assert adaptive_choice(5 * GB, **kw) == "swap"
+    assert adaptive_choice(5 * GB, p_resume=0.0, **kw) == "discard"
+    assert adaptive_choice(5 * GB, p_resume=0.01, **kw) == "discard"
+
+
+def test_resume_model_learns_per_tool_and_model():
+    r = ResumeModel()
+    assert r.p("search", "planner") == 1.0  # the prior: every interrupt resumes
+    for _ in range(50):
+        r.observe("search", "planner", False)
+        r.observe("build", "coder", True)
+    assert r.p("search", "planner") < 0.1
+    assert r.p("edit", "planner") < 0.2  # an unseen tool leans on the model's pooled outcomes
+    assert r.p("build", "coder") == 1.0 and r.p("search", "coder") == 1.0
+    for _ in range(400):  # it forgets: a changed workload moves the estimate back
+        r.observe("search", "planner", True)
+    assert r.p("search", "planner") > 0.7
+
+
+def test_adaptive_learns_to_discard_kv_its_programs_never_resume():
+    # Each program: a call on m, a tool, then a call on another model. The KV of m is never used
+    # again; the rule starts by swapping it (prior: it resumes) and turns to discarding it.
+    cl, cat = cluster(hbm_gb=40.0, tflops=10.0), catalog(("m", 10.0, 1_000_000), ("n", 5.0, 1000))
+    progs = [program(f"p{i}", [call("a", "m", ctx=5_000, out=0), tool("t", ["a"], duration=30.0, name="build"),
+                               call("b", "n", ["t"], ctx=100, out=0)], start=40.0 * i) for i in range(12)]
+    sim = Simulator(cl, cat, trace(*progs), make_policy("lru-keepwarm"), kv_rule="adaptive", check_invariants=True)
+    res = sim.run()
+    assert res.kv_actions["swap"] >= 1 and res.kv_actions["discard"] >= 6
+    assert sim.resume.p("build", "m") < 0.3
+    assert res.recomputed_tokens == 0  # nothing it dropped was needed
+    kv = 5_000 * 1_000_000
+    assert res.bytes_by_pair["gpu->host"] == pytest.approx(res.kv_actions["swap"] * kv)
+    # Swapped out while it still believed in a resume, but brought back only while P(resume) >= 0.5.
+    assert res.bytes_by_pair["host->gpu"] <= 2 * kv * (1 + 1e-9) < res.bytes_by_pair["gpu->host"]
+
+
+def test_adaptive_moves_a_preserved_kv_out_when_the_wait_runs_long():
+    # The tool usually takes 1 s, so preserving wins at first; this one takes 50 s. Once the wait
+    # outlasts the prediction the rule decides again (§12), swaps the KV out, and brings it back
+    # before the call that resumes it.
+    cl, cat = cluster(hbm_gb=40.0, tflops=1.0), catalog(("m", 10.0, 100_000))
+    nodes = [call("a", "m", ctx=10_000, out=0), tool("t", ["a"], duration=50.0, name="quick"),
+             call("b", "m", ["t"], ctx=10_000, out=0)]
+    sim = Simulator(cl, cat, trace(program("p", nodes)), make_policy("lru-keepwarm"), kv_rule="adaptive",
+                    check_invariants=True)
+    sim.tool_waits = ToolWaitModel({"quick": (1.0, 1.5)})
+    res = sim.run()
+    kv = 10_000 * 100_000
+    assert res.kv_actions["preserve"] == 1 and res.kv_actions["swap"] == 1
+    assert 0 < res.kv_hbm_byte_s < kv * 50.0 / 4
+    assert res.calls[1].ready - res.calls[1].arrive == 0.0
 
 
 def _tool_wait_trace(wait=50.0):

@@ -127,6 +127,35 @@ class ToolWaitModel:
 
 
 @dataclass
+class ResumeModel:
+    """P(a program uses its KV of model m again after a tool wait), per (tool class, model), from
+    exponentially weighted outcomes (seed 003 §9-§12: preserving suits a likely return, discarding
+    an unlikely one; expected occupancy and restore cost are weighed by this probability).
+
+    It starts from `prior_p` (every interrupt resumes: the rule's old assumption) and learns from
+    outcomes: a later call of the program on the same model is a resume; the program ending
+    first is not. A (tool, model) pair with few outcomes leans on the model's pooled estimate."""
+    prior_p: float = 1.0
+    prior_weight: float = 2.0
+    half_life_n: float = 200.0  # outcomes
+    stats: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (tool, model) -> [w, resumed]
+
+    def observe(self, tool: str, model: str, resumed: bool) -> None:
+        keep = 0.5 ** (1.0 / self.half_life_n)
+        for key in ((tool, model), (ANY, model)):
+            s = self.stats.setdefault(key, [0.0, 0.0])
+            s[0] = s[0] * keep + 1.0
+            s[1] = s[1] * keep + float(resumed)
+
+    def p(self, tool: str, model: str) -> float:
+        w0 = self.prior_weight
+        w, r = self.stats.get((ANY, model), (0.0, 0.0))
+        pooled = (w0 * self.prior_p + r) / (w0 + w)
+        w, r = self.stats.get((tool, model), (0.0, 0.0))
+        return (w0 * pooled + r) / (w0 + w)
+
+
+@dataclass
 class LiveProgram:
     """What the predictor knows of one running program."""
     program: str

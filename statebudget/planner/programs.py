@@ -31,7 +31,10 @@ Tool-wait KV rules (at each tool start, for the program's KV in HBM):
     swap      move it to host DRAM now, and back before the predicted return (§11, §21)
     discard   drop it; the next call recomputes it from the committed tokens (§10)
     adaptive  the cheapest of the three for this interrupt under the predicted wait (§12):
-              preserve = share of the GPU held x wait; swap = out + in over PCIe; discard = recompute
+              preserve = share of the GPU held x wait; swap = out + P(resume) x in over PCIe;
+              discard = P(resume) x recompute. P(resume) is learned per tool class and model
+              (`predictor.ResumeModel`). A preserved KV is judged again each time the wait
+              outlasts its predicted median (a TTL per tool class, §22): a long wait moves it out.
 """
 
 from __future__ import annotations
@@ -112,12 +115,14 @@ def overtaking_window_s(service: float, aging: float = AGING, starve_s: float = 
     return min(starve_s, (service + URGENCY_CAP_S + 2 * TENANT_SCALE_S) / aging)
 
 
-def adaptive_choice(kv_bytes: float, wait_s: float, hbm_bytes: float, pcie_bps: float, recompute_s: float) -> str:
-    """The cheapest rule for one interrupt, in GPU-seconds: holding a share of the GPU for the
-    wait, moving the KV out and back, or recomputing it (§12)."""
+def adaptive_choice(kv_bytes: float, wait_s: float, hbm_bytes: float, pcie_bps: float, recompute_s: float,
+                    p_resume: float = 1.0) -> str:
+    """The cheapest rule for one interrupt, in GPU-seconds (§12): holding a share of the GPU for
+    the wait, moving the KV out (and back if the program resumes on it), or recomputing it (only
+    if it resumes). `p_resume` is the probability that the program uses this KV again."""
     costs = {
         "preserve": kv_bytes / max(hbm_bytes, 1.0) * wait_s,
-        "swap": 2 * kv_bytes / pcie_bps,
-        "discard": recompute_s,
+        "swap": (1.0 + p_resume) * kv_bytes / pcie_bps,
+        "discard": p_resume * recompute_s,
     }
     return min(costs, key=lambda k: (costs[k], k))

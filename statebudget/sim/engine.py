@@ -28,7 +28,7 @@ from ..models.catalog import Catalog
 from ..models.cluster import Cluster
 from ..models.state import expert_key, kv_key, weights_key
 from ..models.trace import Program, Trace
-from ..planner.predictor import ToolWaitModel
+from ..planner.predictor import ResumeModel, ToolWaitModel
 from ..planner.programs import adaptive_choice, queue_key, tenant_excess
 from ..planner.view import ResidencyView
 from ..solvers.costs import CostModel, page_touch_probs
@@ -141,6 +141,8 @@ class Simulator(ResidencyView):
         self.prefill_slots = prefill_slots
         self.kv_rule = kv_rule or getattr(policy, "kv_rule", "preserve")
         self.tool_waits = ToolWaitModel.from_fit()  # the adaptive rule's predictions, learned as tools end
+        self.resume = ResumeModel()  # ... and whether the program comes back to the KV it suspended
+        self.resume_pending: dict[tuple, list[str]] = {}  # KV key -> tool classes of its unresolved interrupts
         self.kv_actions: Counter = Counter()
         self.kv_hbm_byte_s = 0.0
         self.recomputed_tokens = 0
@@ -379,6 +381,8 @@ class Simulator(ResidencyView):
             return
         pr.end = self.now
         self._open_programs -= 1
+        for kvk in sorted(self.kv_of_program.get(pr.prog.program, ())):
+            self._resume_outcome(kvk, False)
         for kvk in sorted(self.kv_of_program.pop(pr.prog.program, ())):
             self._drop_everywhere(kvk)
         self._apply(self._hook("on_program_end", pr.prog))
@@ -388,6 +392,8 @@ class Simulator(ResidencyView):
     def _call_arrive(self, c: CallRec):
         c.arrive = self.now
         c.state = "waiting"
+        if self.resume_pending:
+            self._resume_outcome(kv_key(c.program, c.model), True)
         self._apply(self._hook("on_call_arrive", c))
         c.group = self._decide(self.policy.place, c)
         self.last_use[c.model] = self.now
@@ -828,26 +834,54 @@ class Simulator(ResidencyView):
         if self._program_busy(pr):
             return  # another thread of the program still runs: its KV is not suspended
         for kvk in sorted(self.kv_of_program.get(pr.prog.program, ())):
-            for g in sorted(self.tiers.groups_of.get(kvk, ())):
-                copy = self.tiers.gpu[(kvk, g)]
-                if copy.pins or not copy.ready:
-                    continue
-                rule = self.kv_rule
-                if rule == "adaptive":
-                    m = self.catalog.by_name[kvk[2]]
-                    pcie = self.cost.link_bw[f"h2d:{self.gpus[g[0]].id}"] * len(g)
-                    rule = adaptive_choice(copy.nbytes, predicted, sum(self.tiers.hbm_cap[i] for i in g), pcie,
-                                           self.cost.prefill_s(m, self.kv_tokens.get(kvk, 0), g))
-                self.kv_actions[rule] += 1
-                if rule == "preserve":
-                    copy.suspended_since = self.now
-                elif rule == "swap":
-                    self._evict(copy, "host")
-                    if predicted is not None:  # bring it back before the predicted return
-                        back = max(0.0, predicted - 2 * copy.nbytes / (self.cost.link_bw[f"h2d:{self.gpus[g[0]].id}"] * len(g)))
-                        self.push(self.now + back, PRIO_TIMER, self._kv_back, (pr, nid, kvk, g))
-                else:
-                    self._evict(copy, "none")
+            copies = [self.tiers.gpu[(kvk, g)] for g in sorted(self.tiers.groups_of.get(kvk, ()))]
+            copies = [c for c in copies if not c.pins and c.ready]
+            if copies and self.kv_rule == "adaptive":
+                self.resume_pending.setdefault(kvk, []).append(tool)
+            for copy in copies:
+                self._suspend_kv(pr, nid, copy, predicted)
+
+    def _suspend_kv(self, pr: ProgRun, nid: str, copy: GpuCopy, predicted: float | None) -> None:
+        """Apply the tool-wait rule to one KV copy; `predicted` is the wait still expected (adaptive)."""
+        kvk, g = copy.key, copy.group
+        rule, p_resume = self.kv_rule, 1.0
+        pcie = self.cost.link_bw[f"h2d:{self.gpus[g[0]].id}"] * len(g)
+        if rule == "adaptive":
+            p_resume = self.resume.p(pr.tools[nid], kvk[2])
+            m = self.catalog.by_name[kvk[2]]
+            rule = adaptive_choice(copy.nbytes, predicted, sum(self.tiers.hbm_cap[i] for i in g), pcie,
+                                   self.cost.prefill_s(m, self.kv_tokens.get(kvk, 0), g), p_resume)
+        if rule != "preserve" or copy.suspended_since is None:  # a TTL that keeps it preserved is no new action
+            self.kv_actions[rule] += 1
+        if rule == "preserve":
+            if copy.suspended_since is None:
+                copy.suspended_since = self.now
+            if predicted is not None:  # judged again once the wait outlasts its predicted median,
+                start, _ = pr.tool_wait[nid]  # at least doubling the wait each time (few timers)
+                self.push(self.now + max(predicted, self.now - start, 1e-3), PRIO_TIMER, self._kv_reconsider,
+                          (pr, nid, copy))
+        elif rule == "swap":
+            self._evict(copy, "host")
+            if predicted is not None and p_resume >= 0.5:  # bring it back before the predicted return
+                back = max(0.0, predicted - 2 * copy.nbytes / pcie)
+                self.push(self.now + back, PRIO_TIMER, self._kv_back, (pr, nid, kvk, g))
+        else:
+            self._evict(copy, "none")
+
+    def _kv_reconsider(self, pr: ProgRun, nid: str, copy: GpuCopy):
+        """The TTL of a preserved KV ran out with the tool still running: decide again on the
+        remaining wait given how long it has lasted (§12: preserve first, offload once it is long)."""
+        if nid not in pr.tool_wait or copy.suspended_since is None or copy.pins or \
+                self.tiers.gpu.get((copy.key, copy.group)) is not copy:
+            return None
+        start, _ = pr.tool_wait[nid]
+        self._suspend_kv(pr, nid, copy, self.tool_waits.quantile_remaining(pr.tools[nid], self.now - start, 0.5))
+        return None
+
+    def _resume_outcome(self, kvk, resumed: bool) -> None:
+        """Teach the resume model how the interrupts of one KV ended."""
+        for tool in self.resume_pending.pop(kvk, ()):
+            self.resume.observe(tool, kvk[2], resumed)
 
     def _kv_back(self, pr: ProgRun, nid: str, kvk, group):
         if pr.node_state.get(nid) == "running" and kvk in self.kv_tokens and (kvk, group) not in self.tiers.gpu:

@@ -4,6 +4,7 @@ import pytest
 
 from helpers import GB, call, catalog, cluster, program, tool, trace
 from statebudget.sim.engine import Simulator
+from statebudget.sim.flows import FairShare
 from statebudget.sim.policies import make_policy
 from statebudget.solvers.costs import LATENCY_S
 
@@ -42,6 +43,21 @@ def test_two_loads_sharing_a_link_each_take_twice_as_long():
     for c in res.calls:
         assert c.ready - c.arrive == pytest.approx(2 * 14.0 / 7.0 + LATENCY_S["nvme"], abs=1e-9)
     assert res.bytes_by_link["nvme_r:n0"] == pytest.approx(28 * GB)
+
+
+def test_a_background_flow_yields_its_link_and_takes_it_whole_when_alone():
+    fs = FairShare({"l": 10.0})
+    done = {}
+    ev = fs.add(0.0, 40.0, ("l",), lambda now: done.setdefault("bg", now), weight=0.25)
+    assert ev[-1][0] == pytest.approx(4.0)  # alone: the whole link
+    ev = fs.add(0.0, 8.0, ("l",), lambda now: done.setdefault("fg", now))
+    rates = {f.fid: f.rate for f in fs.flows.values()}
+    assert rates == pytest.approx({0: 2.0, 1: 8.0})  # 0.25 : 1 of the link
+    ev = fs.reweight(0.5, 0, 1.0)  # a call now waits for it: an equal share
+    assert {f.fid: f.rate for f in fs.flows.values()} == pytest.approx({0: 5.0, 1: 5.0})
+    fid, version = ev[-1][1], ev[-1][2]
+    assert fs.finish(ev[-1][0], fid, version)[1] is not None
+    assert fs._weight["l"] == pytest.approx(1.0)
 
 
 def test_second_call_to_a_warm_model_stalls_zero():

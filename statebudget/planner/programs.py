@@ -28,7 +28,10 @@ stream of short ones.
 Tool-wait KV rules (at each tool start, for the program's KV in HBM):
 
     preserve  keep it in HBM
-    swap      move it to host DRAM now, and back before the predicted return (§11, §21)
+    swap      move it to host DRAM now, and back before the predicted return (§11, §21), both as
+              background transfers: weight KV_SWAP_SHARE against foreground loads on the link, and
+              the swap-in takes only free HBM (it evicts nothing); a call that comes back while
+              its KV is still on the way raises the transfer to full weight
     discard   drop it; the next call recomputes it from the committed tokens (§10)
     adaptive  the cheapest of the three for this interrupt under the predicted wait (§12):
               preserve = share of the GPU held x wait; swap = out + P(resume) x in over PCIe;
@@ -47,6 +50,7 @@ AGING = 0.5     # seconds of key per second waited
 STARVE_S = 30.0  # a call waiting this long since it arrived goes ahead of every call not yet waiting as long
 URGENCY_CAP_S = 10.0  # the most key a call's shrinking TTFT slack takes off (§19): bounded, so it cannot starve
 TENANT_SCALE_S = 10.0  # key added per unit of a tenant's service share above its weighted fair share (§20)
+KV_SWAP_SHARE = 0.25  # a tool-wait KV swap's weight on a link next to a foreground transfer (§11, §21)
 SERVICE_QUANTUM_S = 10.0  # attained service counts in levels 0, 10, 20, 40, 80 ... s (`service_level`)
 
 

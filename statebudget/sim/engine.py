@@ -29,7 +29,7 @@ from ..models.cluster import Cluster
 from ..models.state import expert_key, kv_key, weights_key
 from ..models.trace import Program, Trace
 from ..planner.predictor import ResumeModel, ToolWaitModel
-from ..planner.programs import adaptive_choice, queue_key, tenant_excess
+from ..planner.programs import KV_SWAP_SHARE, adaptive_choice, queue_key, tenant_excess
 from ..planner.view import ResidencyView
 from ..solvers.costs import CostModel, page_touch_probs
 from ..traces.graph import children_of, descendants, handoff_calls, hinted_calls
@@ -107,12 +107,14 @@ class SimResult:
 
 
 class Transfer:
-    """The flows that move one copy; cancelling it stops them, including those not yet started."""
-    __slots__ = ("fids", "cancelled")
+    """The flows that move one copy; cancelling it stops them, including those not yet started.
+    `weight` is theirs on the links (below 1: a background transfer), also for those not yet started."""
+    __slots__ = ("fids", "cancelled", "weight")
 
-    def __init__(self):
+    def __init__(self, weight: float = 1.0):
         self.fids: list[int] = []
         self.cancelled = False
+        self.weight = weight
 
 
 class _Barrier:
@@ -468,6 +470,13 @@ class Simulator(ResidencyView):
             if not copy.ready:
                 c.waiting_on += 1
                 copy.waiters.append(c)
+                if copy.background:  # a call waits for this swap-in now: full weight on the link
+                    copy.background = False
+                    if copy.transfer is not None:
+                        copy.transfer.weight = 1.0
+                        for fid in copy.transfer.fids:
+                            self._push_all([(t, PRIO_FLOW, self._flow_done, (i, v))
+                                            for t, i, v in self.flows.reweight(self.now, fid, 1.0)])
         self.tiers.alloc_gpu(group, private)
         self.tiers.private[id(c)] = (group, private)
         kvk = kv_key(c.program, c.model)
@@ -512,7 +521,8 @@ class Simulator(ResidencyView):
         key, group = copy.key, copy.group
         src = self.best_source(key, group)
         kind = src.split(":", 1)[0]
-        copy.transfer = token = Transfer()
+        # A background swap-in yields the link; a recompute batches with its model's calls at full weight.
+        copy.transfer = token = Transfer(KV_SWAP_SHARE if copy.background and kind != "none" else 1.0)
         if kind == "none":  # KV recompute: a prefill of the tokens it held, on the group
             m = self.catalog.by_name[key[2]]
             self.recomputed_tokens += self.kv_tokens.get(key, 0)
@@ -549,19 +559,23 @@ class Simulator(ResidencyView):
                                      tag=tier_pair, token=token)
         return events
 
-    def flows_add(self, amount, resources, on_done, share_key, latency: float = 0.0, tag=None, token=None) -> list:
+    def flows_add(self, amount, resources, on_done, share_key, latency: float = 0.0, tag=None, token=None,
+                  weight: float = 1.0) -> list:
         """Start a flow now, or after `latency` (a transfer's fixed set-up time). `tag` names the
-        tier pair its bytes count under; `token` lets the owner cancel it."""
+        tier pair its bytes count under; `token` lets the owner cancel it; `weight` < 1 makes it
+        a background flow (`flows.py`)."""
         if latency > 0:
-            return [(self.now + latency, PRIO_TIMER, self._start_flow, (amount, resources, on_done, share_key, tag, token))]
-        return self._start_flow(amount, resources, on_done, share_key, tag, token)
+            return [(self.now + latency, PRIO_TIMER, self._start_flow,
+                     (amount, resources, on_done, share_key, tag, token, weight))]
+        return self._start_flow(amount, resources, on_done, share_key, tag, token, weight)
 
-    def _start_flow(self, amount, resources, on_done, share_key, tag=None, token=None):
+    def _start_flow(self, amount, resources, on_done, share_key, tag=None, token=None, weight=1.0):
         if token is not None:
             if token.cancelled:
                 return None
             token.fids.append(self.flows._next)
-        evs = self.flows.add(self.now, amount, resources, on_done, share_key, tag)
+            weight = token.weight
+        evs = self.flows.add(self.now, amount, resources, on_done, share_key, tag, weight)
         return [(t, PRIO_FLOW, self._flow_done, (fid, v)) for t, fid, v in evs]
 
     def _flow_done(self, fid, version):
@@ -793,9 +807,9 @@ class Simulator(ResidencyView):
         self.waiting = still
 
     # ---- eviction, demotion, prefetch ---------------------------------------------------------
-    def _evict(self, copy: GpuCopy, to: str) -> list[HostCopy]:
+    def _evict(self, copy: GpuCopy, to: str, weight: float = 1.0) -> list[HostCopy]:
         """Demote a copy out of HBM (`host` or `none`); returns the host copies being written,
-        which must be whole before the freed HBM is written."""
+        which must be whole before the freed HBM is written. `weight` < 1: a background copy-out."""
         if not copy.used:
             self.wasted_bytes += copy.nbytes
         key = copy.key
@@ -808,7 +822,8 @@ class Simulator(ResidencyView):
             barrier = _Barrier(len(copy.group), lambda now: self._host_ready(hc))
             for i in copy.group:
                 self._push_all(self.flows_add(copy.per_gpu, self.cost.path(f"gpu:{i}", f"host:{node}"),
-                                              barrier.hit, None, latency=self.cost.latency_s("gpu"), tag="gpu->host"))
+                                              barrier.hit, None, latency=self.cost.latency_s("gpu"), tag="gpu->host",
+                                              weight=weight))
             drains.append(hc)
         self._remove_copy(copy)
         self._dirty = True
@@ -861,9 +876,9 @@ class Simulator(ResidencyView):
                 self.push(self.now + max(predicted, self.now - start, 1e-3), PRIO_TIMER, self._kv_reconsider,
                           (pr, nid, copy))
         elif rule == "swap":
-            self._evict(copy, "host")
+            self._evict(copy, "host", weight=KV_SWAP_SHARE)
             if predicted is not None and p_resume >= 0.5:  # bring it back before the predicted return
-                back = max(0.0, predicted - 2 * copy.nbytes / pcie)
+                back = max(0.0, predicted - 2 * copy.nbytes / (pcie * KV_SWAP_SHARE))
                 self.push(self.now + back, PRIO_TIMER, self._kv_back, (pr, nid, kvk, g))
         else:
             self._evict(copy, "none")
@@ -884,8 +899,9 @@ class Simulator(ResidencyView):
             self.resume.observe(tool, kvk[2], resumed)
 
     def _kv_back(self, pr: ProgRun, nid: str, kvk, group):
-        if pr.node_state.get(nid) == "running" and kvk in self.kv_tokens and (kvk, group) not in self.tiers.gpu:
-            self._prefetch(kvk, group)
+        if pr.node_state.get(nid) == "running" and kvk in self.kv_tokens and (kvk, group) not in self.tiers.gpu \
+                and self.best_source(kvk, group).startswith("host:"):  # a swap-in, not a recompute
+            self._prefetch(kvk, group, background=True)
         return None
 
     def _tool_end_kv(self, pr: ProgRun, nid: str) -> None:
@@ -993,9 +1009,10 @@ class Simulator(ResidencyView):
             else:
                 raise ValueError(f"unknown decision {d[0]!r}")
 
-    def _prefetch(self, key, group, lease=None) -> bool:
+    def _prefetch(self, key, group, lease=None, background: bool = False) -> bool:
         """Bring a copy into HBM ahead of use, evicting only what the policy allows. A lease id
-        rides on the copy: the policy hears when the copy is whole (`on_copy_ready`)."""
+        rides on the copy: the policy hears when the copy is whole (`on_copy_ready`). A
+        `background` load (a tool-wait swap-in) evicts nothing and yields the link (KV_SWAP_SHARE)."""
         existing = self.tiers.gpu.get((key, group))
         if existing is not None:
             if lease is not None:
@@ -1006,14 +1023,15 @@ class Simulator(ResidencyView):
         if key[0] == "kv" and self.kv_tokens.get(key, 0) == 0:
             return False
         per_gpu = self.size_of(key) / len(group)
-        victims = self.plan_eviction(group, per_gpu, protect={(key, group)},
-                                     allow=lambda v: self.policy.may_evict_for_prefetch(self, v, key))
+        allow = (lambda v: False) if background else (lambda v: self.policy.may_evict_for_prefetch(self, v, key))
+        victims = self.plan_eviction(group, per_gpu, protect={(key, group)}, allow=allow)
         if victims is None:
             return False
         drains = []
         for v in victims:
             drains += self._evict(v, self.policy.demote_tier(self, v))
         copy = self._new_gpu_copy(key, group, prefetch=True)
+        copy.background = background
         if lease is not None:
             copy.lease = (lease,)
         self._push_all(self._after(drains, lambda now: self._load_copy(copy)))

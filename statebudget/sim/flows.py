@@ -7,6 +7,10 @@ time at full speed) crossing a set of resources. A resource splits its capacity 
     link  h2d:n0/g0  cap 25 GB/s, 2 flows          -> 12.5 GB/s each
     gpu   gpu:3      cap 1.0, calls of 2 models    -> 0.5 each; calls of one model batch together
 
+A background flow has a weight below 1 and gets that fraction of a foreground flow's share
+(a tool-wait KV swap with weight 0.25 next to a weight load: 20 % and 80 % of the link; alone,
+the whole link).
+
 Only flows that share a resource with a flow that started or ended change rate, so an update
 touches those flows alone. Completion events carry the flow's version; a stale one is ignored.
 """
@@ -32,6 +36,7 @@ class Flow:
     version: int = 0
     done: float = 0.0  # work done so far
     tag: object = None  # what the owner accounts this flow's work under (e.g. a tier pair)
+    weight: float = 1.0  # its share group's weight on every resource it crosses
 
 
 @dataclass
@@ -40,20 +45,41 @@ class FairShare:
     flows: dict[int, Flow] = field(default_factory=dict)
     _on: dict[str, set[int]] = field(default_factory=dict)
     _groups: dict[str, Counter] = field(default_factory=dict)
+    _weight: dict[str, float] = field(default_factory=dict)  # resource -> sum of its share groups' weights
     _next: int = 0
     work_done: Counter = field(default_factory=Counter)  # per resource, for bytes-per-link
 
-    def add(self, now: float, amount: float, resources: tuple[str, ...], on_done, share_key=None, tag=None) -> list:
-        """Start a flow; returns completion events `(eta, fid, version)` to schedule."""
+    def add(self, now: float, amount: float, resources: tuple[str, ...], on_done, share_key=None, tag=None,
+            weight: float = 1.0) -> list:
+        """Start a flow; returns completion events `(eta, fid, version)` to schedule. Flows of one
+        share key must have one weight."""
         fid = self._next
         self._next += 1
-        f = Flow(fid, max(amount, 0.0), resources, fid if share_key is None else share_key, on_done, t_last=now, tag=tag)
+        f = Flow(fid, max(amount, 0.0), resources, fid if share_key is None else share_key, on_done, t_last=now, tag=tag,
+                 weight=weight)
         self.flows[fid] = f
         touched = set()
         for r in resources:
             self._on.setdefault(r, set()).add(fid)
-            self._groups.setdefault(r, Counter())[f.share_key] += 1
+            g = self._groups.setdefault(r, Counter())
+            if not g[f.share_key]:
+                self._weight[r] = self._weight.get(r, 0.0) + weight
+            g[f.share_key] += 1
             touched.update(self._on[r])
+        return self._reprice(now, touched)
+
+    def reweight(self, now: float, fid: int, weight: float) -> list:
+        """Change a flow's weight (a background transfer that a call now waits for); returns the
+        re-priced completion events."""
+        f = self.flows.get(fid)
+        if f is None or f.weight == weight:
+            return []
+        touched = set()
+        for r in f.resources:
+            if self._groups[r][f.share_key] == 1:
+                self._weight[r] += weight - f.weight
+            touched.update(self._on[r])
+        f.weight = weight
         return self._reprice(now, touched)
 
     def finish(self, now: float, fid: int, version: int) -> tuple[list, Flow | None]:
@@ -72,6 +98,7 @@ class FairShare:
             g[f.share_key] -= 1
             if g[f.share_key] <= 0:
                 del g[f.share_key]
+                self._weight[r] = self._weight[r] - f.weight if g else 0.0
             self.work_done[r] += f.done
             touched.update(self._on[r])
         return self._reprice(now, touched), f
@@ -86,7 +113,7 @@ class FairShare:
         events = []
         for fid in sorted(fids):
             f = self.flows[fid]
-            rate = min(self.capacity[r] / len(self._groups[r]) for r in f.resources)
+            rate = min(self.capacity[r] * f.weight / self._weight[r] for r in f.resources)
             if rate == f.rate and f.version > 0:
                 continue  # same share: its scheduled completion still holds
             self._advance(f, now)

@@ -9,7 +9,7 @@ from helpers import GB, call, catalog, cluster, program, tool, trace
 from statebudget.cli import app
 from statebudget.models.load import write_trace
 from statebudget.planner.predictor import ResumeModel, ToolWaitModel
-from statebudget.planner.programs import adaptive_choice, parse_spec, queue_key
+from statebudget.planner.programs import ADMIT_STARVE_S, adaptive_choice, parse_spec, queue_key
 from statebudget.sim.engine import Simulator
 from statebudget.sim.policies import REGISTRY, make_policy
 from statebudget.traces.generators import generate
@@ -245,3 +245,43 @@ def test_max_batch_bounds_the_calls_a_gpu_runs_at_once():
         assert len(spans[mb]) == 4 and all(e > s >= 0 for s, e in spans[mb])
     assert all(spans[1][i][1] <= spans[1][i + 1][0] + 1e-9 for i in range(3))  # one after another
     assert any(spans[32][i][1] > spans[32][i + 1][0] for i in range(3))         # shared
+
+
+def test_a_call_starving_for_hbm_reserves_its_gpu():
+    # A 36 GB model cannot fit beside the 5 GB model a stream of short calls keeps pinned. Without
+    # a reservation it waits until the stream ends (400 s); with one, no new call is admitted on
+    # its GPU once it has waited ADMIT_STARVE_S, so it waits that long plus the running calls'
+    # drain and its own load, and the stream's calls wait at most about as long as that takes.
+    cl, cat = cluster(hbm_gb=40.0), catalog(("small", 5.0), ("big", 36.0))
+    progs = [program(f"s{i}", [call("a", "small", ctx=100, out=2000)], start=5.0 * i) for i in range(80)]
+    progs.append(program("big", [call("a", "big", ctx=100, out=10)], start=20.0))
+    waits = {}
+    for starve in (None, ADMIT_STARVE_S):
+        sim = Simulator(cl, cat, trace(*progs), make_policy("ondemand"), check_invariants=True, admit_starve_s=starve)
+        res = sim.run()
+        assert all(c.state == "done" for c in res.calls)
+        big = next(c for c in res.calls if c.program == "big")
+        small = [c.ready - c.arrive for c in res.calls if c.program != "big"]
+        waits[starve] = (big.ready - big.arrive, max(small))
+    assert waits[None][0] > 300.0
+    load_s = 36.0 / 7.0 + 10.0 + 1.0  # NVMe read, cold start, set-up
+    assert waits[ADMIT_STARVE_S][0] <= ADMIT_STARVE_S + 10.0 + load_s
+    assert waits[ADMIT_STARVE_S][1] <= 10.0 + load_s + 10.0
+
+
+def test_short_calls_backfill_a_reservation_without_delaying_it():
+    # The big call reserves the GPU after ADMIT_STARVE_S, but it must wait for a long call there
+    # anyway: short calls on the resident model that end before that one still go in, and the
+    # big call is admitted as soon as the long call ends.
+    cl, cat = cluster(hbm_gb=40.0), catalog(("small", 5.0), ("big", 36.0))
+    progs = [program("long", [call("a", "small", ctx=100, out=40000)])]
+    progs += [program(f"s{i}", [call("a", "small", ctx=100, out=200)], start=2.0 + 5.0 * i) for i in range(40)]
+    progs.append(program("big", [call("a", "big", ctx=100, out=10)], start=1.0))
+    res = Simulator(cl, cat, trace(*progs), make_policy("ondemand"), check_invariants=True).run()
+    big = next(c for c in res.calls if c.program == "big")
+    long = next(c for c in res.calls if c.program == "long")
+    after = [c for c in res.calls if c.program[0] == "s" and c.arrive > big.arrive + ADMIT_STARVE_S]
+    backfilled = [c for c in after if c.ready < big.ready]
+    assert len(backfilled) >= 10 and all(c.end <= long.end for c in backfilled)
+    assert any(c.ready >= big.ready for c in after)  # calls that would outlast the drain wait
+    assert big.ready <= long.end + 36.0 / 7.0 + 10.0 + 1.0  # admitted when the long call ends, then loaded

@@ -22,6 +22,12 @@ overtaken:
 (past that window c's key stays below d's: both age at the same rate and the bounded urgency and
 tenant terms can close at most URGENCY_CAP_S + 2 TENANT_SCALE_S of the gap; or c is promoted
 first). So c waits at most `starve_s` plus the FCFS wait of a call arriving `starve_s` after it.
+
+That bounds the wait for compute. The wait for HBM (admission) is bounded by a reservation,
+under every discipline: the oldest call that has waited ADMIT_STARVE_S without fitting holds its
+GPUs, and no other call is admitted and nothing is prefetched there until it is in. So it waits
+at most ADMIT_STARVE_S plus the time the calls running there take to finish, plus its own load
+(`sim/engine.py`, `_reserve`).
 Tests check the window on every pair of calls of a loaded replay, and on a long program facing a
 stream of short ones.
 
@@ -50,6 +56,7 @@ AGING = 0.5     # seconds of key per second waited
 STARVE_S = 30.0  # a call waiting this long since it arrived goes ahead of every call not yet waiting as long
 URGENCY_CAP_S = 10.0  # the most key a call's shrinking TTFT slack takes off (§19): bounded, so it cannot starve
 TENANT_SCALE_S = 10.0  # key added per unit of a tenant's service share above its weighted fair share (§20)
+ADMIT_STARVE_S = 60.0  # a call waiting this long for HBM reserves its GPUs until it is admitted
 KV_SWAP_SHARE = 0.25  # a tool-wait KV swap's weight on a link next to a foreground transfer (§11, §21)
 SERVICE_QUANTUM_S = 10.0  # attained service counts in levels 0, 10, 20, 40, 80 ... s (`service_level`)
 

@@ -29,7 +29,7 @@ from ..models.cluster import Cluster
 from ..models.state import expert_key, kv_key, weights_key
 from ..models.trace import Program, Trace
 from ..planner.predictor import ResumeModel, ToolWaitModel
-from ..planner.programs import KV_SWAP_SHARE, adaptive_choice, queue_key, tenant_excess
+from ..planner.programs import ADMIT_STARVE_S, KV_SWAP_SHARE, adaptive_choice, queue_key, tenant_excess
 from ..planner.view import ResidencyView
 from ..solvers.costs import CostModel, page_touch_probs
 from ..traces.graph import children_of, descendants, handoff_calls, hinted_calls
@@ -132,7 +132,8 @@ class _Barrier:
 class Simulator(ResidencyView):
     def __init__(self, cluster: Cluster, catalog: Catalog, trace: Trace, policy, cost: CostModel | None = None,
                  seed: int = 0, check_invariants: bool = False, max_batch: int = 32, sample_dt: float = 15.0,
-                 queue: str = "fcfs", kv_rule: str | None = None, prefill_slots: int | None = None):
+                 queue: str = "fcfs", kv_rule: str | None = None, prefill_slots: int | None = None,
+                 admit_starve_s: float | None = ADMIT_STARVE_S):
         self.cluster, self.catalog, self.trace, self.policy = cluster, catalog, trace, policy
         self.cost = cost or CostModel(cluster, catalog)
         self.seed, self.check_invariants, self.max_batch, self.sample_dt = seed, check_invariants, max_batch, sample_dt
@@ -162,6 +163,11 @@ class Simulator(ResidencyView):
         self.programs: dict[str, ProgRun] = {}
         self.calls: list[CallRec] = []
         self.waiting: list[CallRec] = []  # admitted nowhere yet, FCFS
+        # The oldest call that has waited `admit_starve_s` for HBM holds its GPUs: no other call
+        # is admitted there and nothing is prefetched there until it is in (None: no reservation).
+        self.admit_starve_s = admit_starve_s
+        self.reserved: CallRec | None = None
+        self.active: dict[int, CallRec] = {}  # admitted calls not yet finished or cancelled
         self.queued: list[CallRec] = []   # ready, waiting for a compute slot
         self.running_on = [0] * len(self.gpus)
         self.prefilling = [0] * len(self.gpus)
@@ -401,9 +407,39 @@ class Simulator(ResidencyView):
         self.last_use[c.model] = self.now
         if c.group is None or not self.could_ever_fit(c, c.group):
             return self._unplaceable(c)
+        self._reserve()
         if not self._admit(c):
             self.waiting.append(c)
         return None
+
+    def _reserve(self) -> None:
+        """Keep `reserved` the oldest call that has waited `admit_starve_s` for admission."""
+        if self.reserved is not None and self.reserved.state == "waiting":
+            return
+        self.reserved = None
+        if self.admit_starve_s is not None and self.waiting:
+            old = min(self.waiting, key=lambda w: (w.arrive, w.program, w.node))
+            if self.now - old.arrive >= self.admit_starve_s:
+                self.reserved = old
+
+    def _est_end(self, c: CallRec, new_per_gpu: float = 0.0) -> float:
+        """When a call should end, by the cost model's uncontended load (`new_per_gpu` bytes from
+        the slowest tier, NVMe), prefill and decode."""
+        m = self.catalog.by_name[c.model]
+        g0 = self.gpus[c.group[0]]
+        run = self.cost.prefill_s(m, max(0, c.context_tokens - c.kv_reused_tokens), c.group) + \
+            self.cost.decode_s(m, c.output_tokens, c.context_tokens, c.group) + \
+            self.cost.transfer_s(new_per_gpu, f"nvme:{g0.node}", f"gpu:{g0.index}")
+        return (c.start if c.state == "running" else self.now) + run
+
+    def _drain_end(self, group) -> float:
+        """When the calls holding room on `group` should all have ended."""
+        gs = set(group)
+        return max((self._est_end(a) for a in self.active.values() if not gs.isdisjoint(a.group)), default=self.now)
+
+    def _held_for_another(self, group) -> bool:
+        r = self.reserved
+        return r is not None and r.state == "waiting" and not set(r.group).isdisjoint(group)
 
     def _unplaceable(self, c: CallRec):
         c.state = "unplaceable"
@@ -451,9 +487,12 @@ class Simulator(ResidencyView):
 
     def _admit(self, c: CallRec) -> bool:
         group = c.group
+        held = c is not self.reserved and self._held_for_another(group)
         keys, new, private = self.call_need(c, group)
+        if held and self._est_end(c, new) > self._drain_end(self.reserved.group):
+            return False  # on held GPUs only a call that ends before the drain goes in (backfill)
         victims = self.plan_eviction(group, new + private, protect={(k, group) for k in keys})
-        if victims is None:
+        if victims is None or (held and victims):
             return False
         drains = []
         for v in victims:
@@ -479,6 +518,7 @@ class Simulator(ResidencyView):
                                             for t, i, v in self.flows.reweight(self.now, fid, 1.0)])
         self.tiers.alloc_gpu(group, private)
         self.tiers.private[id(c)] = (group, private)
+        self.active[id(c)] = c
         kvk = kv_key(c.program, c.model)
         c.kv_reused_tokens = self.kv_tokens.get(kvk, 0)
         self._dirty = True
@@ -733,6 +773,7 @@ class Simulator(ResidencyView):
                 copy.last_use = self.now
         c.pins = []
         group, private = self.tiers.private.pop(id(c), (None, 0.0))
+        self.active.pop(id(c), None)
         if group is not None and private > 0:
             kvk = kv_key(c.program, c.model)
             m = self.catalog.by_name[c.model]
@@ -800,11 +841,16 @@ class Simulator(ResidencyView):
     def _retry_waiting(self):
         if not self.waiting:
             return
+        self._reserve()
         still = []
         for c in self._order(self.waiting):
             if not self._admit(c):
                 still.append(c)
         self.waiting = still
+        if self.reserved is not None and self.reserved.state != "waiting":
+            self._reserve()  # the starving call got in: the next one, if any, holds its GPUs
+            if self.reserved is not None:
+                self._retry_waiting()
 
     # ---- eviction, demotion, prefetch ---------------------------------------------------------
     def _evict(self, copy: GpuCopy, to: str, weight: float = 1.0) -> list[HostCopy]:
@@ -1023,6 +1069,8 @@ class Simulator(ResidencyView):
         if key[0] == "kv" and self.kv_tokens.get(key, 0) == 0:
             return False
         per_gpu = self.size_of(key) / len(group)
+        if self._held_for_another(group):
+            return False
         allow = (lambda v: False) if background else (lambda v: self.policy.may_evict_for_prefetch(self, v, key))
         victims = self.plan_eviction(group, per_gpu, protect={(key, group)}, allow=allow)
         if victims is None:

@@ -3,7 +3,7 @@ mapreduce at 8x their preset load on hetero16, with one prefill slot per GPU (ca
 compute; with the default compute model they never do and the disciplines tie). Seeds 1-3, a
 process pool; prints per-seed rows and the means, and the largest overtaking window seen.
 
-    python benchmarks/bench_queues.py [--seeds 1,2,3] [--hours 1] [--load 8] [--json out/bench_queues.json]
+    python benchmarks/bench_queues.py [--seeds 1,2,3] [--hours 1] [--load 8] [--admit-starve 60|none] [--json out/bench_queues.json]
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ SPECS = ["statebudget", "statebudget:plas", "statebudget:atlas"]
 
 
 def run(args) -> list[dict]:
-    trace_name, seed, hours, load, slots, max_batch = args
+    trace_name, seed, hours, load, slots, max_batch, starve = args
     tr = generate(trace_name, seed, hours, load=load)
-    rep = replay(load_cluster("hetero16"), load_catalog("agent-team"), tr, SPECS, prefill_slots=slots, max_batch=max_batch)
+    rep = replay(load_cluster("hetero16"), load_catalog("agent-team"), tr, SPECS, prefill_slots=slots, max_batch=max_batch,
+                 admit_starve_s=starve)
     rows = []
     for spec in SPECS:
         b = rep.report.policies[spec]
@@ -62,10 +63,12 @@ def main():
     ap.add_argument("--load", type=float, default=8.0)
     ap.add_argument("--prefill-slots", default="1", help="prefills a GPU runs at once, or 'none' (no limit)")
     ap.add_argument("--max-batch", type=int, default=32, help="calls a GPU runs at once")
+    ap.add_argument("--admit-starve", default="60", help="seconds before a call waiting for HBM holds its GPUs, or 'none'")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     slots = None if a.prefill_slots == "none" else int(a.prefill_slots)
-    jobs = [(t, int(s), a.hours, a.load, slots, a.max_batch) for t in ("mixed-tenants", "mapreduce") for s in a.seeds.split(",")]
+    starve = None if a.admit_starve == "none" else float(a.admit_starve)
+    jobs = [(t, int(s), a.hours, a.load, slots, a.max_batch, starve) for t in ("mixed-tenants", "mapreduce") for s in a.seeds.split(",")]
     with ProcessPoolExecutor() as pool:
         rows = [r for rs in pool.map(run, jobs) for r in rs]
     keys = ["program_latency_p50", "program_latency_mean", "program_latency_p95", "slowdown_p99", "slowdown_max", "max_wait_max", "ttft_p95", "programs_per_hour",

@@ -134,6 +134,19 @@ def trace_fit(
     console.print(f"wrote {target}")
 
 
+def _admit_starve(text: str) -> float | None:
+    """`--admit-starve`: seconds (>= 0) or 'none'."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(f"--admit-starve: expected seconds or 'none', got {text!r}") from None
+    if not v >= 0:
+        raise ValueError(f"--admit-starve: must be >= 0 seconds, got {text!r}")
+    return v
+
+
 def _policy_list(spec: str) -> list[str]:
     """Comma-separated specs `POLICY[:QUEUE[:KV]]`, each checked."""
     from .planner.programs import parse_spec
@@ -168,6 +181,8 @@ def replay(
                                                               "with a limit calls queue for compute and --policy's QUEUE matters", min=1)] = None,
     max_batch: Annotated[int, typer.Option(help="calls a GPU runs at once (an engine's max_num_seqs); calls past it "
                                                 "queue, in --policy's QUEUE order", min=1)] = 32,
+    admit_starve: Annotated[str, typer.Option(help="seconds a call waits for HBM before it holds its GPUs "
+                                                   "(backfill still allowed), or 'none' for no reservation")] = "60",
 ):
     """Replay a trace against policies; print a table, write the report and plots."""
     from .models.load import check_compatible, load_catalog, load_cluster, load_trace
@@ -175,6 +190,7 @@ def replay(
     from .sim.runner import report_json
 
     names = _policy_list(policy)
+    starve = _admit_starve(admit_starve)
     cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace(trace)
     check_compatible(cl, cat, tr, str(trace))
     if seed is None:
@@ -193,7 +209,7 @@ def replay(
             from .profile import load_profile
             prof = load_profile(profile, cl)
         result = run_replay(cl, cat, tr, names, seed=seed, check_invariants=check, progress=progress, profile=prof,
-                            prefill_slots=prefill_slots, max_batch=max_batch)
+                            prefill_slots=prefill_slots, max_batch=max_batch, admit_starve_s=starve)
         for n in names:
             prog.update(tasks[n], completed=horizon)
     wall = time.perf_counter() - t0

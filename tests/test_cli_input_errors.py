@@ -158,3 +158,18 @@ def test_serve_rejects_a_bad_token_file(tmp_path):
     (tmp_path / "tok.json").write_text(json.dumps({"tokens": [{"token": "short", "role": "admin"}]}))
     res = runner.invoke(app, ["serve", "--db", str(tmp_path / "sb.db"), "--tokens", str(tmp_path / "tok.json")])
     assert_clean_error(res, "tok.json", "tokens.0.token")
+
+
+@pytest.mark.parametrize("value,msg", [("soon", "expected seconds or 'none'"), ("-5", "must be >= 0")])
+def test_bad_admit_starve(tmp_path, value, msg):
+    write(tmp_path)
+    res = runner.invoke(app, ["replay", "--cluster", str(tmp_path / "c.yaml"), "--catalog", str(tmp_path / "k.json"),
+                              "--trace", str(tmp_path / "t.jsonl"), "--admit-starve", value])
+    assert_clean_error(res, "--admit-starve", msg)
+
+
+def test_admit_starve_none_replays(tmp_path):
+    write(tmp_path)
+    res = runner.invoke(app, ["replay", "--cluster", str(tmp_path / "c.yaml"), "--catalog", str(tmp_path / "k.json"),
+                              "--trace", str(tmp_path / "t.jsonl"), "--admit-starve", "none"])
+    assert res.exit_code == 0, res.output

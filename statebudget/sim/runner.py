@@ -14,7 +14,7 @@ from ..traces.graph import count_handoffs
 from ..traces.timeline import nominal_timeline
 from .engine import SimResult, Simulator
 from .metrics import policy_report
-from ..planner.programs import parse_spec
+from ..planner.programs import ADMIT_STARVE_S, parse_spec
 from .policies import REGISTRY, make_policy
 
 
@@ -26,7 +26,8 @@ class Replay:
 
 def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str], seed: int = 0,
            check_invariants: bool = False, progress=None, profile: dict | None = None,
-           prefill_slots: int | None = None, max_batch: int = 32) -> Replay:
+           prefill_slots: int | None = None, max_batch: int = 32,
+           admit_starve_s: float | None = ADMIT_STARVE_S) -> Replay:
     """Each entry of `policies` is a spec `POLICY[:QUEUE[:KV]]`; the report keys it by that exact
     string. `progress(spec, sim_time)` is called now and then while a policy runs."""
     cost = CostModel(cluster, catalog, profile=profile)
@@ -37,7 +38,8 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
         base, queue, kv = parse_spec(name, REGISTRY)
         policy = make_policy(base)
         sim = Simulator(cluster, catalog, trace, policy, cost=cost, seed=seed, check_invariants=check_invariants,
-                        queue=queue, kv_rule=kv, prefill_slots=prefill_slots, max_batch=max_batch)
+                        queue=queue, kv_rule=kv, prefill_slots=prefill_slots, max_batch=max_batch,
+                        admit_starve_s=admit_starve_s)
         res = sim.run(progress=(lambda t, n=name: progress(n, t)) if progress else None)
         results[name] = res
         blocks[name] = policy_report(res, trace.header.slo_classes, nominal)

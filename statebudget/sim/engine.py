@@ -841,16 +841,18 @@ class Simulator(ResidencyView):
     def _retry_waiting(self):
         if not self.waiting:
             return
-        self._reserve()
-        still = []
-        for c in self._order(self.waiting):
-            if not self._admit(c):
-                still.append(c)
-        self.waiting = still
-        if self.reserved is not None and self.reserved.state != "waiting":
-            self._reserve()  # the starving call got in: the next one, if any, holds its GPUs
-            if self.reserved is not None:
-                self._retry_waiting()
+        while True:
+            self._reserve()
+            held = self.reserved
+            still = []
+            for c in self._order(self.waiting):
+                if not self._admit(c):
+                    still.append(c)
+            self.waiting = still
+            if held is None or held.state == "waiting" or not self.waiting:
+                return
+            # The starving call got in: the next one, if any, holds its GPUs, and the calls it
+            # held back try again under the new reservation.
 
     # ---- eviction, demotion, prefetch ---------------------------------------------------------
     def _evict(self, copy: GpuCopy, to: str, weight: float = 1.0) -> list[HostCopy]:

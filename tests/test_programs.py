@@ -285,3 +285,20 @@ def test_short_calls_backfill_a_reservation_without_delaying_it():
     assert len(backfilled) >= 10 and all(c.end <= long.end for c in backfilled)
     assert any(c.ready >= big.ready for c in after)  # calls that would outlast the drain wait
     assert big.ready <= long.end + 36.0 / 7.0 + 10.0 + 1.0  # admitted when the long call ends, then loaded
+
+
+def test_the_reservation_holds_when_admitted_calls_queue_for_compute():
+    # One call at a time per GPU (max_batch 1), so admitted calls queue for the batch slot. Their
+    # estimated end moves with the clock; the backfill deadline must not, or short calls keep
+    # passing the held call for as long as the stream lasts.
+    cl, cat = cluster(hbm_gb=40.0), catalog(("small", 5.0), ("big", 36.0))
+    progs = [program(f"s{i}", [call("a", "small", ctx=100, out=2000)], start=5.1 * i) for i in range(200)]
+    progs.append(program("big", [call("a", "big", ctx=100, out=10)], start=1.0))
+    waits = {}
+    for starve in (None, ADMIT_STARVE_S):
+        res = Simulator(cl, cat, trace(*progs), make_policy("ondemand"), check_invariants=True,
+                        admit_starve_s=starve, max_batch=1).run()
+        big = next(c for c in res.calls if c.program == "big")
+        waits[starve] = big.ready - big.arrive
+    assert waits[None] > 1000.0
+    assert waits[ADMIT_STARVE_S] < 150.0

@@ -167,6 +167,7 @@ class Simulator(ResidencyView):
         # is admitted there and nothing is prefetched there until it is in (None: no reservation).
         self.admit_starve_s = admit_starve_s
         self.reserved: CallRec | None = None
+        self._reserve_deadline = 0.0  # backfill on its GPUs must end by then
         self.active: dict[int, CallRec] = {}  # admitted calls not yet finished or cancelled
         self.queued: list[CallRec] = []   # ready, waiting for a compute slot
         self.running_on = [0] * len(self.gpus)
@@ -421,6 +422,9 @@ class Simulator(ResidencyView):
             old = min(self.waiting, key=lambda w: (w.arrive, w.program, w.node))
             if self.now - old.arrive >= self.admit_starve_s:
                 self.reserved = old
+                # Backfill must end before the calls there now should: fixed once, so that a queue
+                # of calls not yet started cannot push it forward with the clock.
+                self._reserve_deadline = self._drain_end(old.group)
 
     def _est_end(self, c: CallRec, new_per_gpu: float = 0.0) -> float:
         """When a call should end, by the cost model's uncontended load (`new_per_gpu` bytes from
@@ -489,7 +493,7 @@ class Simulator(ResidencyView):
         group = c.group
         held = c is not self.reserved and self._held_for_another(group)
         keys, new, private = self.call_need(c, group)
-        if held and self._est_end(c, new) > self._drain_end(self.reserved.group):
+        if held and self._est_end(c, new) > self._reserve_deadline:
             return False  # on held GPUs only a call that ends before the drain goes in (backfill)
         victims = self.plan_eviction(group, new + private, protect={(k, group) for k in keys})
         if victims is None or (held and victims):
@@ -506,6 +510,9 @@ class Simulator(ResidencyView):
                 loads.append(copy)
             copy.pins += 1
             c.pins.append(copy)
+            if copy.suspended_since is not None:  # another thread's call uses it: no longer suspended
+                self.kv_hbm_byte_s += copy.nbytes * (self.now - copy.suspended_since)
+                copy.suspended_since = None
             if not copy.ready:
                 c.waiting_on += 1
                 copy.waiters.append(c)
@@ -934,7 +941,7 @@ class Simulator(ResidencyView):
     def _kv_reconsider(self, pr: ProgRun, nid: str, copy: GpuCopy):
         """The TTL of a preserved KV ran out with the tool still running: decide again on the
         remaining wait given how long it has lasted (§12: preserve first, offload once it is long)."""
-        if nid not in pr.tool_wait or copy.suspended_since is None or copy.pins or \
+        if nid not in pr.tool_wait or copy.suspended_since is None or copy.pins or self._program_busy(pr) or \
                 self.tiers.gpu.get((copy.key, copy.group)) is not copy:
             return None
         start, _ = pr.tool_wait[nid]
@@ -947,8 +954,12 @@ class Simulator(ResidencyView):
             self.resume.observe(tool, kvk[2], resumed)
 
     def _kv_back(self, pr: ProgRun, nid: str, kvk, group):
-        if pr.node_state.get(nid) == "running" and kvk in self.kv_tokens and (kvk, group) not in self.tiers.gpu \
-                and self.best_source(kvk, group).startswith("host:"):  # a swap-in, not a recompute
+        if pr.node_state.get(nid) != "running" or kvk not in self.kv_tokens or (kvk, group) in self.tiers.gpu:
+            return None
+        hc = self.tiers.host.get((kvk, self.gpus[group[0]].node))
+        if hc is not None and not hc.ready:  # the swap-out is still being written: swap in once it is
+            hc.waiters.append(lambda now: self._kv_back(pr, nid, kvk, group))
+        elif self.best_source(kvk, group).startswith("host:"):  # a swap-in, not a recompute
             self._prefetch(kvk, group, background=True)
         return None
 

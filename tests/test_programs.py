@@ -9,9 +9,11 @@ from helpers import GB, call, catalog, cluster, program, tool, trace
 from statebudget.cli import app
 from statebudget.models.load import write_trace
 from statebudget.planner.predictor import ResumeModel, ToolWaitModel
-from statebudget.planner.programs import ADMIT_STARVE_S, adaptive_choice, parse_spec, queue_key
+from statebudget.planner.programs import ADMIT_STARVE_S, KV_SWAP_SHARE, adaptive_choice, parse_spec, queue_key
+from statebudget.sim import engine
 from statebudget.sim.engine import Simulator
 from statebudget.sim.policies import REGISTRY, make_policy
+from statebudget.solvers.costs import LATENCY_S
 from statebudget.traces.generators import generate
 
 
@@ -302,3 +304,21 @@ def test_the_reservation_holds_when_admitted_calls_queue_for_compute():
         waits[starve] = big.ready - big.arrive
     assert waits[None] > 1000.0
     assert waits[ADMIT_STARVE_S] < 150.0
+
+
+@pytest.mark.parametrize("share", [KV_SWAP_SHARE, 1.0])
+def test_a_tool_wait_swap_yields_the_link_to_a_weight_load(monkeypatch, share):
+    # A 20 GB KV swaps out through the node's 10 GB/s root complex while another GPU loads 14 GB
+    # of weights through it. As a background transfer (weight 0.25) the swap gets a fifth of the
+    # root and the load four fifths; at full weight they would split it evenly.
+    monkeypatch.setattr(engine, "KV_SWAP_SHARE", share)
+    cl = cluster(gpus=2, hbm_gb=80.0, h2d=25.0, nvme_read=30.0, root=10.0, cold=0.0)
+    cat = catalog(("m", 10.0, 1_000_000), ("n", 14.0))
+    a = program("a", [call("a", "m", ctx=20_000, out=0), tool("t", ["a"], duration=100.0, name="build"),
+                      call("b", "m", ["t"], ctx=20_000, out=0)])
+    end_a = Simulator(cl, cat, trace(a), make_policy("ondemand"), kv_rule="swap").run().calls[0].end
+    b = program("b", [call("x", "n", ctx=100, out=0)], start=end_a + 0.5)
+    res = Simulator(cl, cat, trace(a, b), make_policy("ondemand"), kv_rule="swap", check_invariants=True).run()
+    x = next(c for c in res.calls if c.program == "b")
+    root_share = 10.0 * 1.0 / (1.0 + share)
+    assert x.ready - x.arrive == pytest.approx(14.0 / root_share + LATENCY_S["nvme"], abs=1e-6)

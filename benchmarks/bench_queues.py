@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.programs import overtaking_window_s
+from statebudget.planner.programs import overtaking_window_s, parse_admit_starve
 from statebudget.sim.runner import replay
 from statebudget.traces.generators import generate
 
@@ -67,7 +67,7 @@ def main():
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     slots = None if a.prefill_slots == "none" else int(a.prefill_slots)
-    starve = None if a.admit_starve == "none" else float(a.admit_starve)
+    starve = parse_admit_starve(a.admit_starve)
     jobs = [(t, int(s), a.hours, a.load, slots, a.max_batch, starve) for t in ("mixed-tenants", "mapreduce") for s in a.seeds.split(",")]
     with ProcessPoolExecutor() as pool:
         rows = [r for rs in pool.map(run, jobs) for r in rs]

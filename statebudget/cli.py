@@ -134,19 +134,6 @@ def trace_fit(
     console.print(f"wrote {target}")
 
 
-def _admit_starve(text: str) -> float | None:
-    """`--admit-starve`: seconds (>= 0) or 'none'."""
-    if text.strip().lower() == "none":
-        return None
-    try:
-        v = float(text)
-    except ValueError:
-        raise ValueError(f"--admit-starve: expected seconds or 'none', got {text!r}") from None
-    if not v >= 0:
-        raise ValueError(f"--admit-starve: must be >= 0 seconds, got {text!r}")
-    return v
-
-
 def _policy_list(spec: str) -> list[str]:
     """Comma-separated specs `POLICY[:QUEUE[:KV]]`, each checked."""
     from .planner.programs import parse_spec
@@ -186,11 +173,12 @@ def replay(
 ):
     """Replay a trace against policies; print a table, write the report and plots."""
     from .models.load import check_compatible, load_catalog, load_cluster, load_trace
+    from .planner.programs import parse_admit_starve
     from .sim.runner import replay as run_replay
     from .sim.runner import report_json
 
     names = _policy_list(policy)
-    starve = _admit_starve(admit_starve)
+    starve = parse_admit_starve(admit_starve)
     cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace(trace)
     check_compatible(cl, cat, tr, str(trace))
     if seed is None:

@@ -249,59 +249,63 @@ def test_max_batch_bounds_the_calls_a_gpu_runs_at_once():
     assert any(spans[32][i][1] > spans[32][i + 1][0] for i in range(3))         # shared
 
 
-def test_a_call_starving_for_hbm_reserves_its_gpu():
-    # A 36 GB model cannot fit beside the 5 GB model a stream of short calls keeps pinned. Without
-    # a reservation it waits until the stream ends (400 s); with one, no new call is admitted on
-    # its GPU once it has waited ADMIT_STARVE_S, so it waits that long plus the running calls'
-    # drain and its own load, and the stream's calls wait at most about as long as that takes.
+BIG_LOAD_S = 36.0 / 7.0 + 10.0 + 1.0  # the 36 GB model's load: NVMe read, cold start, set-up
+
+
+def _big_behind_small(*small, starve=ADMIT_STARVE_S, big_start=1.0, **sim_kw) -> list:
+    """A 36 GB call on a 40 GB GPU that cannot fit beside the 5 GB model the `small` programs keep
+    pinned; the run's calls."""
     cl, cat = cluster(hbm_gb=40.0), catalog(("small", 5.0), ("big", 36.0))
-    progs = [program(f"s{i}", [call("a", "small", ctx=100, out=2000)], start=5.0 * i) for i in range(80)]
-    progs.append(program("big", [call("a", "big", ctx=100, out=10)], start=20.0))
+    progs = [*small, program("big", [call("a", "big", ctx=100, out=10)], start=big_start)]
+    return Simulator(cl, cat, trace(*progs), make_policy("ondemand"), check_invariants=True, admit_starve_s=starve,
+                     **sim_kw).run().calls
+
+
+def _stream(n, gap, out=2000, first=0.0) -> list:
+    return [program(f"s{i}", [call("a", "small", ctx=100, out=out)], start=first + gap * i) for i in range(n)]
+
+
+def _wait(calls, prog="big") -> float:
+    c = next(c for c in calls if c.program == prog)
+    return c.ready - c.arrive
+
+
+def test_a_call_starving_for_hbm_reserves_its_gpu():
+    # A stream of short calls keeps the 5 GB model pinned. Without a reservation the big call
+    # waits until the stream ends (400 s); with one, no new call is admitted on its GPU once it
+    # has waited ADMIT_STARVE_S, so it waits that long plus the running calls' drain and its own
+    # load, and the stream's calls wait at most about as long as that takes.
     waits = {}
     for starve in (None, ADMIT_STARVE_S):
-        sim = Simulator(cl, cat, trace(*progs), make_policy("ondemand"), check_invariants=True, admit_starve_s=starve)
-        res = sim.run()
-        assert all(c.state == "done" for c in res.calls)
-        big = next(c for c in res.calls if c.program == "big")
-        small = [c.ready - c.arrive for c in res.calls if c.program != "big"]
-        waits[starve] = (big.ready - big.arrive, max(small))
+        calls = _big_behind_small(*_stream(80, 5.0), starve=starve, big_start=20.0)
+        assert all(c.state == "done" for c in calls)
+        waits[starve] = (_wait(calls), max(c.ready - c.arrive for c in calls if c.program != "big"))
     assert waits[None][0] > 300.0
-    load_s = 36.0 / 7.0 + 10.0 + 1.0  # NVMe read, cold start, set-up
-    assert waits[ADMIT_STARVE_S][0] <= ADMIT_STARVE_S + 10.0 + load_s
-    assert waits[ADMIT_STARVE_S][1] <= 10.0 + load_s + 10.0
+    assert waits[ADMIT_STARVE_S][0] <= ADMIT_STARVE_S + 10.0 + BIG_LOAD_S
+    assert waits[ADMIT_STARVE_S][1] <= 10.0 + BIG_LOAD_S + 10.0
 
 
 def test_short_calls_backfill_a_reservation_without_delaying_it():
     # The big call reserves the GPU after ADMIT_STARVE_S, but it must wait for a long call there
     # anyway: short calls on the resident model that end before that one still go in, and the
     # big call is admitted as soon as the long call ends.
-    cl, cat = cluster(hbm_gb=40.0), catalog(("small", 5.0), ("big", 36.0))
-    progs = [program("long", [call("a", "small", ctx=100, out=40000)])]
-    progs += [program(f"s{i}", [call("a", "small", ctx=100, out=200)], start=2.0 + 5.0 * i) for i in range(40)]
-    progs.append(program("big", [call("a", "big", ctx=100, out=10)], start=1.0))
-    res = Simulator(cl, cat, trace(*progs), make_policy("ondemand"), check_invariants=True).run()
-    big = next(c for c in res.calls if c.program == "big")
-    long = next(c for c in res.calls if c.program == "long")
-    after = [c for c in res.calls if c.program[0] == "s" and c.arrive > big.arrive + ADMIT_STARVE_S]
+    calls = _big_behind_small(program("long", [call("a", "small", ctx=100, out=40000)]),
+                              *_stream(40, 5.0, out=200, first=2.0))
+    big = next(c for c in calls if c.program == "big")
+    long = next(c for c in calls if c.program == "long")
+    after = [c for c in calls if c.program[0] == "s" and c.arrive > big.arrive + ADMIT_STARVE_S]
     backfilled = [c for c in after if c.ready < big.ready]
     assert len(backfilled) >= 10 and all(c.end <= long.end for c in backfilled)
     assert any(c.ready >= big.ready for c in after)  # calls that would outlast the drain wait
-    assert big.ready <= long.end + 36.0 / 7.0 + 10.0 + 1.0  # admitted when the long call ends, then loaded
+    assert big.ready <= long.end + BIG_LOAD_S  # admitted when the long call ends, then loaded
 
 
 def test_the_reservation_holds_when_admitted_calls_queue_for_compute():
     # One call at a time per GPU (max_batch 1), so admitted calls queue for the batch slot. Their
     # estimated end moves with the clock; the backfill deadline must not, or short calls keep
     # passing the held call for as long as the stream lasts.
-    cl, cat = cluster(hbm_gb=40.0), catalog(("small", 5.0), ("big", 36.0))
-    progs = [program(f"s{i}", [call("a", "small", ctx=100, out=2000)], start=5.1 * i) for i in range(200)]
-    progs.append(program("big", [call("a", "big", ctx=100, out=10)], start=1.0))
-    waits = {}
-    for starve in (None, ADMIT_STARVE_S):
-        res = Simulator(cl, cat, trace(*progs), make_policy("ondemand"), check_invariants=True,
-                        admit_starve_s=starve, max_batch=1).run()
-        big = next(c for c in res.calls if c.program == "big")
-        waits[starve] = big.ready - big.arrive
+    waits = {starve: _wait(_big_behind_small(*_stream(200, 5.1), starve=starve, max_batch=1))
+             for starve in (None, ADMIT_STARVE_S)}
     assert waits[None] > 1000.0
     assert waits[ADMIT_STARVE_S] < 150.0
 

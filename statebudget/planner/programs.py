@@ -80,6 +80,19 @@ def parse_spec(spec: str, known_policies) -> tuple[str, str, str | None]:
     return policy, queue, kv
 
 
+def parse_admit_starve(text: str) -> float | None:
+    """`--admit-starve`: seconds (>= 0) a call waits for HBM before it holds its GPUs, or 'none'."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(f"--admit-starve: expected seconds or 'none', got {text!r}") from None
+    if not v >= 0:
+        raise ValueError(f"--admit-starve: must be >= 0 seconds, got {text!r}")
+    return v
+
+
 def queue_key(discipline: str, arrive: float, now: float, program_service: float, path_service: float,
               slack_s: float | None = None, tenant_excess: float = 0.0,
               aging: float = AGING, starve_s: float = STARVE_S) -> tuple:

@@ -510,9 +510,7 @@ class Simulator(ResidencyView):
                 loads.append(copy)
             copy.pins += 1
             c.pins.append(copy)
-            if copy.suspended_since is not None:  # another thread's call uses it: no longer suspended
-                self.kv_hbm_byte_s += copy.nbytes * (self.now - copy.suspended_since)
-                copy.suspended_since = None
+            self._end_suspension(copy)  # another thread's call uses it: no longer suspended
             if not copy.ready:
                 c.waiting_on += 1
                 copy.waiters.append(c)
@@ -521,8 +519,7 @@ class Simulator(ResidencyView):
                     if copy.transfer is not None:
                         copy.transfer.weight = 1.0
                         for fid in copy.transfer.fids:
-                            self._push_all([(t, PRIO_FLOW, self._flow_done, (i, v))
-                                            for t, i, v in self.flows.reweight(self.now, fid, 1.0)])
+                            self._push_all(self._flow_events(self.flows.reweight(self.now, fid, 1.0)))
         self.tiers.alloc_gpu(group, private)
         self.tiers.private[id(c)] = (group, private)
         self.active[id(c)] = c
@@ -622,12 +619,15 @@ class Simulator(ResidencyView):
                 return None
             token.fids.append(self.flows._next)
             weight = token.weight
-        evs = self.flows.add(self.now, amount, resources, on_done, share_key, tag, weight)
+        return self._flow_events(self.flows.add(self.now, amount, resources, on_done, share_key, tag, weight))
+
+    def _flow_events(self, evs) -> list:
+        """The flow table's completion estimates `(eta, fid, version)` as events to schedule."""
         return [(t, PRIO_FLOW, self._flow_done, (fid, v)) for t, fid, v in evs]
 
     def _flow_done(self, fid, version):
         events, f = self.flows.finish(self.now, fid, version)
-        out = [(t, PRIO_FLOW, self._flow_done, (i, v)) for t, i, v in events]
+        out = self._flow_events(events)
         if f is None:
             self.stale_events += 1  # a completion superseded by a re-pricing of its flow
         else:
@@ -647,7 +647,7 @@ class Simulator(ResidencyView):
             if f is not None and f.tag is not None:
                 done += f.done
                 self.bytes_by_pair[f.tag] += f.done
-            self._push_all([(t, PRIO_FLOW, self._flow_done, (i, v)) for t, i, v in events])
+            self._push_all(self._flow_events(events))
         return done
 
     def cancel_load(self, copy: GpuCopy) -> bool:
@@ -826,7 +826,7 @@ class Simulator(ResidencyView):
             self.queued.remove(c)
         if c.state == "running" and c.flow is not None:
             evs, _ = self.flows.cancel(self.now, c.flow)
-            events += [(t, PRIO_FLOW, self._flow_done, (i, v)) for t, i, v in evs]
+            events += self._flow_events(evs)
         if c.state in ("loading", "queued", "running"):
             self._release(c, finished=False)
         c.state = "cancelled"
@@ -886,10 +886,14 @@ class Simulator(ResidencyView):
 
     def _remove_copy(self, copy: GpuCopy) -> None:
         """Every HBM copy leaves through here: suspended KV stops counting its byte-seconds."""
+        self._end_suspension(copy)
+        self.tiers.remove_gpu_copy(copy)
+
+    def _end_suspension(self, copy: GpuCopy) -> None:
+        """A suspended KV copy stops being suspended: its byte-seconds in HBM are counted."""
         if copy.suspended_since is not None:
             self.kv_hbm_byte_s += copy.nbytes * (self.now - copy.suspended_since)
             copy.suspended_since = None
-        self.tiers.remove_gpu_copy(copy)
 
     # ---- tool waits: what happens to the program's KV (seed 003 §10-§12, §21) ------------------
     def _program_busy(self, pr: ProgRun) -> bool:
@@ -968,12 +972,11 @@ class Simulator(ResidencyView):
         self.tool_waits.observe(pr.tools[nid], self.now - start)
         if predicted is not None:
             self.ttl_errors.append(predicted - (self.now - start))
+        if pr.tool_wait:
+            return  # another of its tools still runs: its KV stays suspended
         for kvk in sorted(self.kv_of_program.get(pr.prog.program, ())):
             for g in sorted(self.tiers.groups_of.get(kvk, ())):
-                copy = self.tiers.gpu[(kvk, g)]
-                if copy.suspended_since is not None and not pr.tool_wait:
-                    self.kv_hbm_byte_s += copy.nbytes * (self.now - copy.suspended_since)
-                    copy.suspended_since = None
+                self._end_suspension(self.tiers.gpu[(kvk, g)])
 
     def _host_ready(self, hc: HostCopy):
         if self.tiers.host.get((hc.key, hc.node)) is hc:

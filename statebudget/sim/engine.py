@@ -603,17 +603,16 @@ class Simulator(ResidencyView):
                                      tag=tier_pair, token=token)
         return events
 
-    def flows_add(self, amount, resources, on_done, share_key, latency: float = 0.0, tag=None, token=None,
-                  weight: float = 1.0) -> list:
+    def flows_add(self, amount, resources, on_done, share_key, latency: float = 0.0, tag=None, token=None) -> list:
         """Start a flow now, or after `latency` (a transfer's fixed set-up time). `tag` names the
-        tier pair its bytes count under; `token` lets the owner cancel it; `weight` < 1 makes it
-        a background flow (`flows.py`)."""
+        tier pair its bytes count under; `token` lets the owner cancel it, and its weight below 1
+        makes it a background flow (`flows.py`)."""
         if latency > 0:
-            return [(self.now + latency, PRIO_TIMER, self._start_flow,
-                     (amount, resources, on_done, share_key, tag, token, weight))]
-        return self._start_flow(amount, resources, on_done, share_key, tag, token, weight)
+            return [(self.now + latency, PRIO_TIMER, self._start_flow, (amount, resources, on_done, share_key, tag, token))]
+        return self._start_flow(amount, resources, on_done, share_key, tag, token)
 
-    def _start_flow(self, amount, resources, on_done, share_key, tag=None, token=None, weight=1.0):
+    def _start_flow(self, amount, resources, on_done, share_key, tag=None, token=None):
+        weight = 1.0
         if token is not None:
             if token.cancelled:
                 return None
@@ -875,10 +874,11 @@ class Simulator(ResidencyView):
             hc = HostCopy(key, node, copy.nbytes, False, self.now)
             self.tiers.host[(key, node)] = hc
             barrier = _Barrier(len(copy.group), lambda now: self._host_ready(hc))
+            token = Transfer(weight)
             for i in copy.group:
                 self._push_all(self.flows_add(copy.per_gpu, self.cost.path(f"gpu:{i}", f"host:{node}"),
                                               barrier.hit, None, latency=self.cost.latency_s("gpu"), tag="gpu->host",
-                                              weight=weight))
+                                              token=token))
             drains.append(hc)
         self._remove_copy(copy)
         self._dirty = True

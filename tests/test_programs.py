@@ -76,7 +76,7 @@ def test_adaptive_learns_to_discard_kv_its_programs_never_resume():
     sim = Simulator(cl, cat, trace(*progs), make_policy("lru-keepwarm"), kv_rule="adaptive", check_invariants=True)
     res = sim.run()
     assert res.kv_actions["swap"] >= 1 and res.kv_actions["discard"] >= 6
-    assert sim.resume.p("build", "m") < 0.3
+    assert sim.kvw.resume.p("build", "m") < 0.3
     assert res.recomputed_tokens == 0  # nothing it dropped was needed
     kv = 5_000 * 1_000_000
     assert res.bytes_by_pair["gpu->host"] == pytest.approx(res.kv_actions["swap"] * kv)
@@ -93,7 +93,7 @@ def test_adaptive_moves_a_preserved_kv_out_when_the_wait_runs_long():
              call("b", "m", ["t"], ctx=10_000, out=0)]
     sim = Simulator(cl, cat, trace(program("p", nodes)), make_policy("lru-keepwarm"), kv_rule="adaptive",
                     check_invariants=True)
-    sim.tool_waits = ToolWaitModel({"quick": (1.0, 1.5)})
+    sim.kvw.waits = ToolWaitModel({"quick": (1.0, 1.5)})
     res = sim.run()
     kv = 10_000 * 100_000
     assert res.kv_actions["preserve"] == 1 and res.kv_actions["swap"] == 1

@@ -51,6 +51,10 @@ Tool-wait KV rules (at each tool start, for the program's KV in HBM):
 from __future__ import annotations
 
 import math
+from collections import Counter
+from dataclasses import dataclass
+
+from .predictor import ResumeModel, ToolWaitModel
 
 QUEUES = ("fcfs", "plas", "atlas")
 KV_RULES = ("preserve", "swap", "discard", "adaptive")
@@ -152,3 +156,80 @@ def adaptive_choice(kv_bytes: float, wait_s: float, hbm_bytes: float, pcie_bps: 
         "discard": p_resume * recompute_s,
     }
     return min(costs, key=lambda k: (costs[k], k))
+
+
+@dataclass(frozen=True)
+class KvAction:
+    """What to do with one suspended KV copy (`ToolWaitKV.decide`)."""
+    rule: str                          # preserve | swap | discard
+    recheck_at: float | None = None    # preserve: judge it again then, if the tool still runs (the TTL, §22)
+    swap_in_at: float | None = None    # swap: bring it back then, before the predicted return (§21)
+
+
+class ToolWaitKV:
+    """A tool-wait KV rule and what it learns as it goes: the one decision code for the simulator
+    and the live planner (each mechanism holds one and carries out its actions: a swap is a
+    background move to host DRAM, a discard a drop, a preserve nothing until its TTL).
+
+    Per interrupt the mechanism calls `started` (the wait to expect), then `decide` for each KV
+    copy of the program that nothing pins; `remaining` again when a TTL runs out, with the wait so
+    far; `ended` when the tool returns; `outcome` when the program uses one of its KVs again
+    (resumed) or ends (not resumed). It counts the actions (`actions`) and the adaptive rule's
+    prediction errors (`ttl_errors`: predicted minus actual wait)."""
+
+    def __init__(self, rule: str = "preserve"):
+        if rule not in KV_RULES:
+            raise ValueError(f"unknown tool-wait KV rule {rule!r} (known: {', '.join(KV_RULES)})")
+        self.rule = rule
+        self.waits = ToolWaitModel.from_fit()  # the adaptive rule's predictions, learned as tools end
+        self.resume = ResumeModel()  # ... and whether the program comes back to the KV it suspended
+        self.pending: dict[tuple, list[str]] = {}  # KV key -> tool classes of its unresolved interrupts
+        self.actions: Counter = Counter()
+        self.ttl_errors: list[float] = []
+
+    def started(self, tool: str) -> float | None:
+        """A tool wait begins: its predicted length (the median), or None if the rule predicts nothing."""
+        return self.waits.quantile_remaining(tool, 0.0, 0.5) if self.rule == "adaptive" else None
+
+    def remaining(self, tool: str, elapsed_s: float) -> float:
+        """The median wait still to come, given that it has lasted `elapsed_s`."""
+        return self.waits.quantile_remaining(tool, elapsed_s, 0.5)
+
+    def suspended(self, kvk: tuple, tool: str) -> None:
+        """The program's KV `kvk` has copies suspended by this interrupt (its outcome is learned)."""
+        if self.rule == "adaptive":
+            self.pending.setdefault(kvk, []).append(tool)
+
+    def decide(self, tool: str, model: str, kv_bytes: float, predicted: float | None, hbm_bytes: float,
+               pcie_bps: float, recompute_s: float, now: float, since: float, preserved: bool) -> KvAction:
+        """The rule for one KV copy of `kv_bytes` on GPUs of `hbm_bytes` with `pcie_bps` to host,
+        `recompute_s` to rebuild it, in a wait that began at `since` with `predicted` seconds still
+        expected; `preserved`: the copy is already held for this wait (a TTL re-check)."""
+        rule, p_resume = self.rule, 1.0
+        if rule == "adaptive":
+            p_resume = self.resume.p(tool, model)
+            rule = adaptive_choice(kv_bytes, predicted, hbm_bytes, pcie_bps, recompute_s, p_resume)
+        if rule != "preserve" or not preserved:  # a TTL that keeps it preserved is no new action
+            self.actions[rule] += 1
+        if rule == "preserve":
+            # judged again once the wait outlasts its predicted median, at least doubling the wait
+            # each time (few timers)
+            at = now + max(predicted, now - since, 1e-3) if predicted is not None else None
+            return KvAction("preserve", recheck_at=at)
+        if rule == "swap":
+            back = None
+            if predicted is not None and p_resume >= 0.5:  # bring it back before the predicted return
+                back = now + max(0.0, predicted - 2 * kv_bytes / (pcie_bps * KV_SWAP_SHARE))
+            return KvAction("swap", swap_in_at=back)
+        return KvAction("discard")
+
+    def ended(self, tool: str, waited_s: float, predicted: float | None) -> None:
+        """A tool wait ended after `waited_s`; `predicted` is what `started` said of it."""
+        self.waits.observe(tool, waited_s)
+        if predicted is not None:
+            self.ttl_errors.append(predicted - waited_s)
+
+    def outcome(self, kvk: tuple, resumed: bool) -> None:
+        """Teach the resume model how the interrupts of one KV ended."""
+        for tool in self.pending.pop(kvk, ()):
+            self.resume.observe(tool, kvk[2], resumed)

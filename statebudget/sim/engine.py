@@ -28,8 +28,7 @@ from ..models.catalog import Catalog
 from ..models.cluster import Cluster
 from ..models.state import expert_key, kv_key, weights_key
 from ..models.trace import Program, Trace
-from ..planner.predictor import ResumeModel, ToolWaitModel
-from ..planner.programs import ADMIT_STARVE_S, KV_SWAP_SHARE, adaptive_choice, queue_key, tenant_excess
+from ..planner.programs import ADMIT_STARVE_S, KV_SWAP_SHARE, ToolWaitKV, queue_key, tenant_excess
 from ..planner.view import ResidencyView
 from ..solvers.costs import CostModel, page_touch_probs
 from ..traces.graph import children_of, descendants, handoff_calls, hinted_calls
@@ -143,13 +142,9 @@ class Simulator(ResidencyView):
         # per step serialises prefills in the same way).
         self.prefill_slots = prefill_slots
         self.kv_rule = kv_rule or getattr(policy, "kv_rule", "preserve")
-        self.tool_waits = ToolWaitModel.from_fit()  # the adaptive rule's predictions, learned as tools end
-        self.resume = ResumeModel()  # ... and whether the program comes back to the KV it suspended
-        self.resume_pending: dict[tuple, list[str]] = {}  # KV key -> tool classes of its unresolved interrupts
-        self.kv_actions: Counter = Counter()
+        self.kvw = ToolWaitKV(self.kv_rule)  # the tool-wait KV rule, shared with the live planner
         self.kv_hbm_byte_s = 0.0
         self.recomputed_tokens = 0
-        self.ttl_errors: list[float] = []
         self.gpus = cluster.gpus
         self._groups: dict[int, list] = {}
         self._group_cap: dict[tuple, float] = {}
@@ -253,8 +248,8 @@ class Simulator(ResidencyView):
             wasted_bytes=self.wasted_bytes, warm_tax=self._wt_integral / end if end else 0.0,
             hbm_samples=self.hbm_samples, decision_ms=self.decision_ms, events=self.events,
             stale_events=self.stale_events, sim_end=end or 0.0,
-            hbm_total=sum(self.tiers.hbm_cap), kv_actions=self.kv_actions, kv_hbm_byte_s=self.kv_hbm_byte_s,
-            recomputed_tokens=self.recomputed_tokens, ttl_errors=self.ttl_errors)
+            hbm_total=sum(self.tiers.hbm_cap), kv_actions=self.kvw.actions, kv_hbm_byte_s=self.kv_hbm_byte_s,
+            recomputed_tokens=self.recomputed_tokens, ttl_errors=self.kvw.ttl_errors)
 
     def _refresh_hbm_metrics(self):
         self._dirty = False
@@ -391,7 +386,7 @@ class Simulator(ResidencyView):
         pr.end = self.now
         self._open_programs -= 1
         for kvk in sorted(self.kv_of_program.get(pr.prog.program, ())):
-            self._resume_outcome(kvk, False)
+            self.kvw.outcome(kvk, False)
         for kvk in sorted(self.kv_of_program.pop(pr.prog.program, ())):
             self._drop_everywhere(kvk)
         self._apply(self._hook("on_program_end", pr.prog))
@@ -401,8 +396,8 @@ class Simulator(ResidencyView):
     def _call_arrive(self, c: CallRec):
         c.arrive = self.now
         c.state = "waiting"
-        if self.resume_pending:
-            self._resume_outcome(kv_key(c.program, c.model), True)
+        if self.kvw.pending:
+            self.kvw.outcome(kv_key(c.program, c.model), True)
         self._apply(self._hook("on_call_arrive", c))
         c.group = self._decide(self.policy.place, c)
         self.last_use[c.model] = self.now
@@ -901,44 +896,35 @@ class Simulator(ResidencyView):
 
     def _tool_wait_kv(self, pr: ProgRun, nid: str) -> None:
         tool = pr.tools[nid]
-        predicted = None
-        if self.kv_rule == "adaptive":
-            predicted = self.tool_waits.quantile_remaining(tool, 0.0, 0.5)
+        predicted = self.kvw.started(tool)
         pr.tool_wait[nid] = (self.now, predicted)
         if self._program_busy(pr):
             return  # another thread of the program still runs: its KV is not suspended
         for kvk in sorted(self.kv_of_program.get(pr.prog.program, ())):
             copies = [self.tiers.gpu[(kvk, g)] for g in sorted(self.tiers.groups_of.get(kvk, ()))]
             copies = [c for c in copies if not c.pins and c.ready]
-            if copies and self.kv_rule == "adaptive":
-                self.resume_pending.setdefault(kvk, []).append(tool)
+            if copies:
+                self.kvw.suspended(kvk, tool)
             for copy in copies:
                 self._suspend_kv(pr, nid, copy, predicted)
 
     def _suspend_kv(self, pr: ProgRun, nid: str, copy: GpuCopy, predicted: float | None) -> None:
         """Apply the tool-wait rule to one KV copy; `predicted` is the wait still expected (adaptive)."""
         kvk, g = copy.key, copy.group
-        rule, p_resume = self.kv_rule, 1.0
         pcie = self.cost.link_bw[f"h2d:{self.gpus[g[0]].id}"] * len(g)
-        if rule == "adaptive":
-            p_resume = self.resume.p(pr.tools[nid], kvk[2])
-            m = self.catalog.by_name[kvk[2]]
-            rule = adaptive_choice(copy.nbytes, predicted, sum(self.tiers.hbm_cap[i] for i in g), pcie,
-                                   self.cost.prefill_s(m, self.kv_tokens.get(kvk, 0), g), p_resume)
-        if rule != "preserve" or copy.suspended_since is None:  # a TTL that keeps it preserved is no new action
-            self.kv_actions[rule] += 1
-        if rule == "preserve":
+        m = self.catalog.by_name[kvk[2]]
+        act = self.kvw.decide(pr.tools[nid], kvk[2], copy.nbytes, predicted, sum(self.tiers.hbm_cap[i] for i in g),
+                              pcie, self.cost.prefill_s(m, self.kv_tokens.get(kvk, 0), g), self.now,
+                              pr.tool_wait[nid][0], copy.suspended_since is not None)
+        if act.rule == "preserve":
             if copy.suspended_since is None:
                 copy.suspended_since = self.now
-            if predicted is not None:  # judged again once the wait outlasts its predicted median,
-                start, _ = pr.tool_wait[nid]  # at least doubling the wait each time (few timers)
-                self.push(self.now + max(predicted, self.now - start, 1e-3), PRIO_TIMER, self._kv_reconsider,
-                          (pr, nid, copy))
-        elif rule == "swap":
+            if act.recheck_at is not None:
+                self.push(act.recheck_at, PRIO_TIMER, self._kv_reconsider, (pr, nid, copy))
+        elif act.rule == "swap":
             self._evict(copy, "host", weight=KV_SWAP_SHARE)
-            if predicted is not None and p_resume >= 0.5:  # bring it back before the predicted return
-                back = max(0.0, predicted - 2 * copy.nbytes / (pcie * KV_SWAP_SHARE))
-                self.push(self.now + back, PRIO_TIMER, self._kv_back, (pr, nid, kvk, g))
+            if act.swap_in_at is not None:
+                self.push(act.swap_in_at, PRIO_TIMER, self._kv_back, (pr, nid, kvk, g))
         else:
             self._evict(copy, "none")
 
@@ -949,13 +935,8 @@ class Simulator(ResidencyView):
                 self.tiers.gpu.get((copy.key, copy.group)) is not copy:
             return None
         start, _ = pr.tool_wait[nid]
-        self._suspend_kv(pr, nid, copy, self.tool_waits.quantile_remaining(pr.tools[nid], self.now - start, 0.5))
+        self._suspend_kv(pr, nid, copy, self.kvw.remaining(pr.tools[nid], self.now - start))
         return None
-
-    def _resume_outcome(self, kvk, resumed: bool) -> None:
-        """Teach the resume model how the interrupts of one KV ended."""
-        for tool in self.resume_pending.pop(kvk, ()):
-            self.resume.observe(tool, kvk[2], resumed)
 
     def _kv_back(self, pr: ProgRun, nid: str, kvk, group):
         if pr.node_state.get(nid) != "running" or kvk not in self.kv_tokens or (kvk, group) in self.tiers.gpu:
@@ -969,9 +950,7 @@ class Simulator(ResidencyView):
 
     def _tool_end_kv(self, pr: ProgRun, nid: str) -> None:
         start, predicted = pr.tool_wait.pop(nid, (self.now, None))
-        self.tool_waits.observe(pr.tools[nid], self.now - start)
-        if predicted is not None:
-            self.ttl_errors.append(predicted - (self.now - start))
+        self.kvw.ended(pr.tools[nid], self.now - start, predicted)
         if pr.tool_wait:
             return  # another of its tools still runs: its KV stays suspended
         for kvk in sorted(self.kv_of_program.get(pr.prog.program, ())):

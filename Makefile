@@ -20,7 +20,7 @@ demo: $(STAMP)
 	  --json out/report.json --plots out/plots
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --durations=5
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=5
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_sim.py

@@ -359,6 +359,8 @@ def serve(
     tick_s: Annotated[float, typer.Option(help="planning step at least this often (seconds)", min=0.01)] = 5.0,
     queue: Annotated[str, typer.Option(help="fcfs | plas | atlas: the discipline whose priority call_arrived answers "
                                             "(pass it to the engine, e.g. vLLM's `priority`)")] = "fcfs",
+    kv_rule: Annotated[str, typer.Option(help="preserve | swap | discard | adaptive: what happens to a program's KV "
+                                              "in HBM while it waits on a tool (the simulator's rule, as ops)")] = "preserve",
     stage_host: Annotated[bool, typer.Option(help="stage weights in host DRAM ahead of use (off for vLLM/SGLang "
                                                   "adapters: their engines reach host DRAM only by sleeping)")] = True,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
@@ -373,6 +375,11 @@ def serve(
     from .planner.ledger import Store
     from .planner.live import LivePlanner
 
+    from .planner.programs import KV_RULES, QUEUES
+
+    for name, value, known in (("--queue", queue, QUEUES), ("--kv-rule", kv_rule, KV_RULES)):
+        if value not in known:
+            _fail(f"{name} {value!r}: expected one of {', '.join(known)}")
     setup_logging(log_level)
     cl, cat = load_cluster(cluster), load_catalog(catalog)  # bad input fails before anything is written
     check_compatible(cl, cat)
@@ -392,9 +399,10 @@ def serve(
     auth = Auth.load(tokens)
     from .planner.core import lease_config
 
-    planner = LivePlanner(cl, cat, Store(db), profile=prof, queue=queue, config=lease_config(stage_host=stage_host))
+    planner = LivePlanner(cl, cat, Store(db), profile=prof, queue=queue, config=lease_config(stage_host=stage_host),
+                          kv_rule=kv_rule)
     err.print(f"planner on http://{host}:{port}: cluster {planner.cluster.name}, catalog {planner.catalog.name}, "
-              f"ledger {db} (plan version {planner.plan_version}, {len(planner.ops)} open ops)")
+              f"queue {queue}, tool-wait KV {kv_rule}, ledger {db} (plan version {planner.plan_version}, {len(planner.ops)} open ops)")
     uvicorn.run(create_app(planner, auth, tick_s=tick_s), host=host, port=port, log_level="warning")
 
 

@@ -160,6 +160,13 @@ def test_serve_rejects_a_bad_token_file(tmp_path):
     assert_clean_error(res, "tok.json", "tokens.0.token")
 
 
+@pytest.mark.parametrize("flag,value", [("--kv-rule", "keep"), ("--queue", "lifo")])
+def test_serve_rejects_an_unknown_kv_rule_or_queue_before_writing_anything(tmp_path, flag, value):
+    res = runner.invoke(app, ["serve", "--db", str(tmp_path / "sb.db"), flag, value])
+    assert_clean_error(res, flag, repr(value), "fcfs" if flag == "--queue" else "adaptive")
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("value,msg", [("soon", "expected seconds or 'none'"), ("-5", "must be >= 0")])
 def test_bad_admit_starve(tmp_path, value, msg):
     write(tmp_path)

@@ -22,6 +22,10 @@ from statebudget.models.load import parse_trace
 
 from helpers import toy_trace_jsonl, wait_until
 
+# One worker runs these one after another (`make test` passes --dist loadgroup): each times real
+# copies against the quotes, and two of them at once on 2 cores would measure each other.
+pytestmark = pytest.mark.xdist_group("e2e")
+
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = {"admin": "e2e-admin-0123456789", "runtime": "e2e-runtime-0123456789",
           "n0": "e2e-adapter-n0-0123456789", "n1": "e2e-adapter-n1-0123456789"}
@@ -170,6 +174,27 @@ def test_service_with_two_local_adapters_moves_real_bytes(stack):
     # (measured alone: 36/37 and better; with the rest of the suite on the same 2 cores the copies
     # run slower than the profile measured, so the bound leaves room)
     assert out["ready_when_promised"] >= 0.75 * out["promised_by_quote"], out
+    stuck = stack.ledger("SELECT COUNT(*) FROM ops WHERE status = 'failed'")[0][0]
+    assert stuck == 0, stack.ledger("SELECT op_id, reason FROM ops WHERE status = 'failed' LIMIT 5")
+
+
+def test_tool_wait_swaps_move_real_kv_bytes_to_host_and_back(stack):
+    # `serve --kv-rule swap`: each tool wait moves the program's KV out of the device arena into
+    # host DRAM as a background op, and the data plane really copies it; the books still agree.
+    stack.start_server("--kv-rule", "swap")
+    stack.start_adapters()
+    trace = parse_trace(toy_trace_jsonl(seed=5, hours=0.03), "toy trace")
+    out = asyncio.run(Driver(stack.url, TOKENS["runtime"], speed=30.0, call_s=0.02).replay(trace))
+    assert out["n_errors"] == 0, out["errors"]
+    wait_until(stack.drained, 60, "the adapters to drain the plan")
+    books = _check_books(stack)
+    ops = [(json.loads(o), st) for o, st in stack.ledger("SELECT op, status FROM ops")]
+    swaps = [o for o, st in ops if o["object"][0] == "kv" and o["background"] and o["dst"].startswith("host:")
+             and st == "done"]
+    actions = stack.admin("/v1/residency")["tool_wait_kv"]["actions"]
+    print("e2e swap:", json.dumps({"swaps_done": len(swaps), "actions": actions, **books}))
+    assert actions.get("swap", 0) >= len(swaps) > 0 and set(actions) == {"swap"}
+    assert not [o for o, _ in ops if o["background"] and o["object"][0] != "kv"]  # only tool-wait KV swaps
     stuck = stack.ledger("SELECT COUNT(*) FROM ops WHERE status = 'failed'")[0][0]
     assert stuck == 0, stack.ledger("SELECT op_id, reason FROM ops WHERE status = 'failed' LIMIT 5")
 

@@ -4,7 +4,7 @@ Handlers are `async` and run on one event loop thread: the planner and its SQLit
 touched by one request at a time, in order, and each request is one transaction committed before
 its answer. The planning loop wakes when events arrive, waits `coalesce_s` for the events that
 come with them, and takes one planning step for all (and every `tick_s` regardless, to expire
-leases and follow the predictor). Long polls wait on the plan version.
+leases and follow the predictor, or sooner when a tool-wait KV timer is due). Long polls wait on the plan version.
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ class Service:
     async def planning_loop(self) -> None:
         wake = self._wake
         while True:
+            due = self.planner.due_in()  # a tool-wait KV timer may come before the next tick
             try:
-                await asyncio.wait_for(wake.wait(), self.tick_s)
+                await asyncio.wait_for(wake.wait(), self.tick_s if due is None else min(self.tick_s, max(due, 0.0)))
                 await asyncio.sleep(self.coalesce_s)  # gather the events that arrive together
             except TimeoutError:
                 pass

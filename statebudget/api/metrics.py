@@ -22,6 +22,8 @@ class ServiceMetrics(Telemetry):
                                 ["handoff"], buckets=_STALL, registry=r)
         self.events = Counter("statebudget_events", "runtime events by type", ["type"], registry=r)
         self.ops = Counter("statebudget_ops", "ops closed by status", ["status"], registry=r)
+        self.kv_actions = Counter("statebudget_kv_actions", "tool-wait KV decisions by rule (preserve, swap, discard)",
+                                  ["rule"], registry=r)
         self.open_ops = Gauge("statebudget_open_ops", "ops created and not yet closed", registry=r)
         self.plan_version = Gauge("statebudget_plan_version", "current plan version", registry=r)
 
@@ -43,3 +45,6 @@ class ServiceMetrics(Telemetry):
 
     def op(self, status: str) -> None:
         self.ops.labels(status).inc()
+
+    def kv_action(self, rule: str) -> None:
+        self.kv_actions.labels(rule).inc()

@@ -43,6 +43,21 @@ class OpResult(BaseModel):
     error: str = ""
 
 
+def run_order(ops: list[Op]) -> list[Op]:
+    """The order to run one poll's ops in: the plan's, except that background ops (tool-wait KV
+    swaps) go after the foreground ones, which they must not delay. An op on an object that a
+    deferred background op moves stays behind that op, so one object's ops keep their order."""
+    fg, bg, deferred = [], [], set()
+    for op in ops:
+        key = tuple(op.object)
+        if op.background or key in deferred:
+            bg.append(op)
+            deferred.add(key)
+        else:
+            fg.append(op)
+    return fg + bg
+
+
 def tier_kind(tier: str) -> str:
     """`gpu:0,1` -> `gpu`, `host:n0` -> `host`, `none` -> `none`."""
     return tier.partition(":")[0]
@@ -120,7 +135,7 @@ class Adapter(ABC):
                 del self._unsettled[op_id]
                 if self.reported[op_id].status == "done":
                     self.commit(op) if status == 200 else self.abort(op)
-        for op in ops:
+        for op in run_order(ops):
             result = self.reported.get(op.op_id)
             if result is None:
                 t0 = time.perf_counter()

@@ -22,6 +22,8 @@ The simulator plans at every event; here `plan_on_events` is off and the service
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -40,7 +42,7 @@ from ..sim.policies.ours import StateBudgetLease
 from ..solvers.costs import CostModel
 from .core import PlannerConfig
 from .leases import Lease, LeaseRequest, LeaseState, Quote
-from .programs import QUEUES, queue_key
+from .programs import QUEUES, ToolWaitKV, queue_key
 from .ledger import Store
 from .view import ResidencyView
 
@@ -69,6 +71,7 @@ class Telemetry:
     def stall(self, seconds: float, handoff: bool) -> None: ...
     def event(self, kind: str) -> None: ...
     def op(self, status: str) -> None: ...
+    def kv_action(self, rule: str) -> None: ...
 
 
 def gpu_tier(group) -> str:
@@ -119,14 +122,17 @@ class OpRec:
 class LivePlanner(ResidencyView):
     def __init__(self, cluster: Cluster, catalog: Catalog, store: Store | None = None, clock=time.time,
                  profile: dict | None = None, telemetry: Telemetry | None = None, queue: str = "fcfs",
-                 config: PlannerConfig | None = None):
+                 config: PlannerConfig | None = None, kv_rule: str = "preserve"):
         """`queue`: the discipline whose priority `call_arrived` answers (fcfs, plas, atlas), for
         the runtime to pass to its engine (vLLM's `priority`, lower first). `config`: the planner's
-        knobs (e.g. `stage_host=False` for engines that cannot stage weights into host DRAM)."""
+        knobs (e.g. `stage_host=False` for engines that cannot stage weights into host DRAM).
+        `kv_rule`: what happens to a program's KV in HBM while it waits on a tool (preserve, swap,
+        discard, adaptive: the simulator's `ToolWaitKV`, carried out as ops)."""
         self.config = config
         if queue not in QUEUES:
             raise ValueError(f"unknown queue discipline {queue!r} (known: {', '.join(QUEUES)})")
         self.queue = queue
+        self.kvw = ToolWaitKV(kv_rule)  # what it learns outlives a PUT /v1/cluster, not a restart
         self.store = store or Store(":memory:")
         self.clock = clock
         self.telemetry = telemetry or Telemetry()
@@ -161,6 +167,11 @@ class LivePlanner(ResidencyView):
         self.catalog_epoch = 1
         self._op_seq = 0
         self.plan_due = False
+        # Tool-wait KV timers (not kept on disk: after a restart a suspended KV is left to the budget):
+        self.kv_timers: list = []   # heap of (at, seq, "recheck" | "swap_in", program, since, key, group)
+        self.kv_waits: dict[str, float | None] = {}  # program -> the predicted wait of its running tool
+        self.swap_in_after: dict[tuple, tuple] = {}  # KV key -> (program, since, group): swap in once written
+        self._timer_seq = itertools.count()
         self.stock_model_store(preload=False)
 
     @property
@@ -262,6 +273,8 @@ class LivePlanner(ResidencyView):
         rec.calls[ev["call"]] = {"model": model, "status": "arrived", "arrived_s": self.now, "group": None,
                                  "handoff": rec.last_model is not None and rec.last_model != model, "attempt": attempt,
                                  "path_in_s": path_in, "service_s": service}
+        if self.kvw.pending:
+            self.kvw.outcome(kv_key(rec.program, model), True)
         self.policy.on_call_arrive(self, _Call(rec.program, ev["call"], model, ev.get("context_tokens", 0),
                                                ev.get("output_tokens", 0)))
         self._save_program(rec)
@@ -289,6 +302,7 @@ class LivePlanner(ResidencyView):
                     c.pins += 1
                     c.used = True
                     c.last_use = self.now
+                    c.suspended_since = None
             self.policy.on_call_admitted(self, _Call(rec.program, ev["call"], model))
         self._save_program(rec)
         return {"call": ev["call"], "status": "started", "stall_s": stall,
@@ -357,6 +371,7 @@ class LivePlanner(ResidencyView):
             rec.tools_over.append(rec.tool[2])  # a retry supersedes the running tool call
         rec.tool = [ev["tool"], self.now, tid]
         self._apply(self.policy.on_tool_start(self, _Prog(rec.program, rec.tenant), None, ev["tool"]))
+        self._tool_wait_kv(rec)
         self._save_program(rec)
         return {"tool": ev["tool"], "status": "started"}
 
@@ -370,7 +385,10 @@ class LivePlanner(ResidencyView):
         duration = float(duration) if duration is not None else self.now - since
         if rec.tool is not None and rec.tool[2] is not None:
             rec.tools_over.append(rec.tool[2])
+        if rec.tool is not None:
+            self.kvw.ended(rec.tool[0], duration, self.kv_waits.pop(rec.program, None))
         rec.tool = None
+        self._end_suspensions(rec.program)
         self.policy.on_tool_end(self, _Prog(rec.program, rec.tenant), None, tool, duration)
         self._save_program(rec)
         return {"tool": tool, "status": "finished", "duration_s": duration}
@@ -398,8 +416,11 @@ class LivePlanner(ResidencyView):
             self._unpin(rec, call)
             if call["status"] in ("arrived", "started"):
                 call["status"] = status
+        self.kv_waits.pop(rec.program, None)
         for m in self.catalog.models:
             kvk = kv_key(rec.program, m.name)
+            self.kvw.outcome(kvk, False)
+            self.swap_in_after.pop(kvk, None)
             decisions += self._drop_all(kvk)
             if self.kv_tokens.pop(kvk, None) is not None:
                 self.store.delete_kv(rec.program, m.name)
@@ -427,6 +448,93 @@ class LivePlanner(ResidencyView):
             for (k, node) in [x for x in self.tiers.nvme if x[0] == kvk]:
                 self.tiers.remove_nvme(kvk, node)
         return out
+
+    # ---- tool waits: what happens to the program's KV (seed 003 §10-§12, §21; the simulator's rule) --
+    def _busy(self, rec: ProgramRec) -> bool:
+        return any(c["status"] in ("arrived", "started") for c in rec.calls.values())
+
+    def _kv_copies(self, program: str) -> list[GpuCopy]:
+        """The program's KV copies in HBM that are ready and that no running call pins."""
+        out = []
+        for m in self.catalog.models:
+            kvk = kv_key(program, m.name)
+            out += [c for g in sorted(self.tiers.groups_of.get(kvk, ())) if (c := self.tiers.gpu[(kvk, g)]).ready
+                    and not c.pins]
+        return out
+
+    def _tool_wait_kv(self, rec: ProgramRec) -> None:
+        """A tool started: the rule for each KV copy of the program, unless another of its calls
+        still runs (then its KV is not suspended)."""
+        tool, since, _ = rec.tool
+        predicted = self.kv_waits[rec.program] = self.kvw.started(tool)
+        if self._busy(rec):
+            return
+        copies = self._kv_copies(rec.program)
+        for kvk in sorted({c.key for c in copies}):
+            self.kvw.suspended(kvk, tool)
+        for c in copies:
+            self._suspend_kv(rec, c, predicted)
+
+    def _suspend_kv(self, rec: ProgramRec, c: GpuCopy, predicted: float | None) -> None:
+        tool, since, _ = rec.tool
+        act = self.kvw.decide_copy(self, tool, c, predicted, since)
+        self.telemetry.kv_action(act.rule)
+        if act.rule == "preserve":
+            if c.suspended_since is None:
+                c.suspended_since = self.now
+            if act.recheck_at is not None:
+                self._kv_timer(act.recheck_at, "recheck", rec, c)
+        elif act.rule == "swap":
+            self._demote(c.key, c.group, "host", background=True)
+            if act.swap_in_at is not None:
+                self._kv_timer(act.swap_in_at, "swap_in", rec, c)
+        else:
+            self._demote(c.key, c.group, "none")
+
+    def _kv_timer(self, at: float, kind: str, rec: ProgramRec, c: GpuCopy) -> None:
+        heapq.heappush(self.kv_timers, (at, next(self._timer_seq), kind, rec.program, rec.tool[1], c.key, c.group))
+
+    def due_in(self) -> float | None:
+        """Seconds until the next tool-wait KV timer (the service's loop wakes for it), or None."""
+        return self.kv_timers[0][0] - self.now if self.kv_timers else None
+
+    def _kv_due(self) -> None:
+        """Timers that are due: a preserved KV whose TTL ran out is judged again on the wait still
+        expected; a swapped-out KV comes back before the predicted return. Both only while the
+        same tool wait goes on."""
+        while self.kv_timers and self.kv_timers[0][0] <= self.now:
+            _, _, kind, program, since, kvk, group = heapq.heappop(self.kv_timers)
+            rec = self.programs.get(program)
+            if rec is None or rec.status != "running" or rec.tool is None or rec.tool[1] != since:
+                continue
+            if kind == "swap_in":
+                self._kv_back(program, since, kvk, group)
+                continue
+            c = self.tiers.gpu.get((kvk, group))
+            if c is None or c.suspended_since is None or c.pins or not c.ready or self._busy(rec):
+                continue
+            self._suspend_kv(rec, c, self.kvw.remaining(rec.tool[0], self.now - since))
+
+    def _kv_back(self, program: str, since: float, kvk, group) -> None:
+        """Swap a KV back in from host DRAM as a background op that evicts nothing; once the
+        swap-out is written if it is still on its way."""
+        rec = self.programs.get(program)
+        if rec is None or rec.tool is None or rec.tool[1] != since or kvk not in self.kv_tokens or \
+                (kvk, group) in self.tiers.gpu:
+            return
+        hc = self.tiers.host.get((kvk, self.gpus[group[0]].node))
+        if hc is None:
+            return
+        if not hc.ready:
+            self.swap_in_after[kvk] = (program, since, group)
+            return
+        self._promote(kvk, group, background=True)
+
+    def _end_suspensions(self, program: str) -> None:
+        for m in self.catalog.models:
+            kvk = kv_key(program, m.name)
+            for g in self.tiers.groups_of.get(kvk, ()):
+                self.tiers.gpu[(kvk, g)].suspended_since = None
 
     # ---- leases -----------------------------------------------------------------------------------
     def submit_lease(self, tenant: str, body: dict) -> dict:
@@ -535,6 +643,7 @@ class LivePlanner(ResidencyView):
         with self.store.tx():
             self.ledger.expire(self.now)
             n = self._op_seq
+            self._kv_due()
             self._apply(self.policy.on_tick(self))
             self._flush()
         self.plan_due = False
@@ -557,7 +666,8 @@ class LivePlanner(ResidencyView):
             else:
                 raise ValueError(f"unknown decision {d[0]!r}")
 
-    def _promote(self, key, group, lease_id=None) -> None:
+    def _promote(self, key, group, lease_id=None, background: bool = False) -> None:
+        """A copy into HBM; `background` (a tool-wait swap-in) takes only free HBM."""
         existing = self.tiers.gpu.get((key, group))
         if existing is not None:
             if lease_id is not None:
@@ -570,7 +680,7 @@ class LivePlanner(ResidencyView):
         per_gpu = self.size_of(key) / len(group)
         victims = self.plan_eviction(group, per_gpu, protect={(key, group)},
                                      allow=lambda v: self.policy.may_evict_for_prefetch(self, v, key))
-        if victims is None:
+        if victims is None or (background and victims):
             return
         for v in victims:
             self._demote(v.key, v.group, self.policy.demote_tier(self, v))
@@ -582,7 +692,7 @@ class LivePlanner(ResidencyView):
         self.tiers.add_gpu_copy(c)
         lease = self.ledger.leases.get(lease_id) if lease_id else None
         node = self.gpus[group[0]].node
-        self._new_op("promote", key, src, gpu_tier(group), per_gpu * len(group), node, lease)
+        self._new_op("promote", key, src, gpu_tier(group), per_gpu * len(group), node, lease, background)
         self._save_gpu(c)
 
     def _promote_host(self, key, node) -> None:
@@ -595,7 +705,7 @@ class LivePlanner(ResidencyView):
         self._new_op("promote", key, f"nvme:{node}", f"host:{node}", nbytes, node)
         self._save_host(hc)
 
-    def _demote(self, key, group, to: str) -> None:
+    def _demote(self, key, group, to: str, background: bool = False) -> None:
         c = self.tiers.gpu.get((key, group))
         if c is None or c.pins > 0 or not c.ready:
             return
@@ -611,18 +721,21 @@ class LivePlanner(ResidencyView):
                 dst = f"host:{node}"
         self.tiers.remove_gpu_copy(c)
         self.store.delete_copy(key, gpu_tier(group))
-        op = self._new_op("demote" if dst != "none" else "drop", key, gpu_tier(group), dst, c.nbytes, node)
+        op = self._new_op("demote" if dst != "none" else "drop", key, gpu_tier(group), dst, c.nbytes, node,
+                          background=background and dst != "none")
         if dst != "none":
             hc = self.tiers.host[(key, node)]
             if not hc.ready:
                 self.writer[(key, dst)] = op.op_id
                 self._save_host(hc, op.op_id)
 
-    def _new_op(self, kind: str, key, src: str, dst: str, nbytes: float, node: str, lease: Lease | None = None) -> Op:
+    def _new_op(self, kind: str, key, src: str, dst: str, nbytes: float, node: str, lease: Lease | None = None,
+                background: bool = False) -> Op:
         self._op_seq += 1
         op = Op(op_id=f"op{self._op_seq}", kind=kind, object=[str(x) for x in key], src=src, dst=dst, bytes=nbytes,
                 epoch=self.epoch_of(key), version=self.version_of(key),
-                deadline=lease.request.deadline_s if lease else None, lease_id=lease.lease_id if lease else None)
+                deadline=lease.request.deadline_s if lease else None, lease_id=lease.lease_id if lease else None,
+                background=background)
         self._bump()  # an adapter long-polling the plan must see it
         rec = self.ops[op.op_id] = OpRec(op, node, plan_version=self.plan_version)
         self._on_link(op, +1)
@@ -700,6 +813,9 @@ class LivePlanner(ResidencyView):
             hc = self.tiers.host[(key, op.dst.split(":", 1)[1])]
             hc.ready = True
             self._save_host(hc)
+            if key in self.swap_in_after:  # a tool-wait swap-in waited for this swap-out
+                program, since, group = self.swap_in_after.pop(key)
+                self._kv_back(program, since, key, group)
         links = self._op_links(op)
         moved = float(result.get("bytes", op.bytes))
         for link, b in links.items():  # the bytes really copied (0 if the target already held them)
@@ -798,7 +914,10 @@ class LivePlanner(ResidencyView):
                            "version": self.version_of(key), "pins": 0})
         return {"plan_version": self.plan_version, "copies": copies, "open_ops": len(self.ops),
                 "programs": Counter(r.status for r in self.programs.values()), "leases": self.ledger.counts(),
-                "kv_tokens": {f"{k[1]}/{k[2]}": t for k, t in self.kv_tokens.items()}}
+                "kv_tokens": {f"{k[1]}/{k[2]}": t for k, t in self.kv_tokens.items()},
+                "tool_wait_kv": {"rule": self.kvw.rule, "actions": dict(self.kvw.actions),
+                                 "suspended": sorted(f"{k[1]}/{k[2]}" for (k, _), c in self.tiers.gpu.items()
+                                                     if c.suspended_since is not None)}}
 
     # ---- durability ---------------------------------------------------------------------------------
     def _save_meta(self) -> None:

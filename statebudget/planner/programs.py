@@ -223,6 +223,16 @@ class ToolWaitKV:
             return KvAction("swap", swap_in_at=back)
         return KvAction("discard")
 
+    def decide_copy(self, view, tool: str, copy, predicted: float | None, since: float) -> KvAction:
+        """`decide` for a KV copy in a mechanism's books (`view`: the simulator or the live
+        planner): its GPUs' HBM, their host link and the recompute time from the one cost model."""
+        kvk, g = copy.key, copy.group
+        m = view.catalog.by_name[kvk[2]]
+        return self.decide(tool, kvk[2], copy.nbytes, predicted, sum(view.tiers.hbm_cap[i] for i in g),
+                           view.cost.link_bw[f"h2d:{view.gpus[g[0]].id}"] * len(g),
+                           view.cost.prefill_s(m, view.kv_tokens.get(kvk, 0), g), view.now, since,
+                           copy.suspended_since is not None)
+
     def ended(self, tool: str, waited_s: float, predicted: float | None) -> None:
         """A tool wait ended after `waited_s`; `predicted` is what `started` said of it."""
         self.waits.observe(tool, waited_s)

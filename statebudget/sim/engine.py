@@ -910,12 +910,7 @@ class Simulator(ResidencyView):
 
     def _suspend_kv(self, pr: ProgRun, nid: str, copy: GpuCopy, predicted: float | None) -> None:
         """Apply the tool-wait rule to one KV copy; `predicted` is the wait still expected (adaptive)."""
-        kvk, g = copy.key, copy.group
-        pcie = self.cost.link_bw[f"h2d:{self.gpus[g[0]].id}"] * len(g)
-        m = self.catalog.by_name[kvk[2]]
-        act = self.kvw.decide(pr.tools[nid], kvk[2], copy.nbytes, predicted, sum(self.tiers.hbm_cap[i] for i in g),
-                              pcie, self.cost.prefill_s(m, self.kv_tokens.get(kvk, 0), g), self.now,
-                              pr.tool_wait[nid][0], copy.suspended_since is not None)
+        act = self.kvw.decide_copy(self, pr.tools[nid], copy, predicted, pr.tool_wait[nid][0])
         if act.rule == "preserve":
             if copy.suspended_since is None:
                 copy.suspended_since = self.now
@@ -924,7 +919,7 @@ class Simulator(ResidencyView):
         elif act.rule == "swap":
             self._evict(copy, "host", weight=KV_SWAP_SHARE)
             if act.swap_in_at is not None:
-                self.push(act.swap_in_at, PRIO_TIMER, self._kv_back, (pr, nid, kvk, g))
+                self.push(act.swap_in_at, PRIO_TIMER, self._kv_back, (pr, nid, copy.key, copy.group))
         else:
             self._evict(copy, "none")
 

@@ -1,0 +1,212 @@
+"""The service's tool-wait KV decisions (seed 003 §10-§12, §21-§22): the simulator's `ToolWaitKV`,
+carried out by the live planner as ops. A fake clock drives its timers."""
+
+import pytest
+
+from helpers import call, catalog, cluster, program, tool, trace
+from statebudget.engine_adapters.base import run_order
+from statebudget.models.load import load_catalog, load_cluster
+from statebudget.models.plan import Op
+from statebudget.planner.live import LivePlanner
+from statebudget.planner.predictor import ToolWaitModel
+from statebudget.sim.engine import Simulator
+from statebudget.sim.policies import make_policy
+
+KV = ("kv", "p1", "planner")
+TOKENS = 20_000
+KV_BYTES = TOKENS * 4096  # the toy planner's KV
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def planner(rule, waits=None):
+    clock = Clock()
+    p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock, kv_rule=rule)
+    if waits is not None:
+        p.kvw.waits = ToolWaitModel(waits)
+    return p, clock
+
+
+def done(p, rec):
+    return p.report(rec.node, rec.op.op_id, {"status": "done", "version": rec.op.version, "epoch": rec.op.epoch,
+                                             "checksum": "c"})
+
+
+def kv_ops(p):
+    return [r for r in p.ops.values() if tuple(r.op.object) == KV]
+
+
+def after_a_call(p, clock, tokens=TOKENS):
+    """p1 ran one planner call whose KV stays in HBM; the engine reported every op it was given."""
+    p.event("a", {"type": "program_started", "program": "p1"})
+    p.event("a", {"type": "call_arrived", "program": "p1", "call": "c1", "model": "planner"})
+    p.event("a", {"type": "call_started", "program": "p1", "call": "c1"})
+    clock.t = 1.0
+    p.event("a", {"type": "call_finished", "program": "p1", "call": "c1", "tokens": tokens})
+    for rec in list(p.ops.values()):
+        done(p, rec)
+    (group,) = p.tiers.groups_of[KV]
+    assert p.tiers.gpu[(KV, group)].ready
+    return group
+
+
+def start_tool(p, tool_name="build", tid="t1"):
+    p.event("a", {"type": "tool_started", "program": "p1", "tool": tool_name, "call": tid})
+
+
+def test_swap_moves_the_kv_to_host_in_the_background_and_discard_drops_it():
+    for rule, kind, dst in (("swap", "demote", "host:"), ("discard", "drop", "none")):
+        p, clock = planner(rule)
+        group = after_a_call(p, clock)
+        start_tool(p)
+        (rec,) = kv_ops(p)
+        assert (rec.op.kind, rec.op.src, rec.op.dst.startswith(dst)) == (kind, f"gpu:{group[0]}", True)
+        assert rec.op.background == (rule == "swap") and rec.op.bytes == pytest.approx(KV_BYTES)
+        assert (KV, group) not in p.tiers.gpu and p.kv_tokens[KV] == TOKENS  # the version stays: recompute it
+        assert p.residency()["tool_wait_kv"]["actions"] == {rule: 1}
+        done(p, rec)
+        if rule == "swap":
+            assert p.tiers.host[(KV, p.gpus[group[0]].node)].ready
+        p.tiers.check()
+
+
+def test_preserve_holds_the_kv_suspended_until_the_tool_returns():
+    p, clock = planner("preserve")
+    group = after_a_call(p, clock)
+    start_tool(p)
+    assert not kv_ops(p) and p.due_in() is None  # no op, and no timer: preserve never decides again
+    assert p.residency()["tool_wait_kv"]["suspended"] == ["p1/planner"]
+    clock.t = 30.0
+    p.tick()
+    assert p.tiers.gpu[(KV, group)].ready and not kv_ops(p)
+    p.event("a", {"type": "tool_finished", "program": "p1", "tool": "build", "call": "t1"})
+    assert p.residency()["tool_wait_kv"]["suspended"] == []
+
+
+def test_a_program_with_a_call_still_running_is_not_suspended():
+    p, clock = planner("swap")
+    after_a_call(p, clock)
+    p.event("a", {"type": "call_arrived", "program": "p1", "call": "c2", "model": "coder"})
+    p.event("a", {"type": "call_started", "program": "p1", "call": "c2"})
+    start_tool(p)  # another thread's tool: the program still computes
+    assert not kv_ops(p) and p.kvw.actions == {}
+
+
+def test_adaptive_preserves_a_short_wait_then_swaps_when_it_runs_long_and_swaps_back_before_the_return():
+    # The tool usually takes 50 ms: holding 20 % of the GPU that long costs less than the round
+    # trip over PCIe. This one goes on: at the TTL the rule decides again on the wait still
+    # expected, moves the KV out, and brings it back ahead of the predicted return.
+    p, clock = planner("adaptive", waits={"quick": (0.05, 1.5)})
+    group = after_a_call(p, clock)
+    start_tool(p, "quick")
+    assert not kv_ops(p) and p.kvw.actions == {"preserve": 1}
+    ttl = p.due_in()
+    assert ttl == pytest.approx(p.kvw.started("quick"))
+    clock.t += ttl / 2
+    p.tick()
+    assert not kv_ops(p)  # not yet due
+    rechecks = 0
+    while not kv_ops(p):  # each re-check at least doubles the wait so far, until it swaps
+        clock.t += p.due_in()
+        p.tick()
+        rechecks += 1
+        assert rechecks < 20
+    (out,) = kv_ops(p)
+    assert out.op.kind == "demote" and out.op.background and p.kvw.actions["swap"] == 1
+    assert p.kvw.actions["preserve"] == 1  # a TTL that keeps it preserved is no new action
+    back_in = p.due_in()
+    assert back_in is not None and back_in >= 0
+    clock.t += back_in
+    p.tick()
+    assert kv_ops(p) == [out]  # the swap-out is still being written: the swap-in waits for it
+    done(p, out)
+    (back,) = kv_ops(p)
+    assert (back.op.kind, back.op.src, back.op.dst, back.op.background) == \
+        ("promote", out.op.dst, f"gpu:{group[0]}", True)
+    done(p, back)
+    assert p.tiers.gpu[(KV, group)].ready
+    p.tiers.check()
+
+
+def test_adaptive_learns_from_the_service_that_programs_do_not_come_back_to_their_kv():
+    # Each program: a call on m, a tool, then the program ends without using that KV again. The
+    # rule starts by swapping it (prior: it resumes) and turns to discarding it (the simulator's
+    # test_adaptive_learns_to_discard_kv_its_programs_never_resume, through the service's events).
+    clock = Clock()
+    p = LivePlanner(cluster(hbm_gb=40.0, tflops=10.0), catalog(("m", 10.0, 1_000_000)), clock=clock,
+                    kv_rule="adaptive")
+    for i in range(12):
+        prog = f"q{i}"
+        p.event("a", {"type": "program_started", "program": prog})
+        p.event("a", {"type": "call_arrived", "program": prog, "call": "c1", "model": "m"})
+        p.event("a", {"type": "call_started", "program": prog, "call": "c1"})
+        p.event("a", {"type": "call_finished", "program": prog, "call": "c1", "tokens": 5_000})
+        p.event("a", {"type": "tool_started", "program": prog, "tool": "build"})
+        p.event("a", {"type": "tool_finished", "program": prog, "tool": "build", "duration_s": 30.0})
+        p.event("a", {"type": "program_finished", "program": prog})
+        for rec in list(p.ops.values()):
+            done(p, rec)
+        clock.t += 40.0
+    assert p.kvw.actions["swap"] >= 1
+    assert p.kvw.resume.p("build", "m") < 0.3
+    assert p.kvw.actions["discard"] >= 6  # it stopped paying for a swap nobody comes back to
+    assert len(p.kvw.ttl_errors) == 12
+
+
+def test_a_cancel_during_a_swap_leaves_nothing_behind():
+    p, clock = planner("adaptive", waits={"build": (30.0, 0.5)})
+    after_a_call(p, clock)
+    start_tool(p)
+    (out,) = kv_ops(p)
+    assert p.due_in() is not None  # a swap-in is planned
+    p.event("a", {"type": "program_cancelled", "program": "p1"})
+    assert out.op.op_id not in p.ops  # the swap-out is cancelled ...
+    (drop,) = kv_ops(p)  # ... and its source, still in HBM, must go
+    assert (drop.op.kind, drop.op.src, drop.op.dst) == ("drop", out.op.src, "none")
+    done(p, drop)
+    clock.t += 100.0
+    p.tick()  # the swap-in timer fires into a cancelled program: nothing
+    assert not kv_ops(p) and KV not in p.kv_tokens
+    assert not [k for k in p.tiers.host if k[0] == KV] and KV not in p.tiers.groups_of
+    p.tiers.check()
+
+
+def test_the_service_and_the_simulator_decide_alike():
+    # One interrupt of one KV on one GPU, in both mechanisms, with the same learned tool waits:
+    # the same rule, for the same sizes and links.
+    cl, cat = cluster(hbm_gb=40.0, tflops=10.0), catalog(("m", 10.0, 1_000_000))
+    seen = []
+    for waits in ({"build": (1.0, 0.5)}, {"build": (60.0, 0.5)}):
+        nodes = [call("a", "m", ctx=5_000, out=0), tool("t", ["a"], duration=2.0, name="build"),
+                 call("b", "m", ["t"], ctx=5_000, out=0)]
+        sim = Simulator(cl, cat, trace(program("p1", nodes)), make_policy("lru-keepwarm"), kv_rule="adaptive")
+        sim.kvw.waits = ToolWaitModel(dict(waits))
+        res = sim.run()
+        clock = Clock()
+        live = LivePlanner(cl, cat, clock=clock, kv_rule="adaptive")
+        live.kvw.waits = ToolWaitModel(dict(waits))
+        live.event("a", {"type": "program_started", "program": "p1"})
+        live.event("a", {"type": "call_arrived", "program": "p1", "call": "a", "model": "m"})
+        live.event("a", {"type": "call_started", "program": "p1", "call": "a"})
+        live.event("a", {"type": "call_finished", "program": "p1", "call": "a", "tokens": 5_000})
+        live.event("a", {"type": "tool_started", "program": "p1", "tool": "build"})
+        assert +live.kvw.actions == +res.kv_actions
+        seen.append(dict(+res.kv_actions))
+    assert seen == [{"preserve": 1}, {"swap": 1}]  # both branches of the rule were compared
+
+
+def test_run_order_puts_background_ops_last_but_keeps_one_objects_ops_in_order():
+    def op(i, obj, background=False):
+        return Op(op_id=f"op{i}", kind="promote", object=list(obj), src="host:n0", dst="gpu:0", bytes=1.0,
+                  background=background)
+
+    ops = [op(1, KV, True), op(2, ("w", "coder")), op(3, KV), op(4, ("kv", "p2", "coder"), True), op(5, ("w", "a"))]
+    assert [o.op_id for o in run_order(ops)] == ["op2", "op5", "op1", "op3", "op4"]
+    fg = [op(1, ("w", "a")), op(2, ("w", "b"))]
+    assert run_order(fg) == fg

@@ -1,7 +1,8 @@
 """Tool-wait KV rules (issue 5): preserve, swap, discard and adaptive on mixed-tenants and
 mapreduce, hetero16 + agent-team, seeds 1-3, at the preset load and at `--load` times it; a
 process pool. Prints means: programs/hour, suspended-KV TB*s held in HBM, recomputed tokens,
-program latency p95.
+program latency p95; then adaptive's programs/hour paired seed by seed against each rule and
+against each seed's best rule (`paired.py`).
 
     python benchmarks/bench_kv_rules.py [--seeds 1,2,3] [--hours 1] [--loads 1,4] [--json out/bench_kv_rules.json]
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from paired import fmt, paired_change
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.sim.runner import replay
 from statebudget.traces.generators import generate
@@ -52,9 +54,22 @@ def main():
                 print(f"{t:14} {load:>4g} {rule:9} {np.mean([r['programs_per_hour'] for r in sel]):>11.3f} "
                       f"{np.mean([r['kv_hbm_tb_s'] for r in sel]):>15.3f} {np.mean([r['recomputed_tokens'] for r in sel]):>15.0f} "
                       f"{np.mean([r['program_latency_p95'] for r in sel]):>14.1f}")
+    seeds = [int(s) for s in a.seeds.split(",")]
+    paired = {}
+    print("\nadaptive's programs/hour paired against each rule, and against the best rule of each seed")
+    print("(mean change, bootstrap 95 % interval; 'lower on' counts the seeds where adaptive is below):")
+    for t in ("mixed-tenants", "mapreduce"):
+        for load in sorted({r["load"] for r in rows}):
+            pph = {(r["rule"], r["seed"]): r["programs_per_hour"] for r in rows if r["trace"] == t and r["load"] == load}
+            ours = [pph[("adaptive", s)] for s in seeds]
+            bases = {rule: [pph[(rule, s)] for s in seeds] for rule in RULES[:-1]}
+            bases["best"] = [max(pph[(rule, s)] for rule in RULES[:-1]) for s in seeds]
+            for rule, base in bases.items():
+                c = paired[f"{t} {load:g} {rule}"] = paired_change(base, ours)
+                print(f"  {t:14} {load:>4g} vs {rule:9} {fmt(c)}")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(rows, indent=1) + "\n")
+        a.json.write_text(json.dumps({"rows": rows, "paired": paired}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """Queue disciplines under compute contention (issue 5): fcfs, plas and atlas on mixed-tenants and
 mapreduce at 8x their preset load on hetero16, with one prefill slot per GPU (calls queue for
 compute; with the default compute model they never do and the disciplines tie). Seeds 1-3, a
-process pool; prints per-seed rows and the means, and the largest overtaking window seen.
+process pool; prints the means, the largest overtaking window seen, and plas and atlas paired
+against fcfs seed by seed (mean change with a bootstrap 95 % interval: `paired.py`).
 
-    python benchmarks/bench_queues.py [--seeds 1,2,3] [--hours 1] [--load 8] [--admit-starve 60|none] [--json out/bench_queues.json]
+    python benchmarks/bench_queues.py [--seeds 1,2,3] [--traces mixed-tenants,mapreduce] [--hours 1] [--load 8]
+        [--prefill-slots 1|none] [--max-batch 32] [--admit-starve 60|none] [--json out/bench_queues.json]
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from paired import fmt, paired_change
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.planner.programs import overtaking_window_s, parse_admit_starve
 from statebudget.sim.runner import replay
@@ -59,6 +62,7 @@ def run(args) -> list[dict]:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--traces", default="mixed-tenants,mapreduce", help="trace presets, e.g. long-tail")
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--load", type=float, default=8.0)
     ap.add_argument("--prefill-slots", default="1", help="prefills a GPU runs at once, or 'none' (no limit)")
@@ -68,20 +72,32 @@ def main():
     a = ap.parse_args()
     slots = None if a.prefill_slots == "none" else int(a.prefill_slots)
     starve = parse_admit_starve(a.admit_starve)
-    jobs = [(t, int(s), a.hours, a.load, slots, a.max_batch, starve) for t in ("mixed-tenants", "mapreduce") for s in a.seeds.split(",")]
+    traces = a.traces.split(",")
+    jobs = [(t, int(s), a.hours, a.load, slots, a.max_batch, starve) for t in traces for s in a.seeds.split(",")]
     with ProcessPoolExecutor() as pool:
         rows = [r for rs in pool.map(run, jobs) for r in rs]
     keys = ["program_latency_p50", "program_latency_mean", "program_latency_p95", "slowdown_p99", "slowdown_max", "max_wait_max", "ttft_p95", "programs_per_hour",
             "overtaking_vs_window"]
     print("trace          spec                  " + "  ".join(f"{k:>20}" for k in keys))
-    for t in ("mixed-tenants", "mapreduce"):
+    for t in traces:
         for spec in SPECS:
             sel = [r for r in rows if r["trace"] == t and r["spec"] == spec]
             means = [np.mean([r[k] for r in sel]) if k != "overtaking_vs_window" else max(r[k] for r in sel) for k in keys]
             print(f"{t:14} {spec:20} " + "  ".join(f"{m:>20.3f}" for m in means))
+    seeds = [int(s) for s in a.seeds.split(",")]
+    paired = {}
+    print("\npaired against fcfs over the seeds (mean change, bootstrap 95 % interval):")
+    for t in traces:
+        def per_seed(spec, key):
+            by = {r["seed"]: r[key] for r in rows if r["trace"] == t and r["spec"] == spec}
+            return [by[s] for s in seeds]
+        for spec in SPECS[1:]:
+            for key in ("program_latency_p95", "program_latency_mean", "slowdown_max"):
+                c = paired[f"{t} {spec} {key}"] = paired_change(per_seed(SPECS[0], key), per_seed(spec, key))
+                print(f"  {t:14} {spec:20} {key:22} {fmt(c)}")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(rows, indent=1) + "\n")
+        a.json.write_text(json.dumps({"rows": rows, "paired": paired}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

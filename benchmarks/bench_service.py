@@ -14,7 +14,7 @@ The client is a minimal HTTP/1.1 keep-alive writer on asyncio streams: httpx wou
 than the server on a 2-core machine and measure itself. Goal (issue 6): >= 2,000 events/s at
 p99 <= 20 ms on 2 cores.
 
-    python benchmarks/bench_service.py --seconds 10 --connections 8 [--json OUT]
+    python benchmarks/bench_service.py --seconds 10 --connections 8 [--kv-rule adaptive] [--json OUT]
 """
 
 from __future__ import annotations
@@ -127,6 +127,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--connections", type=int, default=8)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--kv-rule", default="preserve", help="serve --kv-rule: the tool-wait KV rule the events phase exercises")
     ap.add_argument("--port", type=int, help="drive a server already running there (token: bench-runtime-token-0123456789)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sb-bench-"))
@@ -137,7 +138,7 @@ def main() -> None:
     port = args.port or free_port()
     server = None if args.port else subprocess.Popen([sys.executable, "-m", "statebudget.cli", "serve", "--db", str(tmp / "sb.db"),
                                "--cluster", "hetero16", "--catalog", "toy", "--port", str(port),
-                               "--tokens", str(tmp / "tokens.json"), "--log-level", "warning"],
+                               "--tokens", str(tmp / "tokens.json"), "--kv-rule", args.kv_rule, "--log-level", "warning"],
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ})
     try:
         deadline = time.monotonic() + 60
@@ -149,7 +150,7 @@ def main() -> None:
                 if (server is not None and server.poll() is not None) or time.monotonic() > deadline:
                     raise SystemExit(f"server did not start: {server.stderr.read().decode()[-2000:]}")
                 time.sleep(0.1)
-        out = {"cores": os.cpu_count(), "connections": args.connections, "seconds": args.seconds,
+        out = {"cores": os.cpu_count(), "connections": args.connections, "seconds": args.seconds, "kv_rule": args.kv_rule,
                "events": asyncio.run(phase(events_worker, port, token, args.connections, args.seconds)),
                "leases": asyncio.run(phase(leases_worker, port, token, args.connections, args.seconds))}
     finally:

@@ -61,7 +61,7 @@ def _guard(fn):
 @trace_app.command("gen")
 @_guard
 def trace_gen(
-    preset: Annotated[str, typer.Option(help="swe-team | swe-team-shuffled | mapreduce | mixed-tenants")],
+    preset: Annotated[str, typer.Option(help="swe-team | swe-team-shuffled | mapreduce | mixed-tenants | long-tail")],
     out: Annotated[Path, typer.Option(help="JSONL file to write")],
     seed: Annotated[int, typer.Option()] = 1,
     hours: Annotated[float, typer.Option(help="trace length; fractions allowed")] = 2.0,

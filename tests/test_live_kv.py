@@ -1,6 +1,8 @@
 """The service's tool-wait KV decisions (seed 003 §10-§12, §21-§22): the simulator's `ToolWaitKV`,
 carried out by the live planner as ops. A fake clock drives its timers."""
 
+import time
+
 import pytest
 
 from helpers import call, catalog, cluster, program, tool, trace
@@ -210,3 +212,41 @@ def test_run_order_puts_background_ops_last_but_keeps_one_objects_ops_in_order()
     assert [o.op_id for o in run_order(ops)] == ["op2", "op5", "op1", "op3", "op4"]
     fg = [op(1, ("w", "a")), op(2, ("w", "b"))]
     assert run_order(fg) == fg
+
+
+def test_the_service_loop_wakes_for_a_ttl_without_any_event():
+    # The planning step comes every 60 s here, but the preserved KV's TTL is due in 0.1 s: the
+    # loop wakes for it, the rule decides again on the longer wait still expected, and the swap
+    # reaches the adapter's long poll with no further event.
+    from fastapi.testclient import TestClient
+
+    from statebudget.api.app import create_app
+    from statebudget.api.auth import Auth, TokenEntry
+
+    auth = Auth([TokenEntry(token="runtime-a-0123456789", role="runtime", tenant="a")] +
+                [TokenEntry(token=f"adapter-{n}-0123456789", role="adapter", node=n) for n in ("n0", "n1")])
+    p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), kv_rule="adaptive")
+    p.kvw.waits = ToolWaitModel({"quick": (0.1, 2.0)})
+    runtime = {"Authorization": "Bearer runtime-a-0123456789"}
+    with TestClient(create_app(p, auth, tick_s=60.0)) as c:
+        def ev(**body):
+            r = c.post("/v1/events", json={"program": "p1", **body}, headers=runtime)
+            assert r.status_code == 200, r.text
+            return r.json()
+        ev(type="program_started")
+        ev(type="call_arrived", call="c1", model="planner")
+        gpu = ev(type="call_started", call="c1")["group"]
+        ev(type="call_finished", call="c1", tokens=TOKENS)
+        ev(type="tool_started", tool="quick", call="t1")
+        assert p.kvw.actions == {"preserve": 1}
+        node = p.gpus[int(gpu.split(":")[1])].node
+        version, swap, t0 = 0, None, time.monotonic()
+        while time.monotonic() < t0 + 20:  # well before the 60 s tick: only the timer's wake-up can do it
+            plan = c.get("/v1/plan", params={"node": node, "after": version, "wait": 2},
+                         headers={"Authorization": f"Bearer adapter-{node}-0123456789"}).json()
+            version = plan["version"]
+            swap = next((o for o in plan["ops"] if tuple(o["object"]) == KV), None)
+            if swap is not None:
+                break
+        assert swap is not None and (swap["kind"], swap["src"], swap["background"]) == ("demote", gpu, True)
+        assert p.kvw.actions == {"preserve": 1, "swap": 1}

@@ -157,18 +157,27 @@ def test_report_keys_policies_by_spec_and_adds_program_metrics(tmp_path):
 
 
 def test_a_starving_call_goes_ahead_of_every_call_that_is_not():
-    from statebudget.planner.programs import STARVE_S
-    old_big = queue_key("plas", arrive=0.0, now=STARVE_S, program_service=1e6, path_service=0.0)
-    new_small = queue_key("plas", arrive=STARVE_S - 1, now=STARVE_S, program_service=0.0, path_service=0.0)
-    assert old_big < new_small
-    assert queue_key("plas", 0.0, STARVE_S - 1, 1e6, 0.0) > new_small  # not yet starving: service decides
+    # A call starves once it has waited STARVE_S + STARVE_RATIO x its service level: a long
+    # program's call may wait longer before it jumps the queue, in proportion to what it has had.
+    from statebudget.planner.programs import STARVE_RATIO, STARVE_S, service_level
+
+    big = 40.0
+    starve = STARVE_S + STARVE_RATIO * service_level(big)
+    assert starve > STARVE_S
+    old_big = queue_key("plas", arrive=0.0, now=starve, program_service=big, path_service=0.0)
+    new_small = queue_key("plas", arrive=starve - 1, now=starve, program_service=0.0, path_service=0.0)
+    assert old_big[0] == 0 and old_big < new_small
+    assert queue_key("plas", 0.0, starve - 1e-6, big, 0.0)[0] == 1  # not yet starving: service and aging decide
+    assert queue_key("plas", 0.0, STARVE_S, big, 0.0)[0] == 1  # the base alone no longer promotes it
+    # a program with no service yet starves after STARVE_S, as before
+    assert queue_key("plas", 0.0, STARVE_S, 0.0, 0.0)[0] == 0 and queue_key("plas", 0.0, STARVE_S - 1, 0.0, 0.0)[0] == 1
 
 
 @pytest.mark.parametrize("queue", ["plas", "atlas"])
 def test_no_call_is_overtaken_beyond_the_stated_window_under_load(queue):
     """With one prefill slot per GPU and 8x the mapreduce load, calls queue for compute. A call
     c may only be started after a later arrival d on the same GPU group if d arrived within
-    min(STARVE_S, service(c) / AGING) of c (planner/programs.py); and the discipline does reorder."""
+    overtaking_window_s(service(c)) of c (planner/programs.py); and the discipline does reorder."""
     from statebudget.models.load import load_catalog, load_cluster
     from statebudget.planner.programs import overtaking_window_s
 
@@ -201,8 +210,10 @@ def test_no_call_is_overtaken_beyond_the_stated_window_under_load(queue):
 def test_a_long_program_is_not_starved_by_a_stream_of_short_ones():
     """One GPU, one prefill slot, a long program (20 s of service) and short programs arriving
     faster than the GPU serves them. PLAS lets the short ones ahead of the long program's next
-    call, but only those that arrived within STARVE_S of it (aging alone would allow longer)."""
-    from statebudget.planner.programs import AGING, STARVE_S, overtaking_window_s
+    call, but only those that arrived within its starvation window, 30 s + 2 x its 20 s of service
+    (aging alone would allow longer)."""
+    from statebudget.planner.programs import (AGING, STARVE_S, TENANT_SCALE_S, URGENCY_CAP_S, overtaking_window_s,
+                                             service_level)
 
     big = program("big", [call("b1", "m", ctx=5000), tool("t", ["b1"], 1.0), call("b2", "m", ["t"], ctx=250)])
     small = [program(f"s{i:03d}", [call("c", "m", ctx=250)], start=10 + 0.8 * i) for i in range(150)]
@@ -211,11 +222,14 @@ def test_a_long_program_is_not_starved_by_a_stream_of_short_ones():
     res = sim.run()
     b2 = next(c for c in res.calls if c.program == "big" and c.node == "b2")
     service = sim.programs["big"].service - (b2.end - b2.start)  # its service while b2 waited
-    assert service / AGING > STARVE_S  # aging alone would let later arrivals ahead for longer than STARVE_S
+    window = overtaking_window_s(service)
+    # the promotion binds: aging alone would let later arrivals ahead for longer
+    assert window < (service_level(service) + URGENCY_CAP_S + 2 * TENANT_SCALE_S) / AGING
     ahead = [c for c in res.calls if c.program != "big" and c.arrive > b2.arrive and c.start < b2.start]
     assert ahead, "PLAS let no short program ahead"
-    assert max(c.arrive - b2.arrive for c in ahead) <= overtaking_window_s(service) + 1e-9
-    assert b2.start - b2.arrive < 2 * STARVE_S
+    assert max(c.arrive - b2.arrive for c in ahead) <= window + 1e-9
+    assert max(c.arrive - b2.arrive for c in ahead) > STARVE_S  # beyond the old fixed 30 s: the window grew with service
+    assert b2.start - b2.arrive < 2 * window
 
 
 def test_like_sized_programs_stay_fcfs_under_plas_and_a_twice_larger_one_falls_behind():

@@ -106,7 +106,7 @@ class OpAck(BaseModel):
 class OracleRunCreate(BaseModel):
     """An oracle run on a preset trace (`preset`, `seed`, `hours`) or an uploaded JSONL trace."""
     model_config = ConfigDict(extra="forbid")
-    preset: str | None = Field(None, description="swe-team | swe-team-shuffled | mapreduce | mixed-tenants")
+    preset: str | None = Field(None, description="swe-team | swe-team-shuffled | mapreduce | mixed-tenants | long-tail")
     seed: int = Field(1, ge=0, le=2**31)
     hours: float = Field(0.25, gt=0, le=24)
     trace_jsonl: str | None = Field(None, max_length=50_000_000, description="a v1 trace, one program per line")

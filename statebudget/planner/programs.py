@@ -12,16 +12,21 @@ Queue disciplines (a sort key, lowest first):
            of a wide fork/join program is not penalised for its siblings (§6)
 
 Both plas and atlas age: every second a call waits takes `aging` seconds off its key; and a call
-that has waited `starve_s` since it arrived is promoted above every non-promoted call, FCFS among
-the promoted (Autellix's anti-starvation rule). Together they bound how far a call can be
-overtaken:
+that has waited `starve_s + starve_ratio x L(c)` since it arrived, where L(c) is its service level,
+is promoted above every non-promoted call, FCFS among the promoted (Autellix's anti-starvation
+rule: a program starves when its wait exceeds beta times its service). The allowance grows with
+what the program has had: a fixed one (30 s, the rule until 2026-12-01) promoted nearly every call
+as soon as a real queue formed, and PLAS then ran as FCFS. Together they bound how far a call can
+be overtaken:
 
     under plas and atlas, a call c is only ever started after a call d that arrived later if
-        arrive(d) - arrive(c) < min(starve_s, (service(c) + URGENCY_CAP_S + 2 TENANT_SCALE_S) / aging)
+        arrive(d) - arrive(c) < min(starve_s + starve_ratio L(c), (L(c) + URGENCY_CAP_S + 2 TENANT_SCALE_S) / aging)
 
 (past that window c's key stays below d's: both age at the same rate and the bounded urgency and
 tenant terms can close at most URGENCY_CAP_S + 2 TENANT_SCALE_S of the gap; or c is promoted
-first). So c waits at most `starve_s` plus the FCFS wait of a call arriving `starve_s` after it.
+first). With the defaults the window is 30 s + 2 L(c) <= 30 s + 2 x service(c): a program waits
+for later arrivals at most twice what it has had, plus 30 s, so its slowdown from overtaking is
+bounded. c waits at most the window plus the FCFS wait of a call arriving that much after it.
 
 That bounds the wait for compute. The wait for HBM (admission) is bounded by a reservation,
 under every discipline: the oldest call that has waited ADMIT_STARVE_S without fitting holds its
@@ -59,7 +64,8 @@ from .predictor import ResumeModel, ToolWaitModel
 QUEUES = ("fcfs", "plas", "atlas")
 KV_RULES = ("preserve", "swap", "discard", "adaptive")
 AGING = 0.5     # seconds of key per second waited
-STARVE_S = 30.0  # a call waiting this long since it arrived goes ahead of every call not yet waiting as long
+STARVE_S = 30.0  # a call waiting this long, plus STARVE_RATIO x its service level, goes ahead of every call not starving
+STARVE_RATIO = 2.0  # seconds of wait allowed per second of attained service before a call starves (Autellix's beta)
 URGENCY_CAP_S = 10.0  # the most key a call's shrinking TTFT slack takes off (§19): bounded, so it cannot starve
 TENANT_SCALE_S = 10.0  # key added per unit of a tenant's service share above its weighted fair share (§20)
 ADMIT_STARVE_S = 60.0  # a call waiting this long for HBM reserves its GPUs until it is admitted
@@ -99,7 +105,7 @@ def parse_admit_starve(text: str) -> float | None:
 
 def queue_key(discipline: str, arrive: float, now: float, program_service: float, path_service: float,
               slack_s: float | None = None, tenant_excess: float = 0.0,
-              aging: float = AGING, starve_s: float = STARVE_S) -> tuple:
+              aging: float = AGING, starve_s: float = STARVE_S, starve_ratio: float = STARVE_RATIO) -> tuple:
     """Sort key of a waiting call, lowest first: (class, key, arrival). Class 0 is FCFS: every call
     under fcfs, and the starving ones under plas and atlas. Class 1 is seed 003 §20's score:
 
@@ -110,9 +116,11 @@ def queue_key(discipline: str, arrive: float, now: float, program_service: float
     given so far minus its weighted fair share, in [-1, 1]. Both terms are bounded, and the
     starvation promotion ignores them, so the overtaking window of the docstring stays
     `starve_s` at most."""
-    if discipline == "fcfs" or now - arrive >= starve_s:
+    if discipline == "fcfs":
         return (0, 0.0, arrive)
     service = service_level(program_service if discipline == "plas" else path_service)
+    if now - arrive >= starve_s + starve_ratio * service:
+        return (0, 0.0, arrive)
     # A call that can still make its TTFT bound gains up to URGENCY_CAP_S as its slack runs out; one
     # already late gains nothing (boosting it would not save its SLO): PLAS and aging decide (§19).
     urgency = URGENCY_CAP_S - slack_s if slack_s is not None and 0.0 <= slack_s < URGENCY_CAP_S else 0.0
@@ -140,9 +148,11 @@ def tenant_excess(service: dict[str, float], weights: dict[str, float], tenant: 
     return service.get(tenant, 0.0) / total - weights.get(tenant, 1.0) / w
 
 
-def overtaking_window_s(service: float, aging: float = AGING, starve_s: float = STARVE_S) -> float:
+def overtaking_window_s(service: float, aging: float = AGING, starve_s: float = STARVE_S,
+                        starve_ratio: float = STARVE_RATIO) -> float:
     """How much later than a call another may arrive and still start before it (module docstring)."""
-    return min(starve_s, (service + URGENCY_CAP_S + 2 * TENANT_SCALE_S) / aging)
+    level = service_level(service)
+    return min(starve_s + starve_ratio * level, (level + URGENCY_CAP_S + 2 * TENANT_SCALE_S) / aging)
 
 
 def adaptive_choice(kv_bytes: float, wait_s: float, hbm_bytes: float, pcie_bps: float, recompute_s: float,

@@ -15,6 +15,11 @@ Presets:
   is gone. Hints follow their call's new model (a wrong hint stays wrong).
 - `mapreduce`: fork/join programs; speculative backup branches cancelled when the primary ends.
 - `mixed-tenants`: interactive agents (hints) plus background batch programs (no hints, slo batch).
+- `long-tail`: a synthetic control for program-level scheduling. Three batch tenants whose programs
+  are chains of `LONG_TAIL_ALPHA`-Pareto many calls (1 to 60; CV of the calls per program about 2),
+  the heavy-tailed regime in which least-attained-service ordering (PLAS) pays off. The other
+  presets' programs, like TraceLab's real sessions, are light-tailed (CV 0.3-0.5). No real data
+  is behind this tail.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import numpy as np
 from ..models.trace import Cancel, Hint, Program, Trace, TraceHeader, TraceNode
 from .fit import QUANTILES, load_fitted
 
-PRESETS = ("swe-team", "swe-team-shuffled", "mapreduce", "mixed-tenants")
+PRESETS = ("swe-team", "swe-team-shuffled", "mapreduce", "mixed-tenants", "long-tail")
+LONG_TAIL_ALPHA = 1.2  # Pareto shape of the calls per long-tail program (below 2: infinite variance before the cap)
 MAX_CONTEXT = 60_000
 DRIFT_PERIOD_S = 7200.0
 # A tool result appends tokens shaped like TraceLab's per-round appends, scaled per tool class
@@ -247,6 +253,23 @@ def gen_mixed_tenants(g: _Gen) -> list[Program]:
     return progs
 
 
+# ---- long-tail -----------------------------------------------------------------------------------
+def gen_long_tail(g: _Gen, tenants: int = 3, mean_gap_s: float = 240.0, max_calls: int = 60) -> list[Program]:
+    rng = g.rng
+    progs = []
+    for t in range(tenants):
+        for k, start in enumerate(g.starts(mean_gap_s)):
+            b = _Builder(g, f"tail{t}-p{k:04d}", f"tail{t}", start, "batch",
+                         int(np.clip(g.quantile_sample(g.tok["conv"]["context_quantiles"]) * 4, 500, 40_000)))
+            last = None
+            for _ in range(int(min(max_calls, np.floor(rng.pareto(LONG_TAIL_ALPHA) + 1)))):
+                model = "summarizer" if rng.random() < 0.7 else "planner"
+                last = b.call(model, [last] if last else [])
+                last = b.tool("shell", [last])
+            progs.append(b.program())
+    return progs
+
+
 def generate(preset: str, seed: int, hours: float, load: float = 1.0) -> Trace:
     """A deterministic trace; `load` multiplies every program arrival rate of the preset."""
     if preset not in PRESETS:
@@ -263,6 +286,9 @@ def generate(preset: str, seed: int, hours: float, load: float = 1.0) -> Trace:
     elif preset == "mapreduce":
         g = _Gen(preset, seed, hours, load)
         progs = gen_mapreduce(g)
+    elif preset == "long-tail":
+        g = _Gen(preset, seed, hours, load)
+        progs = gen_long_tail(g)
     else:
         g = _Gen(preset, seed, hours, load)
         progs = gen_mixed_tenants(g)

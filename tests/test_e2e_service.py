@@ -178,9 +178,11 @@ def test_service_with_two_local_adapters_moves_real_bytes(stack):
     assert stuck == 0, stack.ledger("SELECT op_id, reason FROM ops WHERE status = 'failed' LIMIT 5")
 
 
-def test_tool_wait_swaps_move_real_kv_bytes_to_host_and_back(stack):
+def test_tool_wait_swaps_move_real_kv_bytes_to_host(stack):
     # `serve --kv-rule swap`: each tool wait moves the program's KV out of the device arena into
-    # host DRAM as a background op, and the data plane really copies it; the books still agree.
+    # host DRAM as a background op, and the data plane really copies it (or the returning call
+    # stops the move first); the books still agree with the adapters. Whether a KV comes back
+    # from host DRAM depends on timing here; the swap-in is tested in test_live_kv.py.
     stack.start_server("--kv-rule", "swap")
     stack.start_adapters()
     trace = parse_trace(toy_trace_jsonl(seed=5, hours=0.03), "toy trace")

@@ -203,15 +203,76 @@ def test_the_service_and_the_simulator_decide_alike():
     assert seen == [{"preserve": 1}, {"swap": 1}]  # both branches of the rule were compared
 
 
-def test_run_order_puts_background_ops_last_but_keeps_one_objects_ops_in_order():
-    def op(i, obj, background=False):
-        return Op(op_id=f"op{i}", kind="promote", object=list(obj), src="host:n0", dst="gpu:0", bytes=1.0,
+def test_run_order_defers_only_swap_ins_that_nothing_after_them_depends_on():
+    def op(i, obj, kind="promote", background=False):
+        return Op(op_id=f"op{i}", kind=kind, object=list(obj), src="host:n0", dst="gpu:0", bytes=1.0,
                   background=background)
 
-    ops = [op(1, KV, True), op(2, ("w", "coder")), op(3, KV), op(4, ("kv", "p2", "coder"), True), op(5, ("w", "a"))]
-    assert [o.op_id for o in run_order(ops)] == ["op2", "op5", "op1", "op3", "op4"]
+    ops = [op(1, KV, background=True),                       # a swap-in: after the rest
+           op(2, ("kv", "p2", "coder"), "demote", True),     # a swap-out frees room: stays in place
+           op(3, ("w", "coder")),                            # ... which this promote may use
+           op(4, ("kv", "p3", "coder"), background=True),    # a swap-in that a later op of its KV follows
+           op(5, ("kv", "p3", "coder"), "demote"),
+           op(6, ("w", "a"))]
+    assert [o.op_id for o in run_order(ops)] == ["op2", "op3", "op4", "op5", "op6", "op1"]
     fg = [op(1, ("w", "a")), op(2, ("w", "b"))]
     assert run_order(fg) == fg
+
+
+def test_a_call_that_comes_back_stops_its_kvs_swap_out_in_flight():
+    p, clock = planner("swap")
+    group = after_a_call(p, clock)
+    start_tool(p)
+    (out,) = kv_ops(p)
+    host = out.op.dst
+    p.event("a", {"type": "tool_finished", "program": "p1", "tool": "build", "call": "t1"})
+    p.event("a", {"type": "call_arrived", "program": "p1", "call": "c2", "model": "planner"})
+    assert out.op.op_id not in p.ops and not kv_ops(p)  # stopped: no drop, no round trip
+    assert p.tiers.gpu[(KV, group)].ready and (KV, host.split(":")[1]) not in p.tiers.host
+    assert p.event("a", {"type": "call_started", "program": "p1", "call": "c2"})["group"] == f"gpu:{group[0]}"
+    assert p.tiers.gpu[(KV, group)].pins == 1
+    p.tiers.check()
+
+
+def test_a_kv_grown_in_place_under_an_unfinished_swap_out_is_not_dropped():
+    # The room the swap-out freed went to another copy, so the returning call cannot stop the move;
+    # it runs on the engine's copy anyway and grows it. The move stops without a drop of that copy.
+    p, clock = planner("swap")
+    group = after_a_call(p, clock)
+    start_tool(p)
+    (out,) = kv_ops(p)
+    with p.store.tx():  # the three toy models take the 0.4 GB arena, the freed room included
+        p._apply([("promote", ("w", m), group) for m in ("coder", "reviewer", "planner")])
+    assert not p.tiers.fits_gpu(group, KV_BYTES)
+    p.event("a", {"type": "tool_finished", "program": "p1", "tool": "build", "call": "t1"})
+    p.event("a", {"type": "call_arrived", "program": "p1", "call": "c2", "model": "planner"})
+    assert out.op.op_id in p.ops  # no room to take it back: the move goes on
+    assert p.event("a", {"type": "call_started", "program": "p1", "call": "c2"})["group"] == f"gpu:{group[0]}"
+    filler = next(r for r in p.ops.values() if r.op.object == ["w", "reviewer"])
+    with p.store.tx():
+        p._close(filler, "cancelled", "test: room for the grown KV")
+    p.event("a", {"type": "call_finished", "program": "p1", "call": "c2", "tokens": TOKENS + 1000})
+    assert out.op.op_id not in p.ops
+    assert not [r for r in kv_ops(p) if r.op.kind == "drop"]  # nothing deletes the grown KV
+    c = p.tiers.gpu.get((KV, group))
+    assert c is not None and c.ready and p.kv_tokens[KV] == TOKENS + 1000
+    p.tiers.check()
+
+
+def test_a_repeated_tool_start_keeps_the_planned_swap_in():
+    p, clock = planner("adaptive", waits={"build": (30.0, 0.5)})
+    after_a_call(p, clock)
+    start_tool(p)
+    (out,) = kv_ops(p)
+    done(p, out)
+    due = p.due_in()
+    clock.t += 1.0
+    start_tool(p)  # the runtime re-sent the event
+    assert p.kvw.actions == {"swap": 1} and p.due_in() == pytest.approx(due - 1.0)
+    clock.t += p.due_in()
+    p.tick()
+    (back,) = kv_ops(p)
+    assert (back.op.kind, back.op.background) == ("promote", True)
 
 
 def test_the_service_loop_wakes_for_a_ttl_without_any_event():

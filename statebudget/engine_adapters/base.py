@@ -44,18 +44,19 @@ class OpResult(BaseModel):
 
 
 def run_order(ops: list[Op]) -> list[Op]:
-    """The order to run one poll's ops in: the plan's, except that background ops (tool-wait KV
-    swaps) go after the foreground ones, which they must not delay. An op on an object that a
-    deferred background op moves stays behind that op, so one object's ops keep their order."""
-    fg, bg, deferred = [], [], set()
-    for op in ops:
+    """The order to run one poll's ops in: the plan's, except that background promotes (tool-wait
+    KV swap-ins, which take only free HBM) go after the rest, which they must not delay. A swap-in
+    that a later op of the same object must follow stays in place, and no other op moves: a
+    demote (background or not) may free the room a later promote was planned into."""
+    later: set = set()
+    deferred = []
+    for op in reversed(ops):
         key = tuple(op.object)
-        if op.background or key in deferred:
-            bg.append(op)
-            deferred.add(key)
-        else:
-            fg.append(op)
-    return fg + bg
+        if op.background and op.kind == "promote" and key not in later:
+            deferred.append(op)
+        later.add(key)
+    moved = {op.op_id for op in deferred}
+    return [op for op in ops if op.op_id not in moved] + deferred[::-1]
 
 
 def tier_kind(tier: str) -> str:

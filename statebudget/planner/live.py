@@ -275,12 +275,28 @@ class LivePlanner(ResidencyView):
                                  "path_in_s": path_in, "service_s": service}
         if self.kvw.pending:
             self.kvw.outcome(kv_key(rec.program, model), True)
+        self._keep_kv(kv_key(rec.program, model))
         self.policy.on_call_arrive(self, _Call(rec.program, ev["call"], model, ev.get("context_tokens", 0),
                                                ev.get("output_tokens", 0)))
         self._save_program(rec)
         _, score, _ = queue_key(self.queue, self.now, self.now, rec.service_s, path_in + service)
         return {"call": ev["call"], "status": "arrived", "attempt": attempt,
                 "priority": int(round(score * 1000)) if self.queue != "fcfs" else 0}
+
+    def _moves_out(self, kvk, group=None) -> list[OpRec]:
+        """Open demotions of a KV out of HBM (of one GPU group, or of any)."""
+        return [r for r in self.ops.values() if r.op.kind == "demote" and _key(r.op.object) == kvk
+                and r.op.src.startswith("gpu:") and (group is None or r.op.src == gpu_tier(group))]
+
+    def _keep_kv(self, kvk) -> None:
+        """A call came back to this KV: its demotions out of HBM still in flight stop where the
+        room they freed is still free, and their sources, which never left HBM, are ready again
+        (a tool-wait swap-out, or an eviction the engine has not carried out yet): the call does
+        not wait for a round trip. Where the room went to something else, the move goes on."""
+        for rec in self._moves_out(kvk):
+            g = _group(rec.op.src)
+            if (kvk, g) not in self.tiers.gpu and self.tiers.fits_gpu(g, rec.op.bytes / len(g)):
+                self._close(rec, "cancelled", "its call came back before the move ended")
 
     def _call_started(self, rec: ProgramRec, ev: dict) -> dict:
         self._live(rec, "call start")
@@ -343,6 +359,12 @@ class LivePlanner(ResidencyView):
             # The engine left the call's KV (a new version) on the group it ran on, growing the copy
             # it had there: only the books change for that one. Copies elsewhere are stale and go.
             same = self.tiers.gpu.get((kvk, group)) if group is not None else None
+            in_place = same is not None and same.ready
+            for mv in self._moves_out(kvk, group) if group is not None else ():
+                # The call ran on the very copy that op was moving out, and the engine grew it in
+                # place: the move stops, and its source is the copy the books take up below.
+                self._close(mv, "cancelled", "the call grew this KV in place", undo_source=False)
+                in_place = True
             if same is not None and same.ready:
                 self.tiers.remove_gpu_copy(same)
                 self.store.delete_copy(kvk, gpu_tier(group))
@@ -355,7 +377,7 @@ class LivePlanner(ResidencyView):
                     c = GpuCopy(kvk, group, per_gpu, True, self.now, self.now, used=True)
                     self.tiers.add_gpu_copy(c)
                     self._save_gpu(c)
-                elif same is not None:  # the books have no room for it: the engine must let it go
+                elif in_place:  # the books have no room for it: the engine must let it go
                     self._new_op("drop", kvk, gpu_tier(group), "none", same.nbytes, self.gpus[group[0]].node)
         self._apply(self.policy.on_call_end(self, _Call(rec.program, ev["call"], model)))
         self._save_program(rec)
@@ -367,6 +389,8 @@ class LivePlanner(ResidencyView):
         if tid is not None and tid in rec.tools_over:
             raise Conflict(f"tool call {tid!r} of program {rec.program!r} is over (finished, or retried under "
                            f"another id): a repeated start is stale")
+        if rec.tool is not None and tid is not None and rec.tool[2] == tid:
+            return {"tool": rec.tool[0], "status": "started"}  # a repeated event: nothing changes
         if rec.tool is not None and rec.tool[2] is not None and rec.tool[2] != tid:
             rec.tools_over.append(rec.tool[2])  # a retry supersedes the running tool call
         rec.tool = [ev["tool"], self.now, tid]
@@ -528,7 +552,8 @@ class LivePlanner(ResidencyView):
         if not hc.ready:
             self.swap_in_after[kvk] = (program, since, group)
             return
-        self._promote(kvk, group, background=True)
+        if self.best_source(kvk, group).startswith("host:"):  # a swap-in, not a recompute
+            self._promote(kvk, group, background=True)
 
     def _end_suspensions(self, program: str) -> None:
         for m in self.catalog.models:
@@ -641,9 +666,9 @@ class LivePlanner(ResidencyView):
         number of ops it created."""
         t0 = time.perf_counter()
         with self.store.tx():
-            self.ledger.expire(self.now)
             n = self._op_seq
-            self._kv_due()
+            self._kv_due()  # first: a failure later in the step must not leave a due timer in place
+            self.ledger.expire(self.now)
             self._apply(self.policy.on_tick(self))
             self._flush()
         self.plan_due = False
@@ -823,8 +848,11 @@ class LivePlanner(ResidencyView):
         rec.status, rec.result = "done", result
         self._finish(rec)
 
-    def _close(self, rec: OpRec, status: str, reason: str, result: dict | None = None) -> None:
-        """An op ends without a commit: undo its target in the books (the copy it was writing)."""
+    def _close(self, rec: OpRec, status: str, reason: str, result: dict | None = None,
+               undo_source: bool = True) -> None:
+        """An op ends without a commit: undo its target in the books (the copy it was writing);
+        a demotion's source goes back into the books unless `undo_source` is off (the caller
+        accounts for it)."""
         op, key = rec.op, _key(rec.op.object)
         mine = self.writer.get((key, op.dst)) == op.op_id  # undo only a target this op was writing
         if op.dst.startswith("gpu:") and mine:
@@ -833,11 +861,12 @@ class LivePlanner(ResidencyView):
                 self.tiers.remove_gpu_copy(c)
                 self.store.delete_copy(key, op.dst)
         elif op.dst.startswith("host:") and mine:
+            self.swap_in_after.pop(key, None)  # the swap-out it waited for will not land
             hc = self.tiers.host.get((key, op.dst.split(":", 1)[1]))
             if hc is not None and not hc.ready:
                 self.tiers.remove_host_copy(hc)
                 self.store.delete_copy(key, op.dst)
-        if op.src.startswith("gpu:") and (op.kind == "demote" or (op.kind == "drop" and status == "failed")):
+        if undo_source and op.src.startswith("gpu:") and (op.kind == "demote" or (op.kind == "drop" and status == "failed")):
             self._demote_undone(rec)  # the source is still in HBM: a move releases it only on commit
         rec.status, rec.reason, rec.result = status, reason, result
         self._finish(rec)

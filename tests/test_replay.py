@@ -123,6 +123,28 @@ def test_prefetch_all_promotes_on_hints_and_wrong_hints_waste_bytes():
     assert res.bytes_by_pair["nvme->gpu"] == pytest.approx(30 * GB)  # m1, the wrongly hinted m3, then m2
 
 
+def test_prefetch_all_prefetches_a_hinted_moe_models_hot_pages_with_its_weights():
+    # Seed 000's full prefetch makes the candidate whole: for a MoE model, the pages most of its
+    # calls touch (the ones a static placement keeps) come with the dense weights.
+    from statebudget.models import Catalog
+    from statebudget.sim.policies.baselines import hot_page_ids
+
+    cl = cluster(gpus=1, hbm_gb=80.0, cold=1.0)
+    cat = Catalog.model_validate({"name": "t", "models": [
+        {"name": "a", "version": "v1", "weights_gb": 5.0, "kv_bytes_per_token": 1000, "active_params_b": 1.0},
+        {"name": "moe", "version": "v1", "weights_gb": 4.0, "kv_bytes_per_token": 1000, "active_params_b": 3.0,
+         "moe": {"experts": 64, "active": 4, "layers": 10, "expert_gb": 0.05, "pages": 8, "zipf_s": 1.2}}]})
+    hot = hot_page_ids(cat.by_name["moe"])
+    assert 0 < len(hot) < 8  # some pages, not all
+    nodes = [call("x", "a"), tool("t", ["x"], duration=120.0), call("y", "moe", ["t"])]
+    hints = [{"issued_at": "t", "for": "y", "model": "moe", "confidence": 0.9}]
+    sim = Simulator(cl, cat, trace(program("p", nodes, hints=hints)), make_policy("prefetch-all"))
+    sim.run()
+    prefetched = {k[2] for (k, _), c in sim.tiers.gpu.items() if k[0] == "e" and c.from_prefetch}
+    assert prefetched == set(hot)  # loaded on the hint, not faulted in by the call
+    assert sim.tiers.gpu[(("w", "moe"), (0,))].from_prefetch
+
+
 @pytest.mark.parametrize("name", ["static", "static-share"])
 def test_static_loads_its_placement_at_time_zero(name):
     cl, cat = cluster(gpus=2, hbm_gb=40.0, cold=2.0), catalog(("m1", 10.0), ("m2", 10.0))

@@ -63,8 +63,10 @@ class Frequency(Policy):
 
 
 class PrefetchAll(Policy):
-    """Every hinted candidate is promoted as soon as it is announced (weights and the program's
-    KV for that model), evicting least recently used state."""
+    """Every hinted candidate is promoted as soon as it is announced, whole: its weights, the
+    program's KV for that model and, for a MoE model, the expert pages most of its calls touch
+    (`hot_pages`, as a static placement keeps them), evicting least recently used state. Seed
+    000's full prefetch: "blindly prefetching every candidate fills PCIe, DRAM and the GPU"."""
     name = "prefetch-all"
     demote_to = "host"
 
@@ -78,6 +80,8 @@ class PrefetchAll(Policy):
         kvk = kv_key(program.program, hint.model)
         if sim.kv_tokens.get(kvk, 0) > 0:
             out.append(("promote", kvk, group))
+        m = sim.catalog.by_name[hint.model]
+        out += [("promote", expert_key(m.name, p), group) for p in hot_page_ids(m)]
         return out
 
 
@@ -137,10 +141,15 @@ class Static(Policy):
 
 
 def hot_pages(m) -> int:
-    """Pages a MoE model keeps resident in a static placement: those almost every call touches."""
+    """Pages a MoE model keeps resident in a static placement: those most of its calls touch."""
+    return len(hot_page_ids(m))
+
+
+def hot_page_ids(m) -> list[int]:
+    """The pages of a MoE model that at least half of its calls touch (none for a dense model)."""
     if m.moe is None:
-        return 0
-    return int((page_touch_probs(m.moe) >= 0.5).sum())
+        return []
+    return [int(p) for p in (page_touch_probs(m.moe) >= 0.5).nonzero()[0]]
 
 
 class LlamaSwap(Policy):

@@ -46,8 +46,8 @@ class WasteSim(Simulator):
         self.by_class: Counter = Counter()
         self._remover = "room"
 
-    def _prefetch(self, key, group, lease=None):
-        ok = super()._prefetch(key, group, lease)
+    def _prefetch(self, key, group, lease=None, **kw):
+        ok = super()._prefetch(key, group, lease, **kw)
         c = self.tiers.gpu.get((key, group))
         if ok and lease is not None and c is not None:
             self.leased[id(c)] = c
@@ -75,9 +75,9 @@ class WasteSim(Simulator):
         meanwhile = "no call" if not ran else "same group" if copy.group in ran else "elsewhere"
         self.by_class[(origin, copy.key[0], self._remover, meanwhile)] += wasted
 
-    def _evict(self, copy, to):
+    def _evict(self, copy, to, **kw):
         before = self.wasted_bytes
-        out = super()._evict(copy, to)
+        out = super()._evict(copy, to, **kw)
         self._count(copy, before)
         return out
 

@@ -128,6 +128,22 @@ def test_tool_wait_kv_rules(rule):
         assert second.ready - second.arrive == pytest.approx(sim.cost.prefill_s(cat.by_name["m"], 10_000, (0,)), rel=1e-6)
 
 
+def test_a_call_that_comes_back_during_the_swap_out_keeps_its_kv():
+    # The tool returns after 10 ms, while the 1 GB swap-out (40 ms over PCIe) is still being
+    # written: the move stops and the KV, which never left HBM, serves the call at once (the live
+    # planner does the same with its open demote op).
+    cl, cat = cluster(tflops=10.0), catalog(("m", 10.0, 100_000))
+    kv = 10_000 * 100_000
+    sim = Simulator(cl, cat, _tool_wait_trace(wait=0.01), make_policy("lru-keepwarm"), kv_rule="swap",
+                    check_invariants=True)
+    res = sim.run()
+    assert res.kv_actions["swap"] == 1
+    assert 0 < res.bytes_by_pair["gpu->host"] < kv  # stopped part way
+    assert res.bytes_by_pair["host->gpu"] == 0.0 and res.recomputed_tokens == 0
+    assert res.calls[1].ready - res.calls[1].arrive == 0.0
+    assert not sim.tiers.host  # the half-written host copy is gone
+
+
 def test_adaptive_swaps_ahead_of_the_predicted_return():
     # A build (median ~11 s) on a large KV: swapping beats holding a big share of the GPU, and the
     # KV is brought back before the predicted end, so the next call finds it in HBM.

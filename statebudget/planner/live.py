@@ -283,17 +283,18 @@ class LivePlanner(ResidencyView):
         return {"call": ev["call"], "status": "arrived", "attempt": attempt,
                 "priority": int(round(score * 1000)) if self.queue != "fcfs" else 0}
 
-    def _moves_out(self, kvk, group=None) -> list[OpRec]:
-        """Open demotions of a KV out of HBM (of one GPU group, or of any)."""
+    def _moves_out(self, kvk, group=None, background_only: bool = False) -> list[OpRec]:
+        """Open demotions of a KV out of HBM (of one GPU group, or of any; or only tool-wait swaps)."""
         return [r for r in self.ops.values() if r.op.kind == "demote" and _key(r.op.object) == kvk
-                and r.op.src.startswith("gpu:") and (group is None or r.op.src == gpu_tier(group))]
+                and r.op.src.startswith("gpu:") and (group is None or r.op.src == gpu_tier(group))
+                and (r.op.background or not background_only)]
 
     def _keep_kv(self, kvk) -> None:
-        """A call came back to this KV: its demotions out of HBM still in flight stop where the
-        room they freed is still free, and their sources, which never left HBM, are ready again
-        (a tool-wait swap-out, or an eviction the engine has not carried out yet): the call does
-        not wait for a round trip. Where the room went to something else, the move goes on."""
-        for rec in self._moves_out(kvk):
+        """A call came back to this KV: its tool-wait swap-outs still in flight stop where the
+        room they freed is still free, and their sources, which never left HBM, are ready again:
+        the call does not wait for a round trip (the simulator's `_keep_kv`). Where the room went
+        to something else, the move goes on."""
+        for rec in self._moves_out(kvk, background_only=True):
             g = _group(rec.op.src)
             if (kvk, g) not in self.tiers.gpu and self.tiers.fits_gpu(g, rec.op.bytes / len(g)):
                 self._close(rec, "cancelled", "its call came back before the move ended")

@@ -398,6 +398,7 @@ class Simulator(ResidencyView):
         c.state = "waiting"
         if self.kvw.pending:
             self.kvw.outcome(kv_key(c.program, c.model), True)
+        self._keep_kv(kv_key(c.program, c.model))
         self._apply(self._hook("on_call_arrive", c))
         c.group = self._decide(self.policy.place, c)
         self.last_use[c.model] = self.now
@@ -870,6 +871,8 @@ class Simulator(ResidencyView):
             self.tiers.host[(key, node)] = hc
             barrier = _Barrier(len(copy.group), lambda now: self._host_ready(hc))
             token = Transfer(weight)
+            if weight < 1.0:  # a tool-wait swap-out: a call that comes back may stop it (`_keep_kv`)
+                hc.source = (token, copy)
             for i in copy.group:
                 self._push_all(self.flows_add(copy.per_gpu, self.cost.path(f"gpu:{i}", f"host:{node}"),
                                               barrier.hit, None, latency=self.cost.latency_s("gpu"), tag="gpu->host",
@@ -933,6 +936,22 @@ class Simulator(ResidencyView):
         self._suspend_kv(pr, nid, copy, self.kvw.remaining(pr.tools[nid], self.now - start))
         return None
 
+    def _keep_kv(self, kvk) -> None:
+        """A call came back to this KV while a tool-wait swap-out still writes it to host DRAM:
+        where the room it freed is still free, the move stops and its source, which never left
+        HBM, is ready again (the live planner does the same with its open ops)."""
+        for (k, _), hc in list(self.tiers.host.items()):
+            if k != kvk or hc.source is None:
+                continue
+            token, src = hc.source
+            if (kvk, src.group) in self.tiers.gpu or not self.tiers.alloc_gpu(src.group, src.per_gpu):
+                continue
+            self.cancel_transfer(token)
+            hc.source = None
+            self.tiers.add_gpu_copy(GpuCopy(kvk, src.group, src.per_gpu, True, src.created, self.now, used=src.used))
+            self._remove_host(hc)  # whoever waited for it being written stops waiting
+            self._dirty = True
+
     def _kv_back(self, pr: ProgRun, nid: str, kvk, group):
         if pr.node_state.get(nid) != "running" or kvk not in self.kv_tokens or (kvk, group) in self.tiers.gpu:
             return None
@@ -953,6 +972,7 @@ class Simulator(ResidencyView):
                 self._end_suspension(self.tiers.gpu[(kvk, g)])
 
     def _host_ready(self, hc: HostCopy):
+        hc.source = None
         if self.tiers.host.get((hc.key, hc.node)) is hc:
             hc.ready = True
         events = []

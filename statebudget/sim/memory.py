@@ -52,6 +52,7 @@ class HostCopy:
     ready: bool
     last_use: float
     waiters: list = field(default_factory=list)
+    source: object = None  # while a tool-wait swap-out writes it: (its Transfer, the GPU copy it leaves)
 
 
 class Tiers:

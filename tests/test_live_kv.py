@@ -311,3 +311,21 @@ def test_the_service_loop_wakes_for_a_ttl_without_any_event():
                 break
         assert swap is not None and (swap["kind"], swap["src"], swap["background"]) == ("demote", gpu, True)
         assert p.kvw.actions == {"preserve": 1, "swap": 1}
+
+
+def test_a_kv_a_lease_asks_for_is_kept_through_the_tool_wait():
+    # The runtime leased the planner (with its KV, already in HBM) for the call after this tool:
+    # the rule that would swap the KV out keeps it, so the lease's promise holds. Without the
+    # lease, the same wait swaps it.
+    for leased in (False, True):
+        p, clock = planner("adaptive", waits={"build": (30.0, 0.5)})
+        group = after_a_call(p, clock)
+        if leased:
+            lease = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60, "for_call": "c2"})
+            assert lease["kv_version"] == TOKENS
+        start_tool(p)
+        if leased:
+            assert not kv_ops(p) and p.kvw.actions == {"preserve": 1}
+            assert p.tiers.gpu[(KV, group)].ready
+        else:
+            assert [r.op.kind for r in kv_ops(p)] == ["demote"] and p.kvw.actions == {"swap": 1}

@@ -144,6 +144,22 @@ def test_a_call_that_comes_back_during_the_swap_out_keeps_its_kv():
     assert not sim.tiers.host  # the half-written host copy is gone
 
 
+def test_a_kv_leased_for_the_next_call_is_kept_through_the_tool_wait():
+    # The runtime announces the next call (on the same model) while the tool runs: statebudget-lease
+    # leases it with the program's KV, and the swap rule keeps that KV; without leases it swaps.
+    cl, cat = cluster(tflops=10.0), catalog(("m", 10.0, 100_000))
+    nodes = [call("a", "m", ctx=10_000, out=0), tool("t", ["a"], duration=50.0, name="build"),
+             call("b", "m", ["t"], ctx=10_000, out=0)]
+    hints = [{"issued_at": "t", "for": "b", "model": "m", "confidence": 0.9}]
+    out = {}
+    for policy in ("statebudget", "statebudget-lease"):
+        res = Simulator(cl, cat, trace(program("p", nodes, hints=hints)), make_policy(policy), kv_rule="swap",
+                        check_invariants=True).run()
+        out[policy] = dict(+res.kv_actions), res.bytes_by_pair["gpu->host"]
+    assert out["statebudget"] == ({"swap": 1}, pytest.approx(10_000 * 100_000))
+    assert out["statebudget-lease"] == ({"preserve": 1}, 0.0)
+
+
 def test_adaptive_swaps_ahead_of_the_predicted_return():
     # A build (median ~11 s) on a large KV: swapping beats holding a big share of the GPU, and the
     # KV is brought back before the predicted end, so the next call finds it in HBM.

@@ -290,6 +290,13 @@ class LeaseLedger:
     def live_for(self, key) -> list[Lease]:
         return [self.leases[i] for i in sorted(self._by_object.get(key, ()))]
 
+    def covers_kv(self, program: str, model: str) -> bool:
+        """A live lease asks for this program's KV of `model` (with_kv), whether or not the KV is
+        one of the objects it moves (it is not when the KV was already in HBM at the quote)."""
+        return any(self.leases[i].request.program == program and self.leases[i].request.model == model
+                   and self.leases[i].request.kv_version is not None
+                   for ids in self._by_token.values() for i in ids)
+
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for lease in self.leases.values():

@@ -211,12 +211,16 @@ class ToolWaitKV:
             self.pending.setdefault(kvk, []).append(tool)
 
     def decide(self, tool: str, model: str, kv_bytes: float, predicted: float | None, hbm_bytes: float,
-               pcie_bps: float, recompute_s: float, now: float, since: float, preserved: bool) -> KvAction:
+               pcie_bps: float, recompute_s: float, now: float, since: float, preserved: bool,
+               held: bool = False) -> KvAction:
         """The rule for one KV copy of `kv_bytes` on GPUs of `hbm_bytes` with `pcie_bps` to host,
         `recompute_s` to rebuild it, in a wait that began at `since` with `predicted` seconds still
-        expected; `preserved`: the copy is already held for this wait (a TTL re-check)."""
+        expected; `preserved`: the copy is already held for this wait (a TTL re-check); `held`: a
+        lease has promised it to a coming call, so every rule keeps it (judged again at the TTL)."""
         rule, p_resume = self.rule, 1.0
-        if rule == "adaptive":
+        if held:
+            rule = "preserve"
+        elif rule == "adaptive":
             p_resume = self.resume.p(tool, model)
             rule = adaptive_choice(kv_bytes, predicted, hbm_bytes, pcie_bps, recompute_s, p_resume)
         if rule != "preserve" or not preserved:  # a TTL that keeps it preserved is no new action
@@ -235,13 +239,14 @@ class ToolWaitKV:
 
     def decide_copy(self, view, tool: str, copy, predicted: float | None, since: float) -> KvAction:
         """`decide` for a KV copy in a mechanism's books (`view`: the simulator or the live
-        planner): its GPUs' HBM, their host link and the recompute time from the one cost model."""
+        planner): its GPUs' HBM, their host link and the recompute time from the one cost model,
+        and whether its policy holds it for a lease (`Policy.holds_kv`)."""
         kvk, g = copy.key, copy.group
         m = view.catalog.by_name[kvk[2]]
         return self.decide(tool, kvk[2], copy.nbytes, predicted, sum(view.tiers.hbm_cap[i] for i in g),
                            view.cost.link_bw[f"h2d:{view.gpus[g[0]].id}"] * len(g),
                            view.cost.prefill_s(m, view.kv_tokens.get(kvk, 0), g), view.now, since,
-                           copy.suspended_since is not None)
+                           copy.suspended_since is not None, view.policy.holds_kv(view, kvk))
 
     def ended(self, tool: str, waited_s: float, predicted: float | None) -> None:
         """A tool wait ended after `waited_s`; `predicted` is what `started` said of it."""

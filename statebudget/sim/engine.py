@@ -336,11 +336,13 @@ class Simulator(ResidencyView):
             pr.calls[nid].path_service = pr.path_in[nid]
         else:  # a tool wait
             self._apply(self._hook("on_tool_start", pr.prog, nid, pr.tools[nid]))
-            self._tool_wait_kv(pr, nid)
         hints = pr.hints_at.get(nid)
         if hints:
             self._apply(self._hook("on_hints", pr.prog, hints))
         if nid not in pr.calls:
+            # after the hints: a lease they make for this program's KV keeps it (`Policy.holds_kv`),
+            # as in the service, where the runtime's leases come before its tool_started
+            self._tool_wait_kv(pr, nid)
             return [(self.now + pr.durations[nid], PRIO_NODE, self._node_done, (pr, nid))]
         return self._call_arrive(pr.calls[nid])
 

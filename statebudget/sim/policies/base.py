@@ -35,6 +35,10 @@ class Policy:
     def may_evict_for_prefetch(self, sim, victim, key) -> bool:
         return True
 
+    def holds_kv(self, sim, kvk) -> bool:
+        """The policy has promised this KV to a coming call (a lease): a tool-wait rule keeps it."""
+        return False
+
     # ---- hooks -----------------------------------------------------------------------------------
     def on_call_arrive(self, sim, call):
         return None

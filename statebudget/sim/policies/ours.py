@@ -138,6 +138,9 @@ class StateBudgetLease(StateBudget):
                 out.append(("promote", key, group, lease.lease_id))
         return leases, out
 
+    def holds_kv(self, sim, kvk) -> bool:
+        return self._core(sim).ledger.covers_kv(kvk[1], kvk[2])
+
     def on_copy_ready(self, sim, copy):
         core = self._core(sim)
         version = sim.kv_tokens.get(copy.key) if copy.key[0] == "kv" else sim.catalog.by_name[copy.key[1]].version

@@ -515,10 +515,18 @@ def residency(
     t = Table("tier", "object", "GB", "state", "version", "pins",
               title=f"plan version {body['plan_version']}, {body['open_ops']} open ops; leases {body['leases']}; "
                     f"programs {body['programs']}")
+    kv = body.get("tool_wait_kv") or {}
+    suspended = {tuple(("kv", *name.split("/", 1))) for name in kv.get("suspended", ())}
     for c in body["copies"]:
-        t.add_row(c["tier"], "/".join(c["object"]), f"{c['bytes'] / 1e9:.2f}", "ready" if c["ready"] else "[yellow]in flight[/]",
-                  str(c["version"]), str(c["pins"]))
+        state = "ready" if c["ready"] else "[yellow]in flight[/]"
+        if c["ready"] and tuple(c["object"]) in suspended and c["tier"].startswith("gpu:"):
+            state = "ready, tool wait"
+        t.add_row(c["tier"], "/".join(c["object"]), f"{c['bytes'] / 1e9:.2f}", state, str(c["version"]), str(c["pins"]))
     console.print(t)
+    if kv:
+        acts = ", ".join(f"{k} {v}" for k, v in sorted(kv.get("actions", {}).items())) or "none yet"
+        console.print(f"tool-wait KV rule {kv.get('rule')}: {acts}; {len(kv.get('suspended', ()))} KV held through a tool wait",
+                      highlight=False)
     if json_out:
         _write_json(json_out, body)
 

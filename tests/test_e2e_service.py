@@ -256,6 +256,7 @@ def test_serve_without_a_token_file_creates_one_with_an_admin_token(tmp_path):
         from statebudget.cli import app
         res = CliRunner().invoke(app, ["residency", "--planner", f"http://127.0.0.1:{port}", "--token", admin["token"]])
         assert res.exit_code == 0 and "plan version" in res.output, res.output
+        assert "tool-wait KV rule preserve: none yet" in res.output, res.output
         res = CliRunner().invoke(app, ["residency", "--planner", f"http://127.0.0.1:{port}", "--token", "wrong-token-0123456789"])
         assert res.exit_code == 2 and "401" in res.output and "unknown bearer token" in res.output
     finally:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..models.state import expert_key, kv_key, weights_key
-from ..solvers.costs import page_touch_probs
+from ..solvers.costs import page_touch_probs, touched_pages
 from ..solvers.greedy import Candidates, solve
 from .leases import LeaseLedger, LeaseRequest, LeaseState, Quote, decide, rank_key, rejection_reason
 from .predictor import Predictor
@@ -74,8 +74,8 @@ class PlannerCore:
         self._kv_rate_cache: dict[tuple, tuple[float, float]] = {}
         self._group_rows: dict[tuple, np.ndarray] = {}
         self._kv_view = None
-        self._hot_pages = {m.name: _hot_pages(m, self.cfg.page_min_touch) for m in catalog.models}
-        self._lease_pages = {m.name: _hot_pages(m, self.cfg.lease_page_min_touch) for m in catalog.models}
+        self._hot_pages = {m.name: touched_pages(m, self.cfg.page_min_touch) for m in catalog.models}
+        self._lease_pages = {m.name: touched_pages(m, self.cfg.lease_page_min_touch) for m in catalog.models}
 
     # ---- the greedy step ------------------------------------------------------------------------
     def plan(self, view, now: float) -> list:
@@ -384,9 +384,3 @@ class PlannerCore:
                     self.lease_of_call[(req.program, req.for_call)] = lease.lease_id
             out.append((lease, group))
         return out
-
-
-def _hot_pages(m, min_touch: float) -> list[tuple[int, float]]:
-    if m.moe is None:
-        return []
-    return [(int(i), float(t)) for i, t in enumerate(page_touch_probs(m.moe)) if t >= min_touch]

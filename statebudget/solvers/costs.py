@@ -30,6 +30,14 @@ def page_touch_probs(moe) -> np.ndarray:
     return np.minimum(1.0, PAGE_TOUCH * moe.pages * moe.page_popularity)
 
 
+def touched_pages(m, min_touch: float) -> list[tuple[int, float]]:
+    """The expert pages of model `m` that at least `min_touch` of its calls touch, with that
+    probability, most popular first (none for a dense model)."""
+    if m.moe is None:
+        return []
+    return [(int(i), float(t)) for i, t in enumerate(page_touch_probs(m.moe)) if t >= min_touch]
+
+
 @dataclass
 class CostModel:
     cluster: Cluster

@@ -6,7 +6,7 @@ import math
 from collections import Counter
 
 from ...models.state import expert_key, kv_key, weights_key
-from ...solvers.costs import page_touch_probs
+from ...solvers.costs import touched_pages
 from .base import NEVER, Policy, default_place
 
 
@@ -65,7 +65,7 @@ class Frequency(Policy):
 class PrefetchAll(Policy):
     """Every hinted candidate is promoted as soon as it is announced, whole: its weights, the
     program's KV for that model and, for a MoE model, the expert pages most of its calls touch
-    (`hot_pages`, as a static placement keeps them), evicting least recently used state. Seed
+    (`hot_page_ids`, as a static placement keeps them), evicting least recently used state. Seed
     000's full prefetch: "blindly prefetching every candidate fills PCIe, DRAM and the GPU"."""
     name = "prefetch-all"
     demote_to = "host"
@@ -106,7 +106,7 @@ class Static(Policy):
         home = {}
         for model, _ in sorted(shares.items(), key=lambda kv: (-kv[1], kv[0])):
             m = sim.catalog.by_name[model]
-            need = (m.dense_bytes + hot_pages(m) * (m.moe.page_bytes if m.moe else 0)) / m.tp
+            need = (m.dense_bytes + len(hot_page_ids(m)) * (m.moe.page_bytes if m.moe else 0)) / m.tp
             fits = [g for g in sim.groups(m.tp) if all(budget[i] >= need for i in g)]
             if not fits:
                 continue
@@ -124,7 +124,7 @@ class Static(Policy):
         out = []
         for model, g in self.home.items():
             m = sim.catalog.by_name[model]
-            keys = [weights_key(model)] + [expert_key(model, p) for p in range(hot_pages(m))]
+            keys = [weights_key(model)] + [expert_key(model, p) for p in hot_page_ids(m)]
             for k in keys:
                 self.pinned.add((k, g))
                 out.append(("promote", k, g))
@@ -140,16 +140,10 @@ class Static(Policy):
         return (victim.key, victim.group) not in self.pinned
 
 
-def hot_pages(m) -> int:
-    """Pages a MoE model keeps resident in a static placement: those most of its calls touch."""
-    return len(hot_page_ids(m))
-
-
 def hot_page_ids(m) -> list[int]:
-    """The pages of a MoE model that at least half of its calls touch (none for a dense model)."""
-    if m.moe is None:
-        return []
-    return [int(p) for p in (page_touch_probs(m.moe) >= 0.5).nonzero()[0]]
+    """The pages of a MoE model that at least half of its calls touch (none for a dense model):
+    what a static placement keeps resident and what prefetch-all brings with the weights."""
+    return [p for p, _ in touched_pages(m, 0.5)]
 
 
 class LlamaSwap(Policy):

@@ -239,13 +239,20 @@ def gen_mapreduce(g: _Gen, mean_gap_s: float = 90.0) -> list[Program]:
 # ---- mixed-tenants -------------------------------------------------------------------------------
 def gen_mixed_tenants(g: _Gen) -> list[Program]:
     progs = gen_swe_team(g, developers=5, mean_gap_s=600.0)
+    return progs + _batch_chains(g, "batch", lambda rng: int(rng.integers(2, 6)))
+
+
+def _batch_chains(g: _Gen, prefix: str, n_calls, tenants: int = 3, mean_gap_s: float = 240.0) -> list[Program]:
+    """Batch tenants `<prefix>0..`: each program a chain of `n_calls(rng)` calls (summarizer or
+    planner), each followed by a shell tool, on a long conversation-shaped context."""
     rng = g.rng
-    for t in range(3):
-        for k, start in enumerate(g.starts(240.0)):
-            b = _Builder(g, f"batch{t}-p{k:04d}", f"batch{t}", start, "batch",
+    progs = []
+    for t in range(tenants):
+        for k, start in enumerate(g.starts(mean_gap_s)):
+            b = _Builder(g, f"{prefix}{t}-p{k:04d}", f"{prefix}{t}", start, "batch",
                          int(np.clip(g.quantile_sample(g.tok["conv"]["context_quantiles"]) * 4, 500, 40_000)))
             last = None
-            for _ in range(int(rng.integers(2, 6))):
+            for _ in range(n_calls(rng)):
                 model = "summarizer" if rng.random() < 0.7 else "planner"
                 last = b.call(model, [last] if last else [])
                 last = b.tool("shell", [last])
@@ -254,20 +261,9 @@ def gen_mixed_tenants(g: _Gen) -> list[Program]:
 
 
 # ---- long-tail -----------------------------------------------------------------------------------
-def gen_long_tail(g: _Gen, tenants: int = 3, mean_gap_s: float = 240.0, max_calls: int = 60) -> list[Program]:
-    rng = g.rng
-    progs = []
-    for t in range(tenants):
-        for k, start in enumerate(g.starts(mean_gap_s)):
-            b = _Builder(g, f"tail{t}-p{k:04d}", f"tail{t}", start, "batch",
-                         int(np.clip(g.quantile_sample(g.tok["conv"]["context_quantiles"]) * 4, 500, 40_000)))
-            last = None
-            for _ in range(int(min(max_calls, np.floor(rng.pareto(LONG_TAIL_ALPHA) + 1)))):
-                model = "summarizer" if rng.random() < 0.7 else "planner"
-                last = b.call(model, [last] if last else [])
-                last = b.tool("shell", [last])
-            progs.append(b.program())
-    return progs
+def gen_long_tail(g: _Gen, max_calls: int = 60) -> list[Program]:
+    """mixed-tenants' batch chains, with Pareto-many calls instead of 2 to 5."""
+    return _batch_chains(g, "tail", lambda rng: int(min(max_calls, np.floor(rng.pareto(LONG_TAIL_ALPHA) + 1))))
 
 
 def generate(preset: str, seed: int, hours: float, load: float = 1.0) -> Trace:

@@ -273,8 +273,7 @@ class LivePlanner(ResidencyView):
         rec.calls[ev["call"]] = {"model": model, "status": "arrived", "arrived_s": self.now, "group": None,
                                  "handoff": rec.last_model is not None and rec.last_model != model, "attempt": attempt,
                                  "path_in_s": path_in, "service_s": service}
-        if self.kvw.pending:
-            self.kvw.outcome(kv_key(rec.program, model), True)
+        self.kvw.outcome(kv_key(rec.program, model), True)
         self._keep_kv(kv_key(rec.program, model))
         self.policy.on_call_arrive(self, _Call(rec.program, ev["call"], model, ev.get("context_tokens", 0),
                                                ev.get("output_tokens", 0)))
@@ -442,13 +441,12 @@ class LivePlanner(ResidencyView):
             if call["status"] in ("arrived", "started"):
                 call["status"] = status
         self.kv_waits.pop(rec.program, None)
-        for m in self.catalog.models:
-            kvk = kv_key(rec.program, m.name)
+        for kvk in self._kv_keys(rec.program):
             self.kvw.outcome(kvk, False)
             self.swap_in_after.pop(kvk, None)
             decisions += self._drop_all(kvk)
             if self.kv_tokens.pop(kvk, None) is not None:
-                self.store.delete_kv(rec.program, m.name)
+                self.store.delete_kv(rec.program, kvk[2])
         self.policy.on_program_end(self, _Prog(rec.program, rec.tenant))
         self._apply(decisions)
         self._save_program(rec)
@@ -478,14 +476,14 @@ class LivePlanner(ResidencyView):
     def _busy(self, rec: ProgramRec) -> bool:
         return any(c["status"] in ("arrived", "started") for c in rec.calls.values())
 
+    def _kv_keys(self, program: str) -> list[tuple]:
+        """The keys a program's KV may have: one per model of the catalog."""
+        return [kv_key(program, m.name) for m in self.catalog.models]
+
     def _kv_copies(self, program: str) -> list[GpuCopy]:
         """The program's KV copies in HBM that are ready and that no running call pins."""
-        out = []
-        for m in self.catalog.models:
-            kvk = kv_key(program, m.name)
-            out += [c for g in sorted(self.tiers.groups_of.get(kvk, ())) if (c := self.tiers.gpu[(kvk, g)]).ready
-                    and not c.pins]
-        return out
+        return [c for kvk in self._kv_keys(program) for g in sorted(self.tiers.groups_of.get(kvk, ()))
+                if (c := self.tiers.gpu[(kvk, g)]).ready and not c.pins]
 
     def _tool_wait_kv(self, rec: ProgramRec) -> None:
         """A tool started: the rule for each KV copy of the program, unless another of its calls
@@ -557,8 +555,7 @@ class LivePlanner(ResidencyView):
             self._promote(kvk, group, background=True)
 
     def _end_suspensions(self, program: str) -> None:
-        for m in self.catalog.models:
-            kvk = kv_key(program, m.name)
+        for kvk in self._kv_keys(program):
             for g in self.tiers.groups_of.get(kvk, ()):
                 self.tiers.gpu[(kvk, g)].suspended_since = None
 

@@ -398,8 +398,7 @@ class Simulator(ResidencyView):
     def _call_arrive(self, c: CallRec):
         c.arrive = self.now
         c.state = "waiting"
-        if self.kvw.pending:
-            self.kvw.outcome(kv_key(c.program, c.model), True)
+        self.kvw.outcome(kv_key(c.program, c.model), True)
         self._keep_kv(kv_key(c.program, c.model))
         self._apply(self._hook("on_call_arrive", c))
         c.group = self._decide(self.policy.place, c)
@@ -942,8 +941,9 @@ class Simulator(ResidencyView):
         """A call came back to this KV while a tool-wait swap-out still writes it to host DRAM:
         where the room it freed is still free, the move stops and its source, which never left
         HBM, is ready again (the live planner does the same with its open ops)."""
-        for (k, _), hc in list(self.tiers.host.items()):
-            if k != kvk or hc.source is None:
+        for n in self.cluster.nodes:
+            hc = self.tiers.host.get((kvk, n.name))
+            if hc is None or hc.source is None:
                 continue
             token, src = hc.source
             if (kvk, src.group) in self.tiers.gpu or not self.tiers.alloc_gpu(src.group, src.per_gpu):

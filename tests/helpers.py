@@ -76,3 +76,10 @@ def toy_trace_jsonl(seed: int = 1, hours: float = 0.05) -> str:
             h["model"] = TOY_MODELS.get(h["model"], h["model"])
         lines.append(json.dumps(d))
     return "\n".join(lines) + "\n"
+
+
+def report_op(p, op, status="done", **kw):
+    """An adapter's report of `op` to the live planner `p`: done (by default) with the op's version
+    and epoch, as a correct adapter sends it."""
+    return p.report(p.ops[op.op_id].node if op.op_id in p.ops else "n0", op.op_id,
+                    {"status": status, "version": op.version, "epoch": op.epoch, "checksum": "c", **kw})

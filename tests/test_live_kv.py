@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from helpers import call, catalog, cluster, program, tool, trace
+from helpers import call, catalog, cluster, program, report_op, tool, trace
 from statebudget.engine_adapters.base import run_order
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.models.plan import Op
@@ -35,11 +35,6 @@ def planner(rule, waits=None):
     return p, clock
 
 
-def done(p, rec):
-    return p.report(rec.node, rec.op.op_id, {"status": "done", "version": rec.op.version, "epoch": rec.op.epoch,
-                                             "checksum": "c"})
-
-
 def kv_ops(p):
     return [r for r in p.ops.values() if tuple(r.op.object) == KV]
 
@@ -52,7 +47,7 @@ def after_a_call(p, clock, tokens=TOKENS):
     clock.t = 1.0
     p.event("a", {"type": "call_finished", "program": "p1", "call": "c1", "tokens": tokens})
     for rec in list(p.ops.values()):
-        done(p, rec)
+        report_op(p, rec.op)
     (group,) = p.tiers.groups_of[KV]
     assert p.tiers.gpu[(KV, group)].ready
     return group
@@ -72,7 +67,7 @@ def test_swap_moves_the_kv_to_host_in_the_background_and_discard_drops_it():
         assert rec.op.background == (rule == "swap") and rec.op.bytes == pytest.approx(KV_BYTES)
         assert (KV, group) not in p.tiers.gpu and p.kv_tokens[KV] == TOKENS  # the version stays: recompute it
         assert p.residency()["tool_wait_kv"]["actions"] == {rule: 1}
-        done(p, rec)
+        report_op(p, rec.op)
         if rule == "swap":
             assert p.tiers.host[(KV, p.gpus[group[0]].node)].ready
         p.tiers.check()
@@ -127,11 +122,11 @@ def test_adaptive_preserves_a_short_wait_then_swaps_when_it_runs_long_and_swaps_
     clock.t += back_in
     p.tick()
     assert kv_ops(p) == [out]  # the swap-out is still being written: the swap-in waits for it
-    done(p, out)
+    report_op(p, out.op)
     (back,) = kv_ops(p)
     assert (back.op.kind, back.op.src, back.op.dst, back.op.background) == \
         ("promote", out.op.dst, f"gpu:{group[0]}", True)
-    done(p, back)
+    report_op(p, back.op)
     assert p.tiers.gpu[(KV, group)].ready
     p.tiers.check()
 
@@ -153,7 +148,7 @@ def test_adaptive_learns_from_the_service_that_programs_do_not_come_back_to_thei
         p.event("a", {"type": "tool_finished", "program": prog, "tool": "build", "duration_s": 30.0})
         p.event("a", {"type": "program_finished", "program": prog})
         for rec in list(p.ops.values()):
-            done(p, rec)
+            report_op(p, rec.op)
         clock.t += 40.0
     assert p.kvw.actions["swap"] >= 1
     assert p.kvw.resume.p("build", "m") < 0.3
@@ -171,7 +166,7 @@ def test_a_cancel_during_a_swap_leaves_nothing_behind():
     assert out.op.op_id not in p.ops  # the swap-out is cancelled ...
     (drop,) = kv_ops(p)  # ... and its source, still in HBM, must go
     assert (drop.op.kind, drop.op.src, drop.op.dst) == ("drop", out.op.src, "none")
-    done(p, drop)
+    report_op(p, drop.op)
     clock.t += 100.0
     p.tick()  # the swap-in timer fires into a cancelled program: nothing
     assert not kv_ops(p) and KV not in p.kv_tokens
@@ -264,7 +259,7 @@ def test_a_repeated_tool_start_keeps_the_planned_swap_in():
     after_a_call(p, clock)
     start_tool(p)
     (out,) = kv_ops(p)
-    done(p, out)
+    report_op(p, out.op)
     due = p.due_in()
     clock.t += 1.0
     start_tool(p)  # the runtime re-sent the event

@@ -4,6 +4,7 @@ not dropped when it grows, a failed demotion adopts its source, and a lease with
 
 import pytest
 
+from helpers import report_op
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.planner.ledger import Store
 from statebudget.planner.live import Conflict, LivePlanner
@@ -13,11 +14,6 @@ W = ("w", "planner")
 
 def planner(db=None):
     return LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(db) if db else None)
-
-
-def report(p, op, status="done", **kw):
-    return p.report(p.ops[op.op_id].node if op.op_id in p.ops else "n0", op.op_id,
-                    {"status": status, "version": op.version, "epoch": op.epoch, "checksum": "c", **kw})
 
 
 def test_a_refused_report_is_closed_on_disk_too(tmp_path):
@@ -48,7 +44,7 @@ def test_a_lease_on_a_copy_in_flight_waits_for_its_commit_and_survives_the_other
     (op,) = [r.op for r in p.ops.values()]  # one transfer serves both
     p.cancel_lease("a", la["lease_id"])
     assert op.op_id in p.ops  # b still needs it
-    report(p, op)
+    report_op(p, op)
     assert p.lease_view(p.ledger.leases[lb["lease_id"]])["ready"]
 
 
@@ -68,13 +64,13 @@ def test_a_failed_demotion_adopts_its_source_when_it_is_being_promoted_back():
     p = planner()
     with p.store.tx():
         p._apply([("promote", W, (0,))])
-    report(p, next(r.op for r in p.ops.values()))
+    report_op(p, next(r.op for r in p.ops.values()))
     with p.store.tx():
         p._apply([("demote", W, (0,), "host")])
     demote = next(r.op for r in p.ops.values())
     with p.store.tx():
         p._apply([("promote", W, (0,))])
-    report(p, demote, "failed", error="engine busy")
+    report_op(p, demote, "failed", error="engine busy")
     assert p.tiers.gpu[(W, (0,))].ready  # the source never left HBM
     assert not p.ops  # neither the promotion back nor a drop is left to run
     p.tiers.check()

@@ -114,8 +114,8 @@ def queue_key(discipline: str, arrive: float, now: float, program_service: float
     urgency = URGENCY_CAP_S - slack while 0 <= slack < URGENCY_CAP_S (else 0), where slack is the
     time left to the call's TTFT bound after its predicted prefill (§19). The tenant excess is the tenant's share of the service
     given so far minus its weighted fair share, in [-1, 1]. Both terms are bounded, and the
-    starvation promotion ignores them, so the overtaking window of the docstring stays
-    `starve_s` at most."""
+    starvation promotion ignores them, so the overtaking window of the module docstring
+    (`overtaking_window_s`) holds."""
     if discipline == "fcfs":
         return (0, 0.0, arrive)
     service = service_level(program_service if discipline == "plas" else path_service)

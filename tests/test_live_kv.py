@@ -100,6 +100,8 @@ def test_adaptive_preserves_a_short_wait_then_swaps_when_it_runs_long_and_swaps_
     # trip over PCIe. This one goes on: at the TTL the rule decides again on the wait still
     # expected, moves the KV out, and brings it back ahead of the predicted return.
     p, clock = planner("adaptive", waits={"quick": (0.05, 1.5)})
+    metered = []
+    p.telemetry.kv_action = metered.append
     group = after_a_call(p, clock)
     start_tool(p, "quick")
     assert not kv_ops(p) and p.kvw.actions == {"preserve": 1}
@@ -117,6 +119,7 @@ def test_adaptive_preserves_a_short_wait_then_swaps_when_it_runs_long_and_swaps_
     (out,) = kv_ops(p)
     assert out.op.kind == "demote" and out.op.background and p.kvw.actions["swap"] == 1
     assert p.kvw.actions["preserve"] == 1  # a TTL that keeps it preserved is no new action
+    assert rechecks > 1 and metered == ["preserve", "swap"]  # /metrics counts the same actions
     back_in = p.due_in()
     assert back_in is not None and back_in >= 0
     clock.t += back_in

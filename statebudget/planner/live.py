@@ -501,7 +501,8 @@ class LivePlanner(ResidencyView):
     def _suspend_kv(self, rec: ProgramRec, c: GpuCopy, predicted: float | None) -> None:
         tool, since, _ = rec.tool
         act = self.kvw.decide_copy(self, tool, c, predicted, since)
-        self.telemetry.kv_action(act.rule)
+        if act.new:  # /metrics counts what the books' `actions` count
+            self.telemetry.kv_action(act.rule)
         if act.rule == "preserve":
             if c.suspended_since is None:
                 c.suspended_since = self.now

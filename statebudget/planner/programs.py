@@ -174,6 +174,7 @@ class KvAction:
     rule: str                          # preserve | swap | discard
     recheck_at: float | None = None    # preserve: judge it again then, if the tool still runs (the TTL, §22)
     swap_in_at: float | None = None    # swap: bring it back then, before the predicted return (§21)
+    new: bool = True                   # counted in `actions` (a TTL that keeps a KV preserved is not)
 
 
 class ToolWaitKV:
@@ -223,13 +224,14 @@ class ToolWaitKV:
         elif rule == "adaptive":
             p_resume = self.resume.p(tool, model)
             rule = adaptive_choice(kv_bytes, predicted, hbm_bytes, pcie_bps, recompute_s, p_resume)
-        if rule != "preserve" or not preserved:  # a TTL that keeps it preserved is no new action
+        new = rule != "preserve" or not preserved  # a TTL that keeps it preserved is no new action
+        if new:
             self.actions[rule] += 1
         if rule == "preserve":
             # judged again once the wait outlasts its predicted median, at least doubling the wait
             # each time (few timers)
             at = now + max(predicted, now - since, 1e-3) if predicted is not None else None
-            return KvAction("preserve", recheck_at=at)
+            return KvAction("preserve", recheck_at=at, new=new)
         if rule == "swap":
             back = None
             if predicted is not None and p_resume >= 0.5:  # bring it back before the predicted return

@@ -516,7 +516,7 @@ def residency(
               title=f"plan version {body['plan_version']}, {body['open_ops']} open ops; leases {body['leases']}; "
                     f"programs {body['programs']}")
     kv = body.get("tool_wait_kv") or {}
-    suspended = {tuple(("kv", *name.split("/", 1))) for name in kv.get("suspended", ())}
+    suspended = {tuple(obj) for obj in kv.get("suspended", ())}  # objects, as the copies name them
     for c in body["copies"]:
         state = "ready" if c["ready"] else "[yellow]in flight[/]"
         if c["ready"] and tuple(c["object"]) in suspended and c["tier"].startswith("gpu:"):

@@ -39,22 +39,22 @@ def kv_ops(p):
     return [r for r in p.ops.values() if tuple(r.op.object) == KV]
 
 
-def after_a_call(p, clock, tokens=TOKENS):
-    """p1 ran one planner call whose KV stays in HBM; the engine reported every op it was given."""
-    p.event("a", {"type": "program_started", "program": "p1"})
-    p.event("a", {"type": "call_arrived", "program": "p1", "call": "c1", "model": "planner"})
-    p.event("a", {"type": "call_started", "program": "p1", "call": "c1"})
+def after_a_call(p, clock, tokens=TOKENS, prog="p1"):
+    """`prog` ran one planner call whose KV stays in HBM; the engine reported every op it was given."""
+    p.event("a", {"type": "program_started", "program": prog})
+    p.event("a", {"type": "call_arrived", "program": prog, "call": "c1", "model": "planner"})
+    p.event("a", {"type": "call_started", "program": prog, "call": "c1"})
     clock.t = 1.0
-    p.event("a", {"type": "call_finished", "program": "p1", "call": "c1", "tokens": tokens})
+    p.event("a", {"type": "call_finished", "program": prog, "call": "c1", "tokens": tokens})
     for rec in list(p.ops.values()):
         report_op(p, rec.op)
-    (group,) = p.tiers.groups_of[KV]
-    assert p.tiers.gpu[(KV, group)].ready
+    (group,) = p.tiers.groups_of[("kv", prog, "planner")]
+    assert p.tiers.gpu[(("kv", prog, "planner"), group)].ready
     return group
 
 
-def start_tool(p, tool_name="build", tid="t1"):
-    p.event("a", {"type": "tool_started", "program": "p1", "tool": tool_name, "call": tid})
+def start_tool(p, tool_name="build", tid="t1", prog="p1"):
+    p.event("a", {"type": "tool_started", "program": prog, "tool": tool_name, "call": tid})
 
 
 def test_swap_moves_the_kv_to_host_in_the_background_and_discard_drops_it():
@@ -78,12 +78,34 @@ def test_preserve_holds_the_kv_suspended_until_the_tool_returns():
     group = after_a_call(p, clock)
     start_tool(p)
     assert not kv_ops(p) and p.due_in() is None  # no op, and no timer: preserve never decides again
-    assert p.residency()["tool_wait_kv"]["suspended"] == ["p1/planner"]
+    assert p.residency()["tool_wait_kv"]["suspended"] == [["kv", "p1", "planner"]]
     clock.t = 30.0
     p.tick()
     assert p.tiers.gpu[(KV, group)].ready and not kv_ops(p)
     p.event("a", {"type": "tool_finished", "program": "p1", "tool": "build", "call": "t1"})
     assert p.residency()["tool_wait_kv"]["suspended"] == []
+
+
+def test_the_residency_cli_marks_a_kv_held_through_a_tool_wait_whatever_its_name(monkeypatch, tmp_path):
+    # names may hold '/' (the API allows it): the CLI matches the suspended objects whole
+    import httpx
+    from typer.testing import CliRunner
+
+    from statebudget.cli import app
+
+    p, clock = planner("preserve")
+    group = after_a_call(p, clock, prog="team/p1")
+    start_tool(p, prog="team/p1")
+    body = p.residency()
+    assert body["tool_wait_kv"]["suspended"] == [["kv", "team/p1", "planner"]]
+    monkeypatch.setattr(httpx, "get", lambda url, **kw: httpx.Response(200, json=body))
+    monkeypatch.setenv("COLUMNS", "200")
+    res = CliRunner().invoke(app, ["residency", "--planner", "http://127.0.0.1:1", "--token", "t",
+                                   "--json", str(tmp_path / "r.json")])
+    assert res.exit_code == 0, res.output
+    row = next(line for line in res.output.splitlines() if "kv/team/p1/planner" in line)
+    assert f"gpu:{group[0]}" in row and "ready, tool wait" in row, res.output
+    assert "1 KV held through a tool wait" in res.output
 
 
 def test_a_program_with_a_call_still_running_is_not_suspended():
@@ -132,6 +154,46 @@ def test_adaptive_preserves_a_short_wait_then_swaps_when_it_runs_long_and_swaps_
     report_op(p, back.op)
     assert p.tiers.gpu[(KV, group)].ready
     p.tiers.check()
+
+
+def test_a_restart_takes_a_tool_wait_up_where_it_is(monkeypatch, tmp_path):
+    # Timers are not on disk. Restarted during the wait, the planner judges a KV still in HBM on the
+    # wait still expected (here: it has run long, so it swaps), and one already swapped out gets
+    # its swap-in before the predicted return again. Without that, both stay put until the call.
+    from statebudget.planner.ledger import Store
+
+    waits = ToolWaitModel({"quick": (0.05, 1.5)})
+    monkeypatch.setattr(ToolWaitModel, "from_fit", classmethod(lambda cls, *a, **k: waits))
+    cl, cat = load_cluster("toy2"), load_catalog("toy")
+    for swapped_before in (False, True):
+        clock = Clock()
+        db = tmp_path / f"sb-{swapped_before}.db"
+        p = LivePlanner(cl, cat, Store(db), clock=clock, kv_rule="adaptive")
+        group = after_a_call(p, clock)
+        start_tool(p, "quick")
+        if swapped_before:
+            while not kv_ops(p):
+                clock.t += p.due_in()
+                p.tick()
+            (out,) = kv_ops(p)
+            report_op(p, out.op)
+            assert (KV, group) not in p.tiers.gpu
+        p.store.close()
+        clock.t += 5.0  # down for a while; the tool still runs
+        q = LivePlanner(cl, cat, Store(db), clock=clock, kv_rule="adaptive")
+        assert q.due_in() is not None  # the swap-in's timer
+        if not swapped_before:
+            (out,) = kv_ops(q)  # 5 s into a wait predicted at 50 ms: out it goes, at once
+            assert out.op.kind == "demote" and out.op.background and q.kvw.actions == {"swap": 1}
+            report_op(q, out.op)
+        while q.due_in() is not None and not [r for r in kv_ops(q) if r.op.kind == "promote"]:
+            clock.t += max(q.due_in(), 0.0)
+            q.tick()
+        (back,) = [r for r in kv_ops(q) if r.op.kind == "promote"]
+        assert (back.op.dst, back.op.background) == (f"gpu:{group[0]}", True)
+        report_op(q, back.op)
+        assert q.tiers.gpu[(KV, group)].ready
+        q.tiers.check()
 
 
 def test_adaptive_learns_from_the_service_that_programs_do_not_come_back_to_their_kv():

@@ -167,7 +167,7 @@ class LivePlanner(ResidencyView):
         self.catalog_epoch = 1
         self._op_seq = 0
         self.plan_due = False
-        # Tool-wait KV timers (not kept on disk: after a restart a suspended KV is left to the budget):
+        # Tool-wait KV timers (not kept on disk: a restart takes each tool wait up again, _resume_tool_wait):
         self.kv_timers: list = []   # heap of (at, seq, "recheck" | "swap_in", program, since, key, group)
         self.kv_waits: dict[str, float | None] = {}  # program -> the predicted wait of its running tool
         self.swap_in_after: dict[tuple, tuple] = {}  # KV key -> (program, since, group): swap in once written
@@ -944,8 +944,8 @@ class LivePlanner(ResidencyView):
                 "programs": Counter(r.status for r in self.programs.values()), "leases": self.ledger.counts(),
                 "kv_tokens": {f"{k[1]}/{k[2]}": t for k, t in self.kv_tokens.items()},
                 "tool_wait_kv": {"rule": self.kvw.rule, "actions": dict(self.kvw.actions),
-                                 "suspended": sorted(f"{k[1]}/{k[2]}" for (k, _), c in self.tiers.gpu.items()
-                                                     if c.suspended_since is not None)}}
+                                 "suspended": [list(k) for k in sorted({tuple(map(str, k)) for (k, _), c in self.tiers.gpu.items()
+                                                                      if c.suspended_since is not None})]}}
 
     # ---- durability ---------------------------------------------------------------------------------
     def _save_meta(self) -> None:
@@ -1041,7 +1041,35 @@ class LivePlanner(ResidencyView):
                 if lease is not None and not lease.state.live:
                     self._close(rec, "cancelled", f"lease {lease.lease_id} is {lease.state.name.lower()}")
             self.ledger.changed.clear()
+            for rec in self.programs.values():
+                if rec.status == "running" and rec.tool is not None and not self._busy(rec):
+                    self._resume_tool_wait(rec)
             self._bump()  # adapters polling with the old version see the open ops again
+
+    def _resume_tool_wait(self, rec: ProgramRec) -> None:
+        """After a restart, a tool wait that goes on is taken up where it is (its timers were not on
+        disk): a KV still in HBM is judged on the wait still expected, one swapped out to host DRAM
+        gets its swap-in again. The rule's counts and predictions start afresh, as at any restart."""
+        tool, since, _ = rec.tool
+        self.kv_waits[rec.program] = self.kvw.started(tool)
+        left = self.kvw.remaining(tool, self.now - since) if self.kv_waits[rec.program] is not None else None
+        for c in self._kv_copies(rec.program):
+            if self._moves_out(c.key, c.group):
+                continue  # its swap-out is open, offered again
+            self.kvw.suspended(c.key, tool)
+            c.suspended_since = since  # held since the wait began: a preserve is not counted again
+            self._suspend_kv(rec, c, left)
+        for kvk in self._kv_keys(rec.program):
+            group = next((tuple(call["group"]) for call in reversed(list(rec.calls.values()))
+                          if call["model"] == kvk[2] and call["group"] is not None), None)
+            if kvk not in self.kv_tokens or kvk in self.tiers.groups_of or group is None or \
+                    (kvk, self.gpus[group[0]].node) not in self.tiers.host:
+                continue
+            at = self.kvw.swap_in_at(tool, kvk[2], self.tiers.host[(kvk, self.gpus[group[0]].node)].nbytes, left,
+                                     self.cost.link_bw[f"h2d:{self.gpus[group[0]].id}"] * len(group), self.now)
+            if at is not None:
+                self.kvw.suspended(kvk, tool)
+                heapq.heappush(self.kv_timers, (at, next(self._timer_seq), "swap_in", rec.program, since, kvk, group))
 
 
 def _key(obj) -> tuple:

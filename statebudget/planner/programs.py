@@ -233,11 +233,16 @@ class ToolWaitKV:
             at = now + max(predicted, now - since, 1e-3) if predicted is not None else None
             return KvAction("preserve", recheck_at=at, new=new)
         if rule == "swap":
-            back = None
-            if predicted is not None and p_resume >= 0.5:  # bring it back before the predicted return
-                back = now + max(0.0, predicted - 2 * kv_bytes / (pcie_bps * KV_SWAP_SHARE))
-            return KvAction("swap", swap_in_at=back)
+            return KvAction("swap", swap_in_at=self.swap_in_at(tool, model, kv_bytes, predicted, pcie_bps, now))
         return KvAction("discard")
+
+    def swap_in_at(self, tool: str, model: str, kv_bytes: float, predicted: float | None, pcie_bps: float,
+                   now: float) -> float | None:
+        """When a KV swapped out for this wait comes back: ahead of the predicted return by twice
+        its copy at the swap share, if the rule predicts one and the program likely resumes."""
+        if predicted is None or self.resume.p(tool, model) < 0.5:
+            return None
+        return now + max(0.0, predicted - 2 * kv_bytes / (pcie_bps * KV_SWAP_SHARE))
 
     def decide_copy(self, view, tool: str, copy, predicted: float | None, since: float) -> KvAction:
         """`decide` for a KV copy in a mechanism's books (`view`: the simulator or the live

@@ -110,11 +110,33 @@ def test_no_late_result_across_an_epoch_and_no_new_call_after_a_cancel():
     assert p.event("t", {"type": "program_cancelled", "program": "a"})["epoch"] == 1
     with pytest.raises(Conflict, match="stale"):
         p.event("t", {"type": "tool_finished", "program": "a", "tool": "shell", "call": "t2", "epoch": 0})
+    for late in ({"call": "t2"}, {}):  # without an epoch too: the program is over, nothing awaits it
+        with pytest.raises(Conflict, match="late: the program is cancelled"):
+            p.event("t", {"type": "tool_finished", "program": "a", "tool": "shell", **late})
     for ev in ({"type": "call_arrived", "call": "c9", "model": "coder"}, {"type": "tool_started", "tool": "shell"}):
         with pytest.raises(Conflict, match="cancelled"):
             p.event("t", {"program": "a", **ev})
     with pytest.raises(Conflict):
         p.submit_lease("t", {"program": "a", "model": "coder", "deadline_s": 10})
+
+
+def test_threads_wait_on_tools_side_by_side_and_a_retry_supersedes_only_its_own_thread():
+    clock = Clock()
+    p = planner(clock)
+    p.event("t", {"type": "program_started", "program": "a"})
+    for th, tid in (("map0", "s0"), ("map1", "s1")):  # two branches of a fork/join search at once
+        p.event("t", {"type": "tool_started", "program": "a", "tool": "search", "call": tid, "thread": th})
+    clock.t += 2
+    p.event("t", {"type": "tool_started", "program": "a", "tool": "search", "call": "s1b", "thread": "map1"})
+    with pytest.raises(Conflict, match="late"):  # map1's first call was retried ...
+        p.event("t", {"type": "tool_finished", "program": "a", "tool": "search", "call": "s1"})
+    clock.t += 3
+    seen = []
+    p.kvw.waits.observe = lambda tool, s: seen.append((tool, s))
+    out = p.event("t", {"type": "tool_finished", "program": "a", "tool": "search", "call": "s0"})
+    assert out["duration_s"] == 5.0  # ... map0's goes on: its result is on time, timed from its own start
+    assert p.event("t", {"type": "tool_finished", "program": "a", "tool": "search", "call": "s1b"})["duration_s"] == 3.0
+    assert seen == [("search", 5.0), ("search", 3.0)] and not p.programs["a"].tools
 
 
 def test_every_kv_released_at_finish_and_at_cancel():
@@ -145,9 +167,10 @@ def scenarios(draw):
             after = draw(st.lists(st.integers(0, i - 1), max_size=2, unique=True)) if i else []
             nodes.append((draw(st.sampled_from(["call", "tool"])), sorted(after), draw(st.sampled_from(MODELS))))
         programs.append(nodes)
-    actions = draw(st.lists(st.tuples(st.sampled_from(["step", "step", "step", "repeat", "cancel", "timeout",
-                                                       "late", "adapter", "tick", "lease"]),
-                                      st.integers(0, 1000)), max_size=120))
+    actions = draw(st.lists(st.tuples(st.sampled_from(["step", "step", "step", "step", "repeat", "repeat", "cancel",
+                                                       "timeout", "late", "adapter", "tick", "lease", "retry",
+                                                       "early"]),
+                                      st.integers(0, 1000)), min_size=20, max_size=150))
     return programs, actions
 
 
@@ -158,7 +181,16 @@ class Runtime:
         self.pid, self.nodes = pid, nodes
         self.phase = {i: 0 for i in range(len(nodes))}  # events sent for each node
         self.tool_try = {i: 0 for i in range(len(nodes))}
-        self.last = None
+        self.attempt = {i: 0 for i in range(len(nodes))}
+        # A node's thread: its first parent's, for that parent's first child; branches wait on tools
+        # side by side, each on its own thread.
+        heir, self.thread = {}, {}
+        for i, (_, after, _) in enumerate(nodes):
+            if after:
+                heir.setdefault(after[0], i)
+        for i, (_, after, _) in enumerate(nodes):
+            self.thread[i] = self.thread[after[0]] if after and heir[after[0]] == i else f"th{i}"
+        self.sent: list[dict] = []  # every event sent, for duplicate deliveries
         self.late: list[dict] = []
         self.started = False
         self.ended = False
@@ -167,26 +199,52 @@ class Runtime:
         kind = self.nodes[i][0]
         return self.phase[i] >= (3 if kind == "call" else 2)
 
-    def next_event(self) -> dict | None:
+    def next_event(self, pick: int = 0) -> dict | None:
+        """The next event of one of the nodes that can move (the `pick`-th, cyclically), so that
+        branches interleave: two threads wait on tools at once, calls run side by side."""
         if not self.started:
             self.started = True
             return {"type": "program_started", "program": self.pid}
-        for i, (kind, after, model) in enumerate(self.nodes):
-            if self.done(i) or not all(self.done(a) for a in after):
-                continue
+        ready = [i for i in range(len(self.nodes)) if not self.done(i) and all(self.done(a) for a in self.nodes[i][1])]
+        for i in ready[pick % len(ready):pick % len(ready) + 1] if ready else ():
+            kind = self.nodes[i][0]
             ph = self.phase[i]
             self.phase[i] += 1
             if kind == "tool":
                 tid = f"t{i}.{self.tool_try[i]}"
-                return {"type": ["tool_started", "tool_finished"][ph], "program": self.pid, "tool": "shell", "call": tid}
-            calls = [f"n{a}" for a in after if self.nodes[a][0] == "call"]
-            return [{"type": "call_arrived", "program": self.pid, "call": f"n{i}", "model": model, "after": calls,
-                     "context_tokens": 500},
-                    {"type": "call_started", "program": self.pid, "call": f"n{i}"},
-                    {"type": "call_finished", "program": self.pid, "call": f"n{i}", "tokens": 400 * (i + 2)}][ph]
+                return {"type": ["tool_started", "tool_finished"][ph], "program": self.pid, "tool": "shell", "call": tid,
+                        "thread": self.thread[i]}
+            return self.call_event(i, ph)
         if not self.ended:
             self.ended = True
             return {"type": "program_finished", "program": self.pid}
+        return None
+
+    def call_event(self, i: int, ph: int) -> dict:
+        kind, after, model = self.nodes[i]
+        at = {"program": self.pid, "call": f"n{i}", "attempt": self.attempt[i]}
+        calls = [f"n{a}" for a in after if self.nodes[a][0] == "call"]
+        return [{"type": "call_arrived", "model": model, "after": calls, "context_tokens": 500, **at},
+                {"type": "call_started", **at},
+                {"type": "call_finished", "tokens": 400 * (i + 2) + self.attempt[i], **at}][ph]
+
+    def retry(self) -> dict | None:
+        """A call that arrived and has not finished fails and is retried (its next attempt arrives
+        again); whatever the old attempt still reports is late."""
+        for i, (kind, _, _) in enumerate(self.nodes):
+            if kind == "call" and self.phase[i] in (1, 2):
+                self.late.append(self.call_event(i, 2))
+                self.attempt[i] += 1
+                self.phase[i] = 1
+                return self.call_event(i, 0)
+        return None
+
+    def early(self) -> dict | None:
+        """A call sent before a dependency on another call has finished: it must be refused."""
+        for i, (kind, after, _) in enumerate(self.nodes):
+            if kind == "call" and self.phase[i] == 0 and any(self.nodes[a][0] == "call" and not self.done(a)
+                                                             for a in after):
+                return self.call_event(i, 0)
         return None
 
     def timeout(self) -> dict | None:
@@ -194,27 +252,30 @@ class Runtime:
         for i, (kind, _, _) in enumerate(self.nodes):
             if kind == "tool" and self.phase[i] == 1:
                 self.late.append({"type": "tool_finished", "program": self.pid, "tool": "shell",
-                                  "call": f"t{i}.{self.tool_try[i]}"})
+                                  "call": f"t{i}.{self.tool_try[i]}", "thread": self.thread[i]})
                 self.tool_try[i] += 1
-                return {"type": "tool_started", "program": self.pid, "tool": "shell", "call": f"t{i}.{self.tool_try[i]}"}
+                return {"type": "tool_started", "program": self.pid, "tool": "shell", "call": f"t{i}.{self.tool_try[i]}",
+                        "thread": self.thread[i]}
         return None
 
 
-def send(p: LivePlanner, ev: dict, commits: dict, cancelled: set):
-    """One event; checks what must be refused, counts commits of logical calls."""
-    before = None
-    if ev["type"] == "call_finished":
-        c = p.programs.get(ev["program"]).calls.get(ev["call"])
-        before = c["status"] if c else None
+def send(p: LivePlanner, ev: dict, commits: dict, cancelled: set, valid: bool = False):
+    """One event; checks what must be refused, counts the commits the planner reports (a
+    `call_finished` answered with the KV version it committed). `valid`: the runtime's own next
+    step of a live program, which the planner must take."""
     try:
         out = p.event("t", ev)
-    except REFUSED:
+    except REFUSED as e:
+        assert not (valid and ev["program"] not in cancelled), f"refused a valid {ev}: {e}"
         return None
     if ev["program"] in cancelled:
         assert ev["type"] not in ("call_arrived", "call_started", "tool_started"), f"accepted {ev} after a cancel"
-    if ev["type"] == "call_finished" and before != "finished" and out["status"] == "finished":
-        key = (ev["program"], ev["call"])
+    key = (ev["program"], ev.get("call"))
+    if ev["type"] == "call_finished" and "kv_version" in out:
         commits[key] = commits.get(key, 0) + 1
+    if ev["type"] == "call_arrived" and out["status"] == "arrived":  # no call before its dependencies
+        missing = [d for d in ev.get("after") or () if not commits.get((ev["program"], d))]
+        assert not missing, f"{ev} arrived before {missing} committed"
     return out
 
 
@@ -242,7 +303,7 @@ def settle_ops(p: LivePlanner, which: int, fail: bool):
 
 
 @given(scenarios())
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_chaos_random_dags_cancels_timeouts_and_repeats_converge(scenario):
     programs, actions = scenario
     clock = Clock()
@@ -255,23 +316,26 @@ def test_chaos_random_dags_cancels_timeouts_and_repeats_converge(scenario):
         clock.t += 0.5
         rt = rts[x % len(rts)]
         if action == "step":
-            ev = rt.next_event()
+            ev = rt.next_event(x // len(rts))
             if ev is not None:
-                rt.last = ev
-                send(p, ev, commits, cancelled)
+                rt.sent.append(ev)
+                send(p, ev, commits, cancelled, valid=True)
                 if ev["type"] == "program_finished" and p.programs[rt.pid].status == "finished":
                     ended.add(rt.pid)
-        elif action == "repeat" and rt.last is not None:
-            send(p, rt.last, commits, cancelled)  # a duplicate delivery
-        elif action == "cancel" and rt.started:
+        elif action == "repeat" and rt.sent:
+            send(p, rt.sent[-1 - x % len(rt.sent)], commits, cancelled)  # a duplicate delivery, late or not
+        elif action == "cancel" and rt.started and x % 7 == 0:  # rare: most programs should run on
             send(p, {"type": "program_cancelled", "program": rt.pid}, commits, cancelled)
             cancelled.add(rt.pid)
             ended.add(rt.pid)
             rt.ended = True
-        elif action == "timeout" and (ev := rt.timeout()) is not None:
-            send(p, ev, commits, cancelled)
+        elif action in ("timeout", "retry") and (ev := getattr(rt, action)()) is not None:
+            send(p, ev, commits, cancelled, valid=True)
+        elif action == "early" and rt.started and not rt.ended and (ev := rt.early()) is not None:
+            with pytest.raises(Conflict, match="cannot arrive before"):
+                p.event("t", ev)
         elif action == "late" and rt.late:
-            with pytest.raises(REFUSED):  # a result of a timed-out tool call, or of an old epoch
+            with pytest.raises(REFUSED):  # a result of a timed-out tool call or a retried attempt
                 p.event("t", rt.late.pop(0))
         elif action == "adapter":
             settle_ops(p, x, fail=x % 5 == 0)
@@ -292,7 +356,7 @@ def test_chaos_random_dags_cancels_timeouts_and_repeats_converge(scenario):
             if ev is None:
                 break
             clock.t += 0.5
-            send(p, ev, commits, cancelled)
+            send(p, ev, commits, cancelled, valid=True)
         ended.add(rt.pid)
     for _ in range(30):
         while p.ops:

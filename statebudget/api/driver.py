@@ -14,6 +14,7 @@ the driver counts as accepted was acknowledged by the server.
 from __future__ import annotations
 
 import asyncio
+import graphlib
 import time
 
 import httpx
@@ -75,6 +76,15 @@ class Driver:
         for h in p.hints:
             hints_at.setdefault(h.issued_at, []).append(h)
         lease_for: dict[str, dict] = {}
+        thread: dict[str, str] = {}  # a node's thread: its first parent's, for that parent's first child
+        heir = {}
+        for n in p.nodes:
+            if n.after:
+                heir.setdefault(n.after[0], n.id)
+        for nid in graphlib.TopologicalSorter({n.id: n.after for n in p.nodes}).static_order():
+            first = by_id[nid].after[0] if by_id[nid].after else None
+            thread[nid] = thread[first] if first is not None and heir[first] == nid else \
+                ("main" if not thread else nid)
 
         async def run(n):
             for a in n.after:
@@ -92,9 +102,11 @@ class Driver:
                 elif r is not None:
                     self.errors.append(f"lease {p.program}/{h.for_}: {r.status_code} {r.text[:200]}")
             if n.kind == "tool":
-                await self._event(client, type="tool_started", program=p.program, tool=n.tool or "tool")
+                await self._event(client, type="tool_started", program=p.program, tool=n.tool or "tool",
+                                  call=n.id, thread=thread[n.id])
                 await asyncio.sleep(n.duration / self.speed)
-                await self._event(client, type="tool_finished", program=p.program, tool=n.tool or "tool")
+                await self._event(client, type="tool_finished", program=p.program, tool=n.tool or "tool",
+                                  call=n.id, thread=thread[n.id])
             else:
                 rec = lease_for.get(n.id)
                 if rec is not None and rec["decision"] != "rejected":

@@ -19,13 +19,16 @@ class EventCreate(BaseModel):
     """One runtime event. `call` names a call inside its program (for tool events: the tool call's
     id, so a late result is recognised); `tokens` (call_finished) is the program's KV length for
     that model after the call, which is the KV's version; `attempt` numbers a call's retries;
-    `epoch` (optional) must be the program's current one."""
+    `epoch` (optional) must be the program's current one; `thread` (tool events, optional,
+    default `main`) names the program's thread that waits, so the threads of a fork/join program
+    wait on tools side by side (a new tool call on a thread that still waits is a retry)."""
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
     type: EventType
     program: str = Name
     call: str | None = Field(None, min_length=1, max_length=200)
     model: str | None = Field(None, min_length=1, max_length=200)
     tool: str | None = Field(None, min_length=1, max_length=200)
+    thread: str | None = Field(None, min_length=1, max_length=200)
     context_tokens: int = Field(0, ge=0, le=10_000_000)
     output_tokens: int = Field(0, ge=0, le=10_000_000)
     tokens: int = Field(0, ge=0, le=10_000_000)

@@ -46,6 +46,8 @@ from .programs import QUEUES, ToolWaitKV, queue_key
 from .ledger import Store
 from .view import ResidencyView
 
+MAIN_THREAD = "main"  # the thread of an event that names none (DESIGN.md §2: a sequential chain of a program)
+
 
 class NotFound(LookupError):
     """404: no such program, lease or op."""
@@ -103,7 +105,7 @@ class ProgramRec:
     status: str = "running"  # running | finished | cancelled
     calls: dict = field(default_factory=dict)  # call id -> {model, status, attempt, arrived_s, group, handoff}
     last_model: str | None = None
-    tool: list | None = None  # [tool, since, tool call id or None]
+    tools: dict = field(default_factory=dict)  # thread -> its running tool wait: [tool, since, tool call id or None]
     service_s: float = 0.0    # attained service: seconds its calls ran, failed attempts included
     tools_over: list = field(default_factory=list)  # tool call ids finished or superseded by a retry
 
@@ -168,9 +170,10 @@ class LivePlanner(ResidencyView):
         self._op_seq = 0
         self.plan_due = False
         # Tool-wait KV timers (not kept on disk: a restart takes each tool wait up again, _resume_tool_wait):
-        self.kv_timers: list = []   # heap of (at, seq, "recheck" | "swap_in", program, since, key, group)
-        self.kv_waits: dict[str, float | None] = {}  # program -> the predicted wait of its running tool
-        self.swap_in_after: dict[tuple, tuple] = {}  # KV key -> (program, since, group): swap in once written
+        # A tool wait is named (thread, since): a timer acts only while that same wait goes on.
+        self.kv_timers: list = []   # heap of (at, seq, "recheck" | "swap_in", program, wait, key, group)
+        self.kv_waits: dict[tuple, float | None] = {}  # (program, thread) -> the predicted wait of its tool
+        self.swap_in_after: dict[tuple, tuple] = {}  # KV key -> (program, wait, group): swap in once written
         self._timer_seq = itertools.count()
         self.stock_model_store(preload=False)
 
@@ -347,8 +350,11 @@ class LivePlanner(ResidencyView):
 
     def _call_finished(self, rec: ProgramRec, ev: dict) -> dict:
         call = self._call_of(rec, ev)
+        if call["status"] == "cancelled":
+            raise Conflict(f"the result of call {ev['call']!r} is late: program {rec.program!r} was cancelled "
+                           f"while it ran")
         if call["status"] not in ("arrived", "started"):
-            return {"call": ev["call"], "status": call["status"]}
+            return {"call": ev["call"], "status": call["status"]}  # a repeated result commits nothing
         group = self._unpin(rec, call)
         call.setdefault("path_s", call.get("path_in_s", 0.0) + call.get("service_s", 0.0))
         call["status"] = "finished"
@@ -384,34 +390,47 @@ class LivePlanner(ResidencyView):
         return {"call": ev["call"], "status": "finished", "kv_version": self.kv_tokens.get(kvk, 0)}
 
     def _tool_started(self, rec: ProgramRec, ev: dict) -> dict:
+        """A tool wait begins on a thread (default `main`). Threads of a fork/join program wait on
+        tools side by side; a new tool call on a thread that still waits is a retry of it."""
         self._live(rec, "tool call")
-        tid = ev.get("call")
+        tid, thread = ev.get("call"), ev.get("thread") or MAIN_THREAD
         if tid is not None and tid in rec.tools_over:
             raise Conflict(f"tool call {tid!r} of program {rec.program!r} is over (finished, or retried under "
                            f"another id): a repeated start is stale")
-        if rec.tool is not None and tid is not None and rec.tool[2] == tid:
-            return {"tool": rec.tool[0], "status": "started"}  # a repeated event: nothing changes
-        if rec.tool is not None and rec.tool[2] is not None and rec.tool[2] != tid:
-            rec.tools_over.append(rec.tool[2])  # a retry supersedes the running tool call
-        rec.tool = [ev["tool"], self.now, tid]
+        for w in rec.tools.values():
+            if tid is not None and w[2] == tid:
+                return {"tool": w[0], "status": "started"}  # a repeated event: nothing changes
+        old = rec.tools.get(thread)
+        if old is not None and old[2] is not None:
+            rec.tools_over.append(old[2])  # a retry supersedes the thread's running tool call
+        rec.tools[thread] = [ev["tool"], self.now, tid]
         self._apply(self.policy.on_tool_start(self, _Prog(rec.program, rec.tenant), None, ev["tool"]))
-        self._tool_wait_kv(rec)
+        self._tool_wait_kv(rec, thread)
         self._save_program(rec)
         return {"tool": ev["tool"], "status": "started"}
 
     def _tool_finished(self, rec: ProgramRec, ev: dict) -> dict:
-        tool = ev["tool"]
-        if ev.get("call") is not None and (rec.tool is None or rec.tool[2] != ev["call"]):
-            raise Conflict(f"tool result {ev['call']!r} of program {rec.program!r} is late: that tool is no "
-                           f"longer awaited")
-        since = rec.tool[1] if rec.tool and rec.tool[0] == tool else self.now
+        """A tool result: matched by its tool call id where it has one (a result nobody awaits is
+        late), else by its thread. A result for a program that ended is late too, epoch or not."""
+        tool, tid = ev["tool"], ev.get("call")
+        if rec.status != "running":
+            raise Conflict(f"tool result {tid or tool!r} of program {rec.program!r} is late: the program is "
+                           f"{rec.status}")
+        if tid is not None:
+            thread = next((th for th, w in rec.tools.items() if w[2] == tid), None)
+            if thread is None:
+                raise Conflict(f"tool result {tid!r} of program {rec.program!r} is late: that tool is no "
+                               f"longer awaited")
+        else:
+            thread = ev.get("thread") or MAIN_THREAD
+        w = rec.tools.pop(thread, None)
+        since = w[1] if w is not None and w[0] == tool else self.now
         duration = ev.get("duration_s")
         duration = float(duration) if duration is not None else self.now - since
-        if rec.tool is not None and rec.tool[2] is not None:
-            rec.tools_over.append(rec.tool[2])
-        if rec.tool is not None:
-            self.kvw.ended(rec.tool[0], duration, self.kv_waits.pop(rec.program, None))
-        rec.tool = None
+        if w is not None:
+            if w[2] is not None:
+                rec.tools_over.append(w[2])
+            self.kvw.ended(w[0], duration, self.kv_waits.pop((rec.program, thread), None))
         self._end_suspensions(rec.program)
         self.policy.on_tool_end(self, _Prog(rec.program, rec.tenant), None, tool, duration)
         self._save_program(rec)
@@ -440,7 +459,8 @@ class LivePlanner(ResidencyView):
             self._unpin(rec, call)
             if call["status"] in ("arrived", "started"):
                 call["status"] = status
-        self.kv_waits.pop(rec.program, None)
+        for thread in rec.tools:
+            self.kv_waits.pop((rec.program, thread), None)
         for kvk in self._kv_keys(rec.program):
             self.kvw.outcome(kvk, False)
             self.swap_in_after.pop(kvk, None)
@@ -485,21 +505,27 @@ class LivePlanner(ResidencyView):
         return [c for kvk in self._kv_keys(program) for g in sorted(self.tiers.groups_of.get(kvk, ()))
                 if (c := self.tiers.gpu[(kvk, g)]).ready and not c.pins]
 
-    def _tool_wait_kv(self, rec: ProgramRec) -> None:
-        """A tool started: the rule for each KV copy of the program, unless another of its calls
-        still runs (then its KV is not suspended)."""
-        tool, since, _ = rec.tool
-        predicted = self.kv_waits[rec.program] = self.kvw.started(tool)
+    def _tool_wait_kv(self, rec: ProgramRec, thread: str) -> None:
+        """A tool started on `thread`: the rule for each KV copy of the program, unless another of
+        its calls still runs (then its KV is not suspended)."""
+        tool, since, _ = rec.tools[thread]
+        predicted = self.kv_waits[(rec.program, thread)] = self.kvw.started(tool)
         if self._busy(rec):
             return
         copies = self._kv_copies(rec.program)
         for kvk in sorted({c.key for c in copies}):
             self.kvw.suspended(kvk, tool)
         for c in copies:
-            self._suspend_kv(rec, c, predicted)
+            self._suspend_kv(rec, c, predicted, thread)
 
-    def _suspend_kv(self, rec: ProgramRec, c: GpuCopy, predicted: float | None) -> None:
-        tool, since, _ = rec.tool
+    def _awaited(self, program: str, wait: tuple) -> list | None:
+        """The tool wait `wait` = (thread, since) of a running program, if it still goes on."""
+        rec = self.programs.get(program)
+        w = rec.tools.get(wait[0]) if rec is not None and rec.status == "running" else None
+        return w if w is not None and w[1] == wait[1] else None
+
+    def _suspend_kv(self, rec: ProgramRec, c: GpuCopy, predicted: float | None, thread: str) -> None:
+        tool, since, _ = rec.tools[thread]
         act = self.kvw.decide_copy(self, tool, c, predicted, since)
         if act.new:  # /metrics counts what the books' `actions` count
             self.telemetry.kv_action(act.rule)
@@ -507,16 +533,17 @@ class LivePlanner(ResidencyView):
             if c.suspended_since is None:
                 c.suspended_since = self.now
             if act.recheck_at is not None:
-                self._kv_timer(act.recheck_at, "recheck", rec, c)
+                self._kv_timer(act.recheck_at, "recheck", rec, thread, c.key, c.group)
         elif act.rule == "swap":
             self._demote(c.key, c.group, "host", background=True)
             if act.swap_in_at is not None:
-                self._kv_timer(act.swap_in_at, "swap_in", rec, c)
+                self._kv_timer(act.swap_in_at, "swap_in", rec, thread, c.key, c.group)
         else:
             self._demote(c.key, c.group, "none")
 
-    def _kv_timer(self, at: float, kind: str, rec: ProgramRec, c: GpuCopy) -> None:
-        heapq.heappush(self.kv_timers, (at, next(self._timer_seq), kind, rec.program, rec.tool[1], c.key, c.group))
+    def _kv_timer(self, at: float, kind: str, rec: ProgramRec, thread: str, kvk, group) -> None:
+        wait = (thread, rec.tools[thread][1])
+        heapq.heappush(self.kv_timers, (at, next(self._timer_seq), kind, rec.program, wait, kvk, group))
 
     def due_in(self) -> float | None:
         """Seconds until the next tool-wait KV timer (the service's loop wakes for it), or None."""
@@ -527,30 +554,29 @@ class LivePlanner(ResidencyView):
         expected; a swapped-out KV comes back before the predicted return. Both only while the
         same tool wait goes on."""
         while self.kv_timers and self.kv_timers[0][0] <= self.now:
-            _, _, kind, program, since, kvk, group = heapq.heappop(self.kv_timers)
-            rec = self.programs.get(program)
-            if rec is None or rec.status != "running" or rec.tool is None or rec.tool[1] != since:
+            _, _, kind, program, wait, kvk, group = heapq.heappop(self.kv_timers)
+            w = self._awaited(program, wait)
+            if w is None:
                 continue
             if kind == "swap_in":
-                self._kv_back(program, since, kvk, group)
+                self._kv_back(program, wait, kvk, group)
                 continue
+            rec = self.programs[program]
             c = self.tiers.gpu.get((kvk, group))
             if c is None or c.suspended_since is None or c.pins or not c.ready or self._busy(rec):
                 continue
-            self._suspend_kv(rec, c, self.kvw.remaining(rec.tool[0], self.now - since))
+            self._suspend_kv(rec, c, self.kvw.remaining(w[0], self.now - wait[1]), wait[0])
 
-    def _kv_back(self, program: str, since: float, kvk, group) -> None:
+    def _kv_back(self, program: str, wait: tuple, kvk, group) -> None:
         """Swap a KV back in from host DRAM as a background op that evicts nothing; once the
         swap-out is written if it is still on its way."""
-        rec = self.programs.get(program)
-        if rec is None or rec.tool is None or rec.tool[1] != since or kvk not in self.kv_tokens or \
-                (kvk, group) in self.tiers.gpu:
+        if self._awaited(program, wait) is None or kvk not in self.kv_tokens or (kvk, group) in self.tiers.gpu:
             return
         hc = self.tiers.host.get((kvk, self.gpus[group[0]].node))
         if hc is None:
             return
         if not hc.ready:
-            self.swap_in_after[kvk] = (program, since, group)
+            self.swap_in_after[kvk] = (program, wait, group)
             return
         if self.best_source(kvk, group).startswith("host:"):  # a swap-in, not a recompute
             self._promote(kvk, group, background=True)
@@ -838,8 +864,8 @@ class LivePlanner(ResidencyView):
             hc.ready = True
             self._save_host(hc)
             if key in self.swap_in_after:  # a tool-wait swap-in waited for this swap-out
-                program, since, group = self.swap_in_after.pop(key)
-                self._kv_back(program, since, key, group)
+                program, wait, group = self.swap_in_after.pop(key)
+                self._kv_back(program, wait, key, group)
         links = self._op_links(op)
         moved = float(result.get("bytes", op.bytes))
         for link, b in links.items():  # the bytes really copied (0 if the target already held them)
@@ -988,6 +1014,10 @@ class LivePlanner(ResidencyView):
         self.catalog_epoch = s.get_meta("catalog_epoch", 1)
         self.kv_tokens = s.kv()
         for body in s.programs():
+            body = dict(body)
+            if "tool" in body:  # books written before threads: one tool wait, on the main thread
+                old = body.pop("tool")
+                body["tools"] = {MAIN_THREAD: old} if old else {}
             rec = self.programs[body["program"]] = ProgramRec(**body)
             if rec.status == "running":
                 self.policy.on_program_start(self, _Prog(rec.program, rec.tenant))
@@ -1042,23 +1072,26 @@ class LivePlanner(ResidencyView):
                     self._close(rec, "cancelled", f"lease {lease.lease_id} is {lease.state.name.lower()}")
             self.ledger.changed.clear()
             for rec in self.programs.values():
-                if rec.status == "running" and rec.tool is not None and not self._busy(rec):
+                if rec.status == "running" and rec.tools and not self._busy(rec):
                     self._resume_tool_wait(rec)
             self._bump()  # adapters polling with the old version see the open ops again
 
     def _resume_tool_wait(self, rec: ProgramRec) -> None:
         """After a restart, a tool wait that goes on is taken up where it is (its timers were not on
         disk): a KV still in HBM is judged on the wait still expected, one swapped out to host DRAM
-        gets its swap-in again. The rule's counts and predictions start afresh, as at any restart."""
-        tool, since, _ = rec.tool
-        self.kv_waits[rec.program] = self.kvw.started(tool)
-        left = self.kvw.remaining(tool, self.now - since) if self.kv_waits[rec.program] is not None else None
+        gets its swap-in again, on the thread whose wait began last (the one that left the program
+        idle). The rule's counts and predictions start afresh, as at any restart."""
+        for th, (tool, since, _) in rec.tools.items():
+            self.kv_waits[(rec.program, th)] = self.kvw.started(tool)
+        thread = max(rec.tools, key=lambda th: rec.tools[th][1])
+        tool, since, _ = rec.tools[thread]
+        left = self.kvw.remaining(tool, self.now - since) if self.kv_waits[(rec.program, thread)] is not None else None
         for c in self._kv_copies(rec.program):
             if self._moves_out(c.key, c.group):
                 continue  # its swap-out is open, offered again
             self.kvw.suspended(c.key, tool)
             c.suspended_since = since  # held since the wait began: a preserve is not counted again
-            self._suspend_kv(rec, c, left)
+            self._suspend_kv(rec, c, left, thread)
         for kvk in self._kv_keys(rec.program):
             group = next((tuple(call["group"]) for call in reversed(list(rec.calls.values()))
                           if call["model"] == kvk[2] and call["group"] is not None), None)
@@ -1069,7 +1102,7 @@ class LivePlanner(ResidencyView):
                                      self.cost.link_bw[f"h2d:{self.gpus[group[0]].id}"] * len(group), self.now)
             if at is not None:
                 self.kvw.suspended(kvk, tool)
-                heapq.heappush(self.kv_timers, (at, next(self._timer_seq), "swap_in", rec.program, since, kvk, group))
+                self._kv_timer(at, "swap_in", rec, thread, kvk, group)
 
 
 def _key(obj) -> tuple:

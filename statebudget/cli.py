@@ -66,12 +66,23 @@ def trace_gen(
     seed: Annotated[int, typer.Option()] = 1,
     hours: Annotated[float, typer.Option(help="trace length; fractions allowed")] = 2.0,
     load: Annotated[float, typer.Option(help="multiply the preset's program arrival rate", min=0.01)] = 1.0,
+    tenant_weights: Annotated[str, typer.Option(help="TENANT=WEIGHT,...: the fair share plas and atlas give each "
+                                                "tenant (written to the header; 1 for a tenant not named)")] = "",
 ):
     """Generate a deterministic trace (same preset, seed, hours and load: same bytes)."""
     from .models.load import write_trace
+    from .planner.programs import parse_tenant_weights
     from .traces.generators import generate
 
+    weights = parse_tenant_weights(tenant_weights)
     trace = generate(preset, seed, hours, load)
+    if weights:
+        tenants = sorted({p.tenant for p in trace.programs})
+        unknown = sorted(set(weights) - set(tenants))
+        if unknown:
+            raise InputError("--tenant-weights", "", f"{', '.join(unknown)}: {preset} has no programs of that "
+                             f"tenant (its tenants: {', '.join(tenants)})")
+        trace = trace.model_copy(update={"header": trace.header.model_copy(update={"tenant_weights": weights})})
     out.parent.mkdir(parents=True, exist_ok=True)
     write_trace(trace, out)
     console.print(f"wrote {out}: {len(trace.programs)} programs, {trace.n_calls} calls")
@@ -361,6 +372,8 @@ def serve(
                                             "(pass it to the engine, e.g. vLLM's `priority`)")] = "fcfs",
     kv_rule: Annotated[str, typer.Option(help="preserve | swap | discard | adaptive: what happens to a program's KV "
                                               "in HBM while it waits on a tool (the simulator's rule, as ops)")] = "preserve",
+    tenant_weights: Annotated[str, typer.Option(help="TENANT=WEIGHT,...: each tenant's fair share in the plas/atlas "
+                                                "priority (1 for a tenant not named)")] = "",
     stage_host: Annotated[bool, typer.Option(help="stage weights in host DRAM ahead of use (off for vLLM/SGLang "
                                                   "adapters: their engines reach host DRAM only by sleeping)")] = True,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
@@ -375,11 +388,15 @@ def serve(
     from .planner.ledger import Store
     from .planner.live import LivePlanner
 
-    from .planner.programs import KV_RULES, QUEUES
+    from .planner.programs import KV_RULES, QUEUES, parse_tenant_weights
 
     for name, value, known in (("--queue", queue, QUEUES), ("--kv-rule", kv_rule, KV_RULES)):
         if value not in known:
             _fail(f"{name} {value!r}: expected one of {', '.join(known)}")
+    try:
+        weights = parse_tenant_weights(tenant_weights)
+    except ValueError as e:
+        _fail(str(e))
     setup_logging(log_level)
     cl, cat = load_cluster(cluster), load_catalog(catalog)  # bad input fails before anything is written
     check_compatible(cl, cat)
@@ -400,7 +417,7 @@ def serve(
     from .planner.core import lease_config
 
     planner = LivePlanner(cl, cat, Store(db), profile=prof, queue=queue, config=lease_config(stage_host=stage_host),
-                          kv_rule=kv_rule)
+                          kv_rule=kv_rule, tenant_weights=weights)
     err.print(f"planner on http://{host}:{port}: cluster {planner.cluster.name}, catalog {planner.catalog.name}, "
               f"queue {queue}, tool-wait KV {kv_rule}, ledger {db} (plan version {planner.plan_version}, {len(planner.ops)} open ops)")
     uvicorn.run(create_app(planner, auth, tick_s=tick_s), host=host, port=port, log_level="warning")

@@ -180,3 +180,18 @@ def test_admit_starve_none_replays(tmp_path):
     res = runner.invoke(app, ["replay", "--cluster", str(tmp_path / "c.yaml"), "--catalog", str(tmp_path / "k.json"),
                               "--trace", str(tmp_path / "t.jsonl"), "--admit-starve", "none"])
     assert res.exit_code == 0, res.output
+
+
+def test_bad_tenant_weights_fail_before_anything_is_written(tmp_path):
+    res = runner.invoke(app, ["serve", "--db", str(tmp_path / "sb.db"), "--tenant-weights", "dev=two"])
+    assert_clean_error(res, "--tenant-weights", "'dev=two'")
+    assert not list(tmp_path.iterdir())
+    out = tmp_path / "x.jsonl"
+    res = runner.invoke(app, ["trace", "gen", "--preset", "mixed-tenants", "--hours", "0.1", "--out", str(out),
+                              "--tenant-weights", "dev00=2,nobody=1"])
+    assert_clean_error(res, "--tenant-weights", "nobody", "dev00")  # names the tenants the preset has
+    assert not out.exists()
+    res = runner.invoke(app, ["trace", "gen", "--preset", "mixed-tenants", "--hours", "0.1", "--out", str(out),
+                              "--tenant-weights", "dev00=2, batch0=0.5"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text().splitlines()[0])["tenant_weights"] == {"dev00": 2.0, "batch0": 0.5}

@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from helpers import GB, call, catalog, cluster, program, tool, trace
@@ -372,3 +374,81 @@ def test_a_tool_wait_swap_yields_the_link_to_a_weight_load(monkeypatch, share):
     x = next(c for c in res.calls if c.program == "b")
     root_share = 10.0 * 1.0 / (1.0 + share)
     assert x.ready - x.arrive == pytest.approx(14.0 / root_share + LATENCY_S["nvme"], abs=1e-6)
+
+
+def test_weighted_fair_share_gives_a_heavier_tenant_more_of_a_contended_gpu():
+    # Two tenants' single-call programs arrive interleaved at one GPU with one prefill slot. Under
+    # plas with equal weights they alternate; with tenant a weighted 3 it gets about 3 of every 4
+    # starts until its share nears 3/4 (seed 003 §20). FCFS ignores weights.
+    from statebudget.models import Program, Trace
+    from statebudget.models.trace import TraceHeader
+
+    progs = [program(f"{t}{i:02d}", [call("c", "m", ctx=250)], start=0.05 * (2 * i + (t == "b")), tenant=t)
+             for i in range(30) for t in "ab"]
+    share = {}
+    for w in ({}, {"a": 3.0}):
+        tr = Trace(header=TraceHeader(tenant_weights=w), programs=[Program.model_validate(p) for p in progs])
+        for q in ("fcfs", "plas"):
+            res = Simulator(cluster(tflops=1.0), catalog(("m", 1.0)), tr, make_policy("statebudget"), queue=q,
+                            prefill_slots=1).run()
+            first = [c.program[0] for c in sorted(res.calls, key=lambda c: c.start)][:20]
+            share[(q, bool(w))] = first.count("a") / len(first)
+    assert share[("fcfs", True)] == share[("fcfs", False)] == 0.5
+    assert 0.4 <= share[("plas", False)] <= 0.6
+    assert share[("plas", True)] >= 0.7
+
+
+@given(st.lists(st.tuples(st.floats(0, 500), st.floats(0, 200), st.floats(-1, 1)), min_size=2, max_size=6),
+       st.sampled_from(["plas", "atlas"]))
+def test_a_fixed_arrival_priority_orders_waiting_calls_as_the_queue_key_does(calls, q):
+    # What the live planner answers at call_arrived (a number the engine never changes) must put
+    # waiting calls in the order the simulator's queue_key gives them at any later instant, as long
+    # as none starves (the promotion is the one thing a fixed number cannot follow).
+    from statebudget.planner.programs import arrival_priority, overtaking_window_s
+
+    now = max(a for a, _, _ in calls) + 1.0
+    waiting = [(a, s, x) for a, s, x in calls if now - a < overtaking_window_s(s) - 1.0]
+    fixed = sorted(waiting, key=lambda c: (arrival_priority(q, c[0], 0.0, c[1], c[1], None, c[2]), c[0]))
+    live = sorted(waiting, key=lambda c: queue_key(q, c[0], now, c[1], c[1], None, c[2]))
+    assert [queue_key(q, c[0], now, c[1], c[1], None, c[2])[1] for c in fixed] == \
+        pytest.approx([queue_key(q, c[0], now, c[1], c[1], None, c[2])[1] for c in live])
+
+
+def test_the_live_priority_weighs_tenants_and_ttft_slack():
+    from statebudget.models.load import load_catalog, load_cluster
+    from statebudget.planner.live import LivePlanner
+
+    def arrive(p, prog, call_id, **kw):
+        return p.event(prog[0], {"type": "call_arrived", "program": prog, "call": call_id, "model": "coder", **kw})
+
+    def setup(weights):
+        clock = type("C", (), {"t": 0.0, "__call__": lambda self: self.t})()
+        p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock, queue="plas", tenant_weights=weights)
+        for prog in ("a1", "b1", "a2", "b2"):
+            p.event(prog[0], {"type": "program_started", "program": prog})
+        for prog, ran in (("a1", 8.0), ("b1", 1.0)):  # tenant a has had 8 s of service, b 1 s
+            arrive(p, prog, "c")
+            p.event(prog[0], {"type": "call_started", "program": prog, "call": "c"})
+            clock.t += ran
+            p.event(prog[0], {"type": "call_finished", "program": prog, "call": "c", "tokens": 100})
+        return p
+
+    p = setup({})  # new programs, no service of their own (plas alone ties them)
+    a, b = arrive(p, "a2", "c")["priority"], arrive(p, "b2", "c")["priority"]
+    assert b < a  # the tenant above its fair share waits
+    p = setup({"a": 50.0})
+    a, b = arrive(p, "a2", "c")["priority"], arrive(p, "b2", "c")["priority"]
+    assert a < b  # weighted 50, tenant a is below its share
+    p = setup({})
+    no_slack = arrive(p, "a2", "c", ttft_s=1.0, context_tokens=100)["priority"]
+    p.submit_lease("a", {"program": "a2", "model": "coder", "deadline_s": 60})
+    for rec in list(p.ops.values()):  # the coder's weights are in HBM now: its prefill can be predicted
+        p.report(rec.node, rec.op.op_id, {"status": "done", "bytes": rec.op.bytes, "seconds": 0.1,
+                                          "version": rec.op.version, "epoch": rec.op.epoch})
+    assert [c for c in p.copies_of("coder") if c.ready]
+    p.event("a", {"type": "call_finished", "program": "a2", "call": "c", "tokens": 100})
+    p.event("a", {"type": "program_started", "program": "a3"})
+    urgent = arrive(p, "a3", "c", ttft_s=1.0, context_tokens=100)["priority"]
+    assert urgent < no_slack - 5000  # the same call, now with its slack known
+    relaxed = arrive(p, "b2", "c", ttft_s=600.0, context_tokens=100)["priority"]
+    assert urgent < relaxed  # tight TTFT slack outweighs tenant a's excess (both bounded)

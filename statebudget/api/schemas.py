@@ -33,6 +33,8 @@ class EventCreate(BaseModel):
     output_tokens: int = Field(0, ge=0, le=10_000_000)
     tokens: int = Field(0, ge=0, le=10_000_000)
     duration_s: float | None = Field(None, ge=0, le=86_400)
+    ttft_s: float | None = Field(None, ge=0, le=86_400, description="call_arrived: the call's TTFT bound, seconds "
+                                 "from now (its slack raises its priority under plas and atlas)")
     epoch: int | None = Field(None, ge=0, le=1_000_000)
     attempt: int | None = Field(None, ge=0, le=1_000, description="call events: which try of the call (retries count up)")
     after: list[str] | None = Field(None, max_length=1_000, description="call_arrived: calls that must have finished")

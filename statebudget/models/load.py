@@ -112,7 +112,10 @@ def parse_trace(lines, source: str) -> Trace:
 
 def write_trace(trace: Trace, path: str | Path) -> None:
     with open(path, "w") as f:
-        f.write(json.dumps(trace.header.model_dump(exclude_none=True), sort_keys=True) + "\n")
+        header = trace.header.model_dump(exclude_none=True)
+        if not header.get("tenant_weights"):
+            header.pop("tenant_weights", None)  # the default, left out: older traces stay byte-identical
+        f.write(json.dumps(header, sort_keys=True) + "\n")
         for p in trace.programs:
             f.write(json.dumps(p.model_dump(by_alias=True, exclude_none=True)) + "\n")
 

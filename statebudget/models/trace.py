@@ -114,6 +114,15 @@ class TraceHeader(BaseModel):
     seed: int | None = None
     hours: float | None = None
     slo_classes: dict[str, float] = Field(default_factory=lambda: {"interactive": 2.0, "batch": 60.0})
+    # The weighted fair share of plas and atlas (seed 003 §20): tenant -> weight, 1 for a tenant not named.
+    tenant_weights: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _weights_positive(self):
+        bad = {t: w for t, w in self.tenant_weights.items() if not w > 0}
+        if bad:
+            raise ValueError(f"tenant_weights must be > 0, got {bad}")
+        return self
 
 
 class Trace(BaseModel):

@@ -42,7 +42,7 @@ from ..sim.policies.ours import StateBudgetLease
 from ..solvers.costs import CostModel
 from .core import PlannerConfig
 from .leases import Lease, LeaseRequest, LeaseState, Quote
-from .programs import QUEUES, ToolWaitKV, queue_key
+from .programs import QUEUES, ToolWaitKV, arrival_priority, tenant_excess
 from .ledger import Store
 from .view import ResidencyView
 
@@ -124,9 +124,11 @@ class OpRec:
 class LivePlanner(ResidencyView):
     def __init__(self, cluster: Cluster, catalog: Catalog, store: Store | None = None, clock=time.time,
                  profile: dict | None = None, telemetry: Telemetry | None = None, queue: str = "fcfs",
-                 config: PlannerConfig | None = None, kv_rule: str = "preserve"):
+                 config: PlannerConfig | None = None, kv_rule: str = "preserve",
+                 tenant_weights: dict[str, float] | None = None):
         """`queue`: the discipline whose priority `call_arrived` answers (fcfs, plas, atlas), for
-        the runtime to pass to its engine (vLLM's `priority`, lower first). `config`: the planner's
+        the runtime to pass to its engine (vLLM's `priority`, lower first; `arrival_priority`), with
+        the fair share of `tenant_weights` (tenant -> weight, 1 if not named). `config`: the planner's
         knobs (e.g. `stage_host=False` for engines that cannot stage weights into host DRAM).
         `kv_rule`: what happens to a program's KV in HBM while it waits on a tool (preserve, swap,
         discard, adaptive: the simulator's `ToolWaitKV`, carried out as ops)."""
@@ -134,11 +136,19 @@ class LivePlanner(ResidencyView):
         if queue not in QUEUES:
             raise ValueError(f"unknown queue discipline {queue!r} (known: {', '.join(QUEUES)})")
         self.queue = queue
+        self.tenant_weights = dict(tenant_weights or {})
         self.kvw = ToolWaitKV(kv_rule)  # what it learns outlives a PUT /v1/cluster, not a restart
         self.store = store or Store(":memory:")
         self.clock = clock
         self.telemetry = telemetry or Telemetry()
         self.profile = profile
+        # Priorities count aging from this instant (`arrival_priority`); kept on disk, so the
+        # priorities given before a restart and after it stay comparable.
+        self.epoch_s = self.store.get_meta("priority_epoch_s")
+        if self.epoch_s is None:
+            self.epoch_s = float(clock())
+            with self.store.tx():
+                self.store.set_meta("priority_epoch_s", self.epoch_s)
         saved = self.store.get_meta("cluster")
         if saved is not None:  # a restart: the books on disk win over the arguments
             cluster, catalog = Cluster(**saved), Catalog(**self.store.get_meta("catalog"))
@@ -162,6 +172,7 @@ class LivePlanner(ResidencyView):
         self.policy = StateBudgetLease(self.config)
         self.policy.plan_on_events = False
         self.programs: dict[str, ProgramRec] = {}
+        self.tenant_service: Counter = Counter()  # seconds the calls of each tenant ran (attained service)
         self.ops: dict[str, OpRec] = {}          # open ops
         self.backlog: dict[str, float] = {}      # link -> bytes the open ops still put on it
         self.writer: dict[tuple, str] = {}       # (key, tier) -> the open op writing that copy
@@ -281,9 +292,25 @@ class LivePlanner(ResidencyView):
         self.policy.on_call_arrive(self, _Call(rec.program, ev["call"], model, ev.get("context_tokens", 0),
                                                ev.get("output_tokens", 0)))
         self._save_program(rec)
-        _, score, _ = queue_key(self.queue, self.now, self.now, rec.service_s, path_in + service)
         return {"call": ev["call"], "status": "arrived", "attempt": attempt,
-                "priority": int(round(score * 1000)) if self.queue != "fcfs" else 0}
+                "priority": self._priority(rec, model, path_in + service, ev)}
+
+    def _priority(self, rec: ProgramRec, model: str, path_service: float, ev: dict) -> int:
+        """The queue discipline's key as the engine's fixed priority, in ms (lower first): the
+        simulator's inputs, the program's (plas) or the critical path's (atlas) attained service,
+        aging, the tenant's fair-share excess, and with `ttft_s` the TTFT slack left after the
+        predicted prefill on a GPU group that holds the model (none held: no slack boost)."""
+        if self.queue == "fcfs":
+            return 0
+        slack = None
+        if ev.get("ttft_s") is not None:
+            held = [c.group for c in self.copies_of(model) if c.ready]
+            if held:
+                m = self.catalog.by_name[model]
+                slack = ev["ttft_s"] - min(self.cost.prefill_s(m, ev.get("context_tokens", 0), g) for g in held)
+        excess = tenant_excess(self.tenant_service, self.tenant_weights, rec.tenant) if self.tenant_service else 0.0
+        return int(round(1000 * arrival_priority(self.queue, self.now, self.epoch_s, rec.service_s, path_service,
+                                                 slack, excess)))
 
     def _moves_out(self, kvk, group=None, background_only: bool = False) -> list[OpRec]:
         """Open demotions of a KV out of HBM (of one GPU group, or of any; or only tool-wait swaps)."""
@@ -334,6 +361,7 @@ class LivePlanner(ResidencyView):
             return None
         ran = self.now - call.get("started_s", self.now)
         rec.service_s += ran
+        self.tenant_service[rec.tenant] += ran
         call["service_s"] = call.get("service_s", 0.0) + ran
         call["path_s"] = call.get("path_in_s", 0.0) + call["service_s"]
         if call["group"] is None:
@@ -1019,6 +1047,7 @@ class LivePlanner(ResidencyView):
                 old = body.pop("tool")
                 body["tools"] = {MAIN_THREAD: old} if old else {}
             rec = self.programs[body["program"]] = ProgramRec(**body)
+            self.tenant_service[rec.tenant] += rec.service_s
             if rec.status == "running":
                 self.policy.on_program_start(self, _Prog(rec.program, rec.tenant))
         for row in s.copies():

@@ -127,6 +127,35 @@ def queue_key(discipline: str, arrive: float, now: float, program_service: float
     return (1, service - aging * (now - arrive) - urgency + TENANT_SCALE_S * tenant_excess, arrive)
 
 
+def arrival_priority(discipline: str, arrive: float, epoch: float, program_service: float, path_service: float,
+                     slack_s: float | None = None, tenant_excess: float = 0.0) -> float:
+    """`queue_key` as one number fixed when a call arrives, for an engine that orders its queue by a
+    priority it never changes (vLLM's `priority`, lower first; ties by arrival). The aging term
+    counts from `epoch` instead of from now: -AGING x (now - arrive) = AGING x (arrive - epoch) -
+    AGING x (now - epoch), and the last term is the same for every call waiting at `now`. So two
+    waiting calls keep the simulator's order, save the starvation promotion and the urgency that
+    grows as a call's slack runs out, which a fixed number cannot follow. 0 for fcfs (arrival order)."""
+    if discipline == "fcfs":
+        return 0.0
+    _, score, _ = queue_key(discipline, arrive, arrive, program_service, path_service, slack_s, tenant_excess)
+    return score + AGING * (arrive - epoch)
+
+
+def parse_tenant_weights(text: str) -> dict[str, float]:
+    """`--tenant-weights dev=3,batch=1` -> {"dev": 3.0, "batch": 1.0}; '' -> {} (every tenant 1)."""
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        try:
+            w = float(value) if sep and name.strip() else float("nan")
+        except ValueError:
+            w = float("nan")
+        if not w > 0:
+            raise ValueError(f"--tenant-weights: expected TENANT=WEIGHT (> 0) items separated by commas, got {part!r}")
+        out[name.strip()] = w
+    return out
+
+
 def service_level(service: float, quantum: float = SERVICE_QUANTUM_S) -> float:
     """Attained service rounded down to a level: 0 below `quantum`, then quantum x 2^k (Tiresias's
     discretised LAS). Programs of like size share a level and go FCFS among themselves (the aging

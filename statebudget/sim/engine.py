@@ -698,7 +698,7 @@ class Simulator(ResidencyView):
         if self.queue == "fcfs" or len(calls) < 2:
             return calls
         now, slo = self.now, self.trace.header.slo_classes
-        weights = getattr(self.trace.header, "tenant_weights", None) or {}
+        weights = self.trace.header.tenant_weights
 
         def key(c):
             m = self.catalog.by_name[c.model]

@@ -54,6 +54,16 @@ class PolicyReport(BaseModel):
     calls_cancelled: int = 0
     unplaceable_calls: int = 0
     events: int = 0
+    # Program level (seed 003; README "Metrics"). Defaults, so that reports written before them load.
+    makespan_s: Dist = Field(default_factory=Dist)      # latency of the fork/join programs
+    slowdown: Dist = Field(default_factory=Dist)        # latency / zero-stall latency on the reference machine
+    max_wait_s: Dist = Field(default_factory=Dist)      # per program: the longest a call waited to start
+    programs_per_hour: float = 0.0                      # finished programs / simulated hours
+    tenant_service_share: dict[str, float] = Field(default_factory=dict)  # compute seconds, by tenant
+    kv_actions: dict[str, int] = Field(default_factory=dict)  # tool-wait KV decisions: preserve, swap, discard
+    kv_hbm_byte_s: float = 0.0                          # suspended KV held in HBM, byte-seconds
+    recomputed_tokens: int = 0                          # prefill tokens recomputed for discarded KV
+    ttl_error_s: Dist = Field(default_factory=Dist)     # adaptive rule: predicted minus actual tool wait
 
 
 class TraceSummary(BaseModel):

@@ -77,8 +77,8 @@ async def events_worker(conn: Conn, wid: int, stop: float, lat: list, errors: li
             seq += [{"type": "call_arrived", "program": prog, "call": f"c{c}", "model": model, "context_tokens": tokens},
                     {"type": "call_started", "program": prog, "call": f"c{c}"},
                     {"type": "call_finished", "program": prog, "call": f"c{c}", "tokens": tokens + 300},
-                    {"type": "tool_started", "program": prog, "tool": "shell"},
-                    {"type": "tool_finished", "program": prog, "tool": "shell"}]
+                    {"type": "tool_started", "program": prog, "tool": "shell", "call": f"t{c}"},
+                    {"type": "tool_finished", "program": prog, "tool": "shell", "call": f"t{c}"}]
         seq.append({"type": "program_finished", "program": prog})
         for ev in seq:
             if time.monotonic() >= stop:
@@ -128,6 +128,7 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=8)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--kv-rule", default="preserve", help="serve --kv-rule: the tool-wait KV rule the events phase exercises")
+    ap.add_argument("--queue", default="fcfs", help="serve --queue: the discipline whose priority call_arrived answers")
     ap.add_argument("--port", type=int, help="drive a server already running there (token: bench-runtime-token-0123456789)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sb-bench-"))
@@ -138,7 +139,8 @@ def main() -> None:
     port = args.port or free_port()
     server = None if args.port else subprocess.Popen([sys.executable, "-m", "statebudget.cli", "serve", "--db", str(tmp / "sb.db"),
                                "--cluster", "hetero16", "--catalog", "toy", "--port", str(port),
-                               "--tokens", str(tmp / "tokens.json"), "--kv-rule", args.kv_rule, "--log-level", "warning"],
+                               "--tokens", str(tmp / "tokens.json"), "--kv-rule", args.kv_rule, "--queue", args.queue,
+                               "--log-level", "warning"],
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ})
     try:
         deadline = time.monotonic() + 60
@@ -151,6 +153,7 @@ def main() -> None:
                     raise SystemExit(f"server did not start: {server.stderr.read().decode()[-2000:]}")
                 time.sleep(0.1)
         out = {"cores": os.cpu_count(), "connections": args.connections, "seconds": args.seconds, "kv_rule": args.kv_rule,
+               "queue": args.queue,
                "events": asyncio.run(phase(events_worker, port, token, args.connections, args.seconds)),
                "leases": asyncio.run(phase(leases_worker, port, token, args.connections, args.seconds))}
     finally:

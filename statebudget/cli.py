@@ -181,6 +181,9 @@ def replay(
                                                 "queue, in --policy's QUEUE order", min=1)] = 32,
     admit_starve: Annotated[str, typer.Option(help="seconds a call waits for HBM before it holds its GPUs "
                                                    "(backfill still allowed), or 'none' for no reservation")] = "60",
+    call_failure_rate: Annotated[float, typer.Option(help="chance that a call attempt fails while it runs (its KV on "
+                                                          "that GPU is lost; it is retried, keeping its service)",
+                                                     min=0.0, max=0.99)] = 0.0,
 ):
     """Replay a trace against policies; print a table, write the report and plots."""
     from .models.load import check_compatible, load_catalog, load_cluster, load_trace
@@ -208,7 +211,8 @@ def replay(
             from .profile import load_profile
             prof = load_profile(profile, cl)
         result = run_replay(cl, cat, tr, names, seed=seed, check_invariants=check, progress=progress, profile=prof,
-                            prefill_slots=prefill_slots, max_batch=max_batch, admit_starve_s=starve)
+                            prefill_slots=prefill_slots, max_batch=max_batch, admit_starve_s=starve,
+                            call_failure_rate=call_failure_rate)
         for n in names:
             prog.update(tasks[n], completed=horizon)
     wall = time.perf_counter() - t0

@@ -484,3 +484,28 @@ def test_the_slack_boost_lets_a_call_make_its_ttft_and_the_report_measures_the_w
         assert rep.programs_per_hour == pytest.approx(7 * 3600 / res.sim_end, rel=1e-6)
     assert got["fcfs"][0] > slo["soon"] and got["fcfs"][1] == 6
     assert got["plas"][0] <= slo["soon"] and got["plas"][1] == 1
+
+
+def test_a_failed_attempt_is_retried_keeps_its_service_and_loses_its_kv():
+    # Seed 003 §16, §26: a call attempt that fails while it runs is retried; its program keeps the
+    # service the attempt attained (a failing program does not regain top PLAS priority), and the
+    # KV it had on that GPU is gone: the retry rebuilds it from the committed tokens.
+    p = program("p", [call("a", "m", ctx=4000, out=50), tool("t", ["a"], 1.0), call("b", "m", ["t"], ctx=4100, out=50)])
+
+    def run(rate, seed=3):
+        sim = Simulator(cluster(tflops=1.0), catalog(("m", 1.0)), trace(p), make_policy("statebudget"), seed=seed,
+                        call_failure_rate=rate, check_invariants=True)
+        return sim.run()
+
+    clean, failed = run(0.0), run(0.5)
+    attempts = {c.node: c.attempt for c in failed.calls}
+    assert failed.failed_attempts == sum(attempts.values()) >= 2 and attempts["b"] >= 1  # seed 3 fails both once
+    assert all(c.state == "done" for c in failed.calls)
+    assert failed.programs["p"].service == pytest.approx(clean.programs["p"].service + failed.failed_service_s)
+    assert failed.failed_service_s > 0 and failed.programs["p"].end > clean.programs["p"].end
+    # b's KV (a's 4,050 tokens) was in HBM when b failed: rebuilt once per failure of b
+    assert clean.recomputed_tokens == 0 and failed.recomputed_tokens == 4050 * attempts["b"]
+    again = run(0.5)  # same seed, same failures
+    assert (again.failed_attempts, again.failed_service_s) == (failed.failed_attempts, failed.failed_service_s)
+    with pytest.raises(ValueError, match="call_failure_rate"):
+        run(1.0)

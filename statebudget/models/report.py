@@ -64,6 +64,8 @@ class PolicyReport(BaseModel):
     kv_hbm_byte_s: float = 0.0                          # suspended KV held in HBM, byte-seconds
     recomputed_tokens: int = 0                          # prefill tokens recomputed for discarded KV
     ttl_error_s: Dist = Field(default_factory=Dist)     # adaptive rule: predicted minus actual tool wait
+    failed_attempts: int = 0                            # call attempts that failed and were retried (--call-failure-rate)
+    failed_service_s: float = 0.0                       # compute seconds those attempts ran (still attained service)
 
 
 class TraceSummary(BaseModel):

@@ -63,6 +63,7 @@ class CallRec:
     flow: int | None = None
     path_service: float = 0.0  # attained service along the DAG path that leads to this call
     prefilling: bool = False   # holds a prefill slot on its GPUs
+    attempt: int = 0           # retries after a failed attempt (`call_failure_rate`) count up
 
 
 @dataclass(slots=True, eq=False)
@@ -103,6 +104,8 @@ class SimResult:
     kv_hbm_byte_s: float = 0.0
     recomputed_tokens: int = 0
     ttl_errors: list = field(default_factory=list)
+    failed_attempts: int = 0      # call attempts that failed (`call_failure_rate`) and were retried
+    failed_service_s: float = 0.0  # compute seconds those attempts had run: lost, yet attained service
 
 
 class Transfer:
@@ -132,11 +135,19 @@ class Simulator(ResidencyView):
     def __init__(self, cluster: Cluster, catalog: Catalog, trace: Trace, policy, cost: CostModel | None = None,
                  seed: int = 0, check_invariants: bool = False, max_batch: int = 32, sample_dt: float = 15.0,
                  queue: str = "fcfs", kv_rule: str | None = None, prefill_slots: int | None = None,
-                 admit_starve_s: float | None = ADMIT_STARVE_S):
+                 admit_starve_s: float | None = ADMIT_STARVE_S, call_failure_rate: float = 0.0):
         self.cluster, self.catalog, self.trace, self.policy = cluster, catalog, trace, policy
         self.cost = cost or CostModel(cluster, catalog)
         self.seed, self.check_invariants, self.max_batch, self.sample_dt = seed, check_invariants, max_batch, sample_dt
         self.queue = queue
+        # The chance that a call attempt fails while it runs (an engine error, a preempted or lost
+        # worker: seed 003 §16, §26), at a uniform point of its uncontended run, drawn per (program,
+        # node, attempt) from the seed. Its KV on that group is lost; the call is retried at once
+        # and its program keeps the service the failed attempt attained.
+        if not 0.0 <= call_failure_rate < 1.0:
+            raise ValueError(f"call_failure_rate must be in [0, 1), got {call_failure_rate}")
+        self.call_failure_rate = call_failure_rate
+        self.failed_attempts, self.failed_service_s = 0, 0.0
         # Prefills a GPU runs at once (None: any number, sharing its FLOP/s). With a limit, calls
         # queue for compute and the queue discipline decides who goes first (vLLM's token budget
         # per step serialises prefills in the same way).
@@ -249,7 +260,8 @@ class Simulator(ResidencyView):
             hbm_samples=self.hbm_samples, decision_ms=self.decision_ms, events=self.events,
             stale_events=self.stale_events, sim_end=end or 0.0,
             hbm_total=sum(self.tiers.hbm_cap), kv_actions=self.kvw.actions, kv_hbm_byte_s=self.kv_hbm_byte_s,
-            recomputed_tokens=self.recomputed_tokens, ttl_errors=self.kvw.ttl_errors)
+            recomputed_tokens=self.recomputed_tokens, ttl_errors=self.kvw.ttl_errors,
+            failed_attempts=self.failed_attempts, failed_service_s=self.failed_service_s)
 
     def _refresh_hbm_metrics(self):
         self._dirty = False
@@ -750,7 +762,46 @@ class Simulator(ResidencyView):
         amount = self.cost.prefill_s(m, new_tokens, c.group)
         res = tuple(f"gpu:{i}" for i in c.group)
         c.flow = self.flows._next
-        return self.flows_add(amount, res, lambda now: self._prefill_done(c), c.model)
+        events = self.flows_add(amount, res, lambda now: self._prefill_done(c), c.model)
+        if self.call_failure_rate > 0.0:
+            rng = np.random.default_rng([self.seed, zlib.crc32(f"fail/{c.program}/{c.node}/{c.attempt}".encode())])
+            fails, at = rng.random(2)
+            if fails < self.call_failure_rate:
+                run = amount + self.cost.decode_s(m, c.output_tokens, c.context_tokens, c.group)
+                events.append((self.now + at * run, PRIO_NODE, self._call_failed, (c, c.attempt)))
+        return events
+
+    def _call_failed(self, c: CallRec, attempt: int):
+        """The attempt fails: its flows stop, its hold on its state goes, its KV on that group is
+        lost (host copies survive; the retry loads one or recomputes), and the call arrives again
+        as its next attempt. What it ran counts as attained service (seed 003 §16)."""
+        if c.state != "running" or c.attempt != attempt:
+            return None
+        ran = self.now - c.start
+        pr = self.programs[c.program]
+        pr.service += ran
+        self.tenant_service[pr.prog.tenant] = self.tenant_service.get(pr.prog.tenant, 0.0) + ran
+        c.path_service += ran
+        self.failed_attempts += 1
+        self.failed_service_s += ran
+        events = []
+        if c.flow is not None:
+            evs, _ = self.flows.cancel(self.now, c.flow)
+            events += self._flow_events(evs)
+        group = c.group
+        self._release(c, finished=False)  # also ends its prefill and its place on the GPUs
+        copy = self.tiers.gpu.get((kv_key(c.program, c.model), group))
+        if copy is not None and copy.ready and copy.pins == 0:
+            copy.used = True  # lost, not a wasted promotion
+            self._remove_copy(copy)
+        self._dirty = True
+        self._apply(self._hook("on_call_cancelled", c))  # the attempt is over for the policy too
+        c.attempt += 1
+        c.state, c.ready, c.start, c.first_token, c.flow, c.kv_reused_tokens = "pending", -1.0, -1.0, -1.0, None, 0
+        events += self._call_arrive(c) or []
+        events += self._start_queued()
+        self._retry_waiting()
+        return events
 
     def _prefill_done(self, c: CallRec):
         if c.state != "running":

@@ -44,6 +44,8 @@ def program_metrics(res: SimResult, nominal: dict | None) -> dict:
         "kv_hbm_byte_s": round(res.kv_hbm_byte_s, 3),
         "recomputed_tokens": res.recomputed_tokens,
         "ttl_error_s": Dist.of(res.ttl_errors),
+        "failed_attempts": res.failed_attempts,
+        "failed_service_s": round(res.failed_service_s, 6),
     }
 
 

@@ -492,9 +492,9 @@ def test_a_failed_attempt_is_retried_keeps_its_service_and_loses_its_kv():
     # KV it had on that GPU is gone: the retry rebuilds it from the committed tokens.
     p = program("p", [call("a", "m", ctx=4000, out=50), tool("t", ["a"], 1.0), call("b", "m", ["t"], ctx=4100, out=50)])
 
-    def run(rate, seed=3):
+    def run(rate, seed=3, keep=True):
         sim = Simulator(cluster(tflops=1.0), catalog(("m", 1.0)), trace(p), make_policy("statebudget"), seed=seed,
-                        call_failure_rate=rate, check_invariants=True)
+                        call_failure_rate=rate, check_invariants=True, retry_keeps_service=keep)
         return sim.run()
 
     clean, failed = run(0.0), run(0.5)
@@ -507,5 +507,7 @@ def test_a_failed_attempt_is_retried_keeps_its_service_and_loses_its_kv():
     assert clean.recomputed_tokens == 0 and failed.recomputed_tokens == 4050 * attempts["b"]
     again = run(0.5)  # same seed, same failures
     assert (again.failed_attempts, again.failed_service_s) == (failed.failed_attempts, failed.failed_service_s)
+    reset = run(0.5, keep=False)  # the ablation: the last retry starts from no service, as a new program id would
+    assert reset.programs["p"].service < clean.programs["p"].service
     with pytest.raises(ValueError, match="call_failure_rate"):
         run(1.0)

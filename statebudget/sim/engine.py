@@ -135,7 +135,8 @@ class Simulator(ResidencyView):
     def __init__(self, cluster: Cluster, catalog: Catalog, trace: Trace, policy, cost: CostModel | None = None,
                  seed: int = 0, check_invariants: bool = False, max_batch: int = 32, sample_dt: float = 15.0,
                  queue: str = "fcfs", kv_rule: str | None = None, prefill_slots: int | None = None,
-                 admit_starve_s: float | None = ADMIT_STARVE_S, call_failure_rate: float = 0.0):
+                 admit_starve_s: float | None = ADMIT_STARVE_S, call_failure_rate: float = 0.0,
+                 retry_keeps_service: bool = True):
         self.cluster, self.catalog, self.trace, self.policy = cluster, catalog, trace, policy
         self.cost = cost or CostModel(cluster, catalog)
         self.seed, self.check_invariants, self.max_batch, self.sample_dt = seed, check_invariants, max_batch, sample_dt
@@ -147,6 +148,9 @@ class Simulator(ResidencyView):
         if not 0.0 <= call_failure_rate < 1.0:
             raise ValueError(f"call_failure_rate must be in [0, 1), got {call_failure_rate}")
         self.call_failure_rate = call_failure_rate
+        # False only for the ablation (benchmarks/bench_failures.py): a retry as a new program id
+        # would have it, starting again from no attained service.
+        self.retry_keeps_service = retry_keeps_service
         self.failed_attempts, self.failed_service_s = 0, 0.0
         # Prefills a GPU runs at once (None: any number, sharing its FLOP/s). With a limit, calls
         # queue for compute and the queue discipline decides who goes first (vLLM's token budget
@@ -779,9 +783,12 @@ class Simulator(ResidencyView):
             return None
         ran = self.now - c.start
         pr = self.programs[c.program]
-        pr.service += ran
         self.tenant_service[pr.prog.tenant] = self.tenant_service.get(pr.prog.tenant, 0.0) + ran
-        c.path_service += ran
+        if self.retry_keeps_service:
+            pr.service += ran
+            c.path_service += ran
+        else:
+            pr.service, c.path_service = 0.0, 0.0
         self.failed_attempts += 1
         self.failed_service_s += ran
         events = []

@@ -137,6 +137,11 @@ def test_threads_wait_on_tools_side_by_side_and_a_retry_supersedes_only_its_own_
     assert out["duration_s"] == 5.0  # ... map0's goes on: its result is on time, timed from its own start
     assert p.event("t", {"type": "tool_finished", "program": "a", "tool": "search", "call": "s1b"})["duration_s"] == 3.0
     assert seen == [("search", 5.0), ("search", 3.0)] and not p.programs["a"].tools
+    # a result delivered twice (the answer to the first was lost) is taken once, and not refused
+    again = p.event("t", {"type": "tool_finished", "program": "a", "tool": "search", "call": "s0"})
+    assert again["repeated"] and len(seen) == 2
+    with pytest.raises(Conflict, match="late"):  # the superseded call's result stays late
+        p.event("t", {"type": "tool_finished", "program": "a", "tool": "search", "call": "s1"})
 
 
 def test_every_kv_released_at_finish_and_at_cancel():
@@ -169,7 +174,7 @@ def scenarios(draw):
         programs.append(nodes)
     actions = draw(st.lists(st.tuples(st.sampled_from(["step", "step", "step", "step", "repeat", "repeat", "cancel",
                                                        "timeout", "late", "adapter", "tick", "lease", "retry",
-                                                       "early"]),
+                                                       "early", "branch"]),
                                       st.integers(0, 1000)), min_size=20, max_size=150))
     return programs, actions
 
@@ -191,13 +196,33 @@ class Runtime:
         for i, (_, after, _) in enumerate(nodes):
             self.thread[i] = self.thread[after[0]] if after and heir[after[0]] == i else f"th{i}"
         self.sent: list[dict] = []  # every event sent, for duplicate deliveries
+        self.dropped: set[int] = set()  # nodes of cancelled branches: a cancelled call and all after it
         self.late: list[dict] = []
         self.started = False
         self.ended = False
 
     def done(self, i) -> bool:
         kind = self.nodes[i][0]
-        return self.phase[i] >= (3 if kind == "call" else 2)
+        return i in self.dropped or self.phase[i] >= (3 if kind == "call" else 2)
+
+    def branch_cancel(self) -> tuple[dict, list[dict]] | None:
+        """The runtime abandons a branch: a call that arrived and has not finished is cancelled,
+        and with it every node after it. Returns the cancel and what must now be refused: the
+        call's own result and the arrival of a call right after it."""
+        for i, (kind, _, _) in enumerate(self.nodes):
+            if kind == "call" and self.phase[i] in (1, 2) and i not in self.dropped:
+                stack = [i]
+                while stack:
+                    j = stack.pop()
+                    if j not in self.dropped:
+                        self.dropped.add(j)
+                        stack += [k for k, (_, after, _) in enumerate(self.nodes) if j in after]
+                refused = [self.call_event(i, 2)]
+                child = next((k for k, n in enumerate(self.nodes) if i in n[1] and n[0] == "call"), None)
+                if child is not None:
+                    refused.append(self.call_event(child, 0))
+                return {"type": "call_cancelled", "program": self.pid, "call": f"n{i}"}, refused
+        return None
 
     def next_event(self, pick: int = 0) -> dict | None:
         """The next event of one of the nodes that can move (the `pick`-th, cyclically), so that
@@ -232,7 +257,7 @@ class Runtime:
         """A call that arrived and has not finished fails and is retried (its next attempt arrives
         again); whatever the old attempt still reports is late."""
         for i, (kind, _, _) in enumerate(self.nodes):
-            if kind == "call" and self.phase[i] in (1, 2):
+            if kind == "call" and self.phase[i] in (1, 2) and i not in self.dropped:
                 self.late.append(self.call_event(i, 2))
                 self.attempt[i] += 1
                 self.phase[i] = 1
@@ -242,7 +267,7 @@ class Runtime:
     def early(self) -> dict | None:
         """A call sent before a dependency on another call has finished: it must be refused."""
         for i, (kind, after, _) in enumerate(self.nodes):
-            if kind == "call" and self.phase[i] == 0 and any(self.nodes[a][0] == "call" and not self.done(a)
+            if kind == "call" and self.phase[i] == 0 and i not in self.dropped and any(self.nodes[a][0] == "call" and not self.done(a)
                                                              for a in after):
                 return self.call_event(i, 0)
         return None
@@ -331,6 +356,12 @@ def test_chaos_random_dags_cancels_timeouts_and_repeats_converge(scenario):
             rt.ended = True
         elif action in ("timeout", "retry") and (ev := getattr(rt, action)()) is not None:
             send(p, ev, commits, cancelled, valid=True)
+        elif action == "branch" and rt.started and not rt.ended and (got := rt.branch_cancel()) is not None:
+            ev, refused = got
+            send(p, ev, commits, cancelled, valid=True)
+            for late in refused:  # the cancelled call's result, and a call after it
+                with pytest.raises(Conflict, match="cancelled|cannot arrive before"):
+                    p.event("t", late)
         elif action == "early" and rt.started and not rt.ended and (ev := rt.early()) is not None:
             with pytest.raises(Conflict, match="cannot arrive before"):
                 p.event("t", ev)

@@ -9,9 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..models.plan import Op
 
 Name = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:/@+-]+$")
-EventType = Literal["program_started", "call_arrived", "call_started", "call_finished", "tool_started",
-                    "tool_finished", "program_finished", "program_cancelled"]
+EventType = Literal["program_started", "call_arrived", "call_started", "call_finished", "call_cancelled",
+                    "tool_started", "tool_finished", "program_finished", "program_cancelled"]
 _NEEDS = {"call_arrived": ("call", "model"), "call_started": ("call",), "call_finished": ("call",),
+          "call_cancelled": ("call",),
           "tool_started": ("tool",), "tool_finished": ("tool",)}
 
 

@@ -108,6 +108,7 @@ class ProgramRec:
     tools: dict = field(default_factory=dict)  # thread -> its running tool wait: [tool, since, tool call id or None]
     service_s: float = 0.0    # attained service: seconds its calls ran, failed attempts included
     tools_over: list = field(default_factory=list)  # tool call ids finished or superseded by a retry
+    tools_done: list = field(default_factory=list)  # ... of those, the ones whose result was taken
 
 
 @dataclass
@@ -275,8 +276,13 @@ class LivePlanner(ResidencyView):
             if call["status"] == "finished":
                 raise Conflict(f"call {ev['call']!r} already finished (attempt {call['attempt']}): a logical call "
                                f"commits once")
+            if call["status"] == "cancelled":
+                raise Conflict(f"call {ev['call']!r} was cancelled: its branch does not run again")
         for dep in ev.get("after") or ():  # every check before the first change: a refusal changes nothing
             d = rec.calls.get(dep)
+            if d is not None and d["status"] == "cancelled":
+                raise Conflict(f"call {ev['call']!r} cannot arrive: its dependency {dep!r} was cancelled (a cancel "
+                               f"takes the calls after it too)")
             if d is None or d["status"] != "finished":
                 raise Conflict(f"call {ev['call']!r} cannot arrive before its dependency {dep!r} has finished")
         if call is not None:
@@ -312,6 +318,22 @@ class LivePlanner(ResidencyView):
         return int(round(1000 * arrival_priority(self.queue, self.now, self.epoch_s, rec.service_s, path_service,
                                                  slack, excess)))
 
+    def _call_cancelled(self, rec: ProgramRec, ev: dict) -> dict:
+        """The runtime abandons a call (a branch it no longer needs: seed 003 §25): its hold on its
+        state goes, its leases stop, a result it still reports is late, and no call after it may
+        arrive (the cancel takes its descendants). Its program's KV stays for the other branches."""
+        self._live(rec, "call cancel")
+        call = self._call_of(rec, ev)
+        if call["status"] == "finished":
+            raise Conflict(f"call {ev['call']!r} already finished: a committed call cannot be cancelled")
+        if call["status"] == "cancelled":
+            return {"call": ev["call"], "status": "cancelled"}  # a repeated event
+        self._unpin(rec, call)
+        call["status"] = "cancelled"
+        self._apply(self.policy.on_call_cancelled(self, _Call(rec.program, ev["call"], call["model"])))
+        self._save_program(rec)
+        return {"call": ev["call"], "status": "cancelled"}
+
     def _moves_out(self, kvk, group=None, background_only: bool = False) -> list[OpRec]:
         """Open demotions of a KV out of HBM (of one GPU group, or of any; or only tool-wait swaps)."""
         return [r for r in self.ops.values() if r.op.kind == "demote" and _key(r.op.object) == kvk
@@ -331,6 +353,8 @@ class LivePlanner(ResidencyView):
     def _call_started(self, rec: ProgramRec, ev: dict) -> dict:
         self._live(rec, "call start")
         call = self._call_of(rec, ev)
+        if call["status"] == "cancelled":
+            raise Conflict(f"call {ev['call']!r} was cancelled: it does not start")
         if call["status"] != "arrived":
             return {"call": ev["call"], "status": call["status"]}
         model = call["model"]
@@ -379,8 +403,8 @@ class LivePlanner(ResidencyView):
     def _call_finished(self, rec: ProgramRec, ev: dict) -> dict:
         call = self._call_of(rec, ev)
         if call["status"] == "cancelled":
-            raise Conflict(f"the result of call {ev['call']!r} is late: program {rec.program!r} was cancelled "
-                           f"while it ran")
+            raise Conflict(f"the result of call {ev['call']!r} is late: it was cancelled"
+                           + (f" with program {rec.program!r}" if rec.status == "cancelled" else ""))
         if call["status"] not in ("arrived", "started"):
             return {"call": ev["call"], "status": call["status"]}  # a repeated result commits nothing
         group = self._unpin(rec, call)
@@ -441,6 +465,8 @@ class LivePlanner(ResidencyView):
         """A tool result: matched by its tool call id where it has one (a result nobody awaits is
         late), else by its thread. A result for a program that ended is late too, epoch or not."""
         tool, tid = ev["tool"], ev.get("call")
+        if tid is not None and tid in rec.tools_done:  # a repeated delivery of a result already taken
+            return {"tool": tool, "status": "finished", "repeated": True}
         if rec.status != "running":
             raise Conflict(f"tool result {tid or tool!r} of program {rec.program!r} is late: the program is "
                            f"{rec.status}")
@@ -458,6 +484,7 @@ class LivePlanner(ResidencyView):
         if w is not None:
             if w[2] is not None:
                 rec.tools_over.append(w[2])
+                rec.tools_done.append(w[2])
             self.kvw.ended(w[0], duration, self.kv_waits.pop((rec.program, thread), None))
         self._end_suspensions(rec.program)
         self.policy.on_tool_end(self, _Prog(rec.program, rec.tenant), None, tool, duration)

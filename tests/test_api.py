@@ -253,3 +253,33 @@ def test_a_rejected_lease_says_why(client):
     body = r.json()
     assert r.status_code == 200 and body["decision"] == "rejected", body
     assert "after the deadline" in body["reason"] or "deadline passed" in body["reason"], body
+
+
+def test_the_driver_replays_a_traces_branch_cancels_and_parallel_tools(client):
+    # A fork: two branches wait on tools side by side (their own threads), and when call `a` ends
+    # the trace cancels branch `b` (DESIGN §5 `cancel`), as the simulator does: the driver never
+    # sends b's call, the planner takes everything else, and the program finishes.
+    import asyncio
+
+    import httpx
+
+    from statebudget.api.driver import Driver
+    from statebudget.models import Program, Trace
+
+    prog = {"program": "p1", "tenant": "team-a", "start": 0.0, "nodes": [
+        {"id": "root", "kind": "call", "model": "planner", "context_tokens": 100, "output_tokens": 10},
+        {"id": "s1", "kind": "tool", "tool": "search", "duration": 1.0, "after": ["root"]},
+        {"id": "s2", "kind": "tool", "tool": "search", "duration": 20.0, "after": ["root"]},
+        {"id": "a", "kind": "call", "model": "coder", "after": ["s1"], "context_tokens": 200, "output_tokens": 10},
+        {"id": "b", "kind": "call", "model": "reviewer", "after": ["s2"], "context_tokens": 200, "output_tokens": 10},
+        {"id": "join", "kind": "call", "model": "planner", "after": ["a", "s2"], "context_tokens": 300}],
+        "cancel": [{"node": "b", "at_after": "a"}]}
+    trace = Trace(programs=[Program.model_validate(prog)])
+    driver = Driver("http://planner", TOK["a"], speed=100, call_s=0.0, transport=httpx.ASGITransport(app=client.app))
+    out = asyncio.run(driver.replay(trace))
+    assert out["n_errors"] == 0, driver.errors
+    planner = client.app.state.service.planner
+    rec = planner.programs["p1"]
+    assert rec.status == "finished" and "b" not in rec.calls
+    assert {c: v["status"] for c, v in rec.calls.items()} == {"root": "finished", "a": "finished", "join": "finished"}
+    assert sorted(rec.tools_done) == ["s1", "s2"] and not rec.tools  # both waits ran, each timed on its own

@@ -20,6 +20,7 @@ import time
 import httpx
 
 from ..models.trace import Trace
+from ..traces.graph import descendants
 
 
 class Driver:
@@ -61,9 +62,13 @@ class Driver:
             await asyncio.sleep(delay)  # back off while the planner restarts
             delay = min(delay * 2, 1.0)
 
-    async def _event(self, client, **body) -> None:
+    async def _event(self, client, dropped=None, **body) -> None:
+        """`dropped()`: whether the event's node was cancelled meanwhile; then a 409 for it is
+        expected (the cancel and the event raced on two connections), not an error."""
         r = await self._send(client, "POST", "/v1/events", body)
         self.events += 1
+        if r is not None and r.status_code in (404, 409) and dropped is not None and dropped():
+            return
         if r is not None and r.status_code != 200:
             self.errors.append(f"event {body['type']} {body['program']}: {r.status_code} {r.text[:200]}")
 
@@ -76,6 +81,11 @@ class Driver:
         for h in p.hints:
             hints_at.setdefault(h.issued_at, []).append(h)
         lease_for: dict[str, dict] = {}
+        cancels_at: dict[str, list[str]] = {}
+        for c in p.cancel:
+            cancels_at.setdefault(c.at_after, []).append(c.node)
+        dropped: set[str] = set()  # nodes of branches the trace cancels (DESIGN §5 `cancel`), as in the simulator
+        arrived: set[str] = set()  # calls that arrived and have not finished
         thread: dict[str, str] = {}  # a node's thread: its first parent's, for that parent's first child
         heir = {}
         for n in p.nodes:
@@ -86,9 +96,20 @@ class Driver:
             thread[nid] = thread[first] if first is not None and heir[first] == nid else \
                 ("main" if not thread else nid)
 
+        async def cancel_branch(root: str):
+            for nid in descendants(p, root):
+                if nid in dropped:
+                    continue
+                dropped.add(nid)
+                if nid in arrived:  # a 409: it finished meanwhile, and the cancel came too late
+                    await self._event(client, dropped=lambda: True, type="call_cancelled", program=p.program, call=nid)
+                done[nid].set()  # nothing waits for it: every node after it is dropped too
+
         async def run(n):
             for a in n.after:
                 await done[a].wait()
+            if n.id in dropped:
+                return
             for h in hints_at.get(n.id, ()):
                 wait = (n.duration if n.kind == "tool" else 0.0) / self.speed
                 body = {"program": p.program, "model": h.model, "deadline_s": max(wait, 1e-3),
@@ -113,12 +134,21 @@ class Driver:
                     r = await self._send(client, "GET", f"/v1/leases/{rec['lease_id']}")
                     rec["ready_at_use"] = r is not None and r.status_code == 200 and r.json()["ready"]
                     rec["at_use"] = r.json() if r is not None and r.status_code == 200 else None
+                arrived.add(n.id)
                 await self._event(client, type="call_arrived", program=p.program, call=n.id, model=by_id[n.id].model,
-                                  context_tokens=n.context_tokens, output_tokens=n.output_tokens)
-                await self._event(client, type="call_started", program=p.program, call=n.id)
-                await asyncio.sleep(self.call_s)
-                await self._event(client, type="call_finished", program=p.program, call=n.id,
-                                  tokens=n.context_tokens + n.output_tokens)
+                                  context_tokens=n.context_tokens, output_tokens=n.output_tokens,
+                                  after=[a for a in n.after if by_id[a].kind == "call"])
+                for ev in ({"type": "call_started"}, None, {"type": "call_finished", "tokens": n.context_tokens + n.output_tokens}):
+                    if n.id in dropped:
+                        break
+                    if ev is None:
+                        await asyncio.sleep(self.call_s)
+                    else:
+                        await self._event(client, dropped=lambda: n.id in dropped, program=p.program, call=n.id, **ev)
+                arrived.discard(n.id)
+            if n.id not in dropped:
+                for victim in cancels_at.get(n.id, ()):
+                    await cancel_branch(victim)
             done[n.id].set()
 
         await asyncio.gather(*(run(n) for n in p.nodes))

@@ -389,3 +389,18 @@ def test_a_kv_a_lease_asks_for_is_kept_through_the_tool_wait():
             assert p.tiers.gpu[(KV, group)].ready
         else:
             assert [r.op.kind for r in kv_ops(p)] == ["demote"] and p.kvw.actions == {"swap": 1}
+
+
+def test_a_kv_stays_suspended_while_another_thread_still_waits():
+    # Two branches wait on tools; one returns. Its thread will run a call soon, but until a call
+    # runs the program is still waiting on the other tool: its KV stays suspended (as in the
+    # simulator), so byte-seconds and TTL re-checks go on.
+    p, clock = planner("preserve")
+    after_a_call(p, clock)
+    for th, tid in (("a", "ta"), ("b", "tb")):
+        p.event("a", {"type": "tool_started", "program": "p1", "tool": "search", "call": tid, "thread": th})
+    clock.t += 1
+    p.event("a", {"type": "tool_finished", "program": "p1", "tool": "search", "call": "ta"})
+    assert p.residency()["tool_wait_kv"]["suspended"] == [list(KV)]
+    p.event("a", {"type": "tool_finished", "program": "p1", "tool": "search", "call": "tb"})
+    assert p.residency()["tool_wait_kv"]["suspended"] == []

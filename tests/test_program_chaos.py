@@ -401,3 +401,15 @@ def test_chaos_random_dags_cancels_timeouts_and_repeats_converge(scenario):
     assert not [lease for lease in p.ledger.leases.values() if lease.state.live and lease.state.name != "READY"]
     assert all(n == 1 for n in commits.values()), commits
     check_books(p, ended)
+
+
+def test_a_cancelled_call_frees_the_predictor_and_a_program_end_abandons_unfinished_calls():
+    p = planner()
+    p.event("t", {"type": "program_started", "program": "a"})
+    p.event("t", {"type": "call_arrived", "program": "a", "call": "c1", "model": "coder"})
+    p.event("t", {"type": "call_started", "program": "a", "call": "c1"})
+    p.event("t", {"type": "call_cancelled", "program": "a", "call": "c1"})
+    assert p.core.predictor.live["a"].running_calls == 0  # the tool phase can begin
+    p.event("t", {"type": "call_arrived", "program": "a", "call": "c2", "model": "coder"})
+    p.event("t", {"type": "program_finished", "program": "a"})
+    assert {c: v["status"] for c, v in p.programs["a"].calls.items()} == {"c1": "cancelled", "c2": "cancelled"}

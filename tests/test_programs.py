@@ -503,6 +503,8 @@ def test_a_failed_attempt_is_retried_keeps_its_service_and_loses_its_kv():
     assert all(c.state == "done" for c in failed.calls)
     assert failed.programs["p"].service == pytest.approx(clean.programs["p"].service + failed.failed_service_s)
     assert failed.failed_service_s > 0 and failed.programs["p"].end > clean.programs["p"].end
+    # atlas's critical path carries a's failed attempt on to b, as the live planner's path_s does
+    assert failed.programs["p"].path_in["b"] > clean.programs["p"].path_in["b"]
     # b's KV (a's 4,050 tokens) was in HBM when b failed: rebuilt once per failure of b
     assert clean.recomputed_tokens == 0 and failed.recomputed_tokens == 4050 * attempts["b"]
     again = run(0.5)  # same seed, same failures

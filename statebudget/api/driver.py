@@ -62,17 +62,13 @@ class Driver:
             await asyncio.sleep(delay)  # back off while the planner restarts
             delay = min(delay * 2, 1.0)
 
-    async def _event(self, client, dropped=None, **body) -> None:
-        """`dropped()`: whether the event's node was cancelled meanwhile; then a 409 for it is
-        expected (the cancel and the event raced on two connections), not an error."""
+    async def _event(self, client, **body) -> None:
         r = await self._send(client, "POST", "/v1/events", body)
         self.events += 1
-        if r is not None and r.status_code in (404, 409) and dropped is not None and dropped():
-            return
         if r is not None and r.status_code != 200:
             self.errors.append(f"event {body['type']} {body['program']}: {r.status_code} {r.text[:200]}")
 
-    async def _program(self, client, p, t0: float) -> None:
+    async def _program(self, client, p, t0: float, slo_classes: dict[str, float]) -> None:
         await asyncio.sleep(max(0.0, t0 + p.start / self.speed - time.monotonic()))
         await self._event(client, type="program_started", program=p.program)
         done = {n.id: asyncio.Event() for n in p.nodes}
@@ -85,7 +81,6 @@ class Driver:
         for c in p.cancel:
             cancels_at.setdefault(c.at_after, []).append(c.node)
         dropped: set[str] = set()  # nodes of branches the trace cancels (DESIGN §5 `cancel`), as in the simulator
-        arrived: set[str] = set()  # calls that arrived and have not finished
         thread: dict[str, str] = {}  # a node's thread: its first parent's, for that parent's first child
         heir = {}
         for n in p.nodes:
@@ -96,14 +91,20 @@ class Driver:
             thread[nid] = thread[first] if first is not None and heir[first] == nid else \
                 ("main" if not thread else nid)
 
+        ttft_s = slo_classes.get(p.slo, slo_classes.get("interactive", 2.0))  # the simulator's TTFT bound
+
         async def cancel_branch(root: str):
-            for nid in descendants(p, root):
-                if nid in dropped:
-                    continue
-                dropped.add(nid)
-                if nid in arrived:  # a 409: it finished meanwhile, and the cancel came too late
-                    await self._event(client, dropped=lambda: True, type="call_cancelled", program=p.program, call=nid)
+            """Drop `root` and every node after it. A node's own task sees it before its next
+            event: a call that has arrived sends `call_cancelled` (after its event in flight, so
+            the planner gets them in order), the others send nothing. Leases asked for them go."""
+            new = [nid for nid in descendants(p, root) if nid not in dropped]
+            dropped.update(new)
+            for nid in new:
                 done[nid].set()  # nothing waits for it: every node after it is dropped too
+            for nid in new:
+                rec = lease_for.get(nid)
+                if rec is not None and rec["decision"] != "rejected":
+                    await self._send(client, "DELETE", f"/v1/leases/{rec['lease_id']}")
 
         async def run(n):
             for a in n.after:
@@ -134,18 +135,19 @@ class Driver:
                     r = await self._send(client, "GET", f"/v1/leases/{rec['lease_id']}")
                     rec["ready_at_use"] = r is not None and r.status_code == 200 and r.json()["ready"]
                     rec["at_use"] = r.json() if r is not None and r.status_code == 200 else None
-                arrived.add(n.id)
+                if n.id in dropped:  # dropped while its leases were asked for: it never arrives
+                    return
                 await self._event(client, type="call_arrived", program=p.program, call=n.id, model=by_id[n.id].model,
-                                  context_tokens=n.context_tokens, output_tokens=n.output_tokens,
+                                  context_tokens=n.context_tokens, output_tokens=n.output_tokens, ttft_s=ttft_s,
                                   after=[a for a in n.after if by_id[a].kind == "call"])
                 for ev in ({"type": "call_started"}, None, {"type": "call_finished", "tokens": n.context_tokens + n.output_tokens}):
                     if n.id in dropped:
-                        break
+                        await self._event(client, type="call_cancelled", program=p.program, call=n.id)
+                        return
                     if ev is None:
                         await asyncio.sleep(self.call_s)
                     else:
-                        await self._event(client, dropped=lambda: n.id in dropped, program=p.program, call=n.id, **ev)
-                arrived.discard(n.id)
+                        await self._event(client, program=p.program, call=n.id, **ev)
             if n.id not in dropped:
                 for victim in cancels_at.get(n.id, ()):
                     await cancel_branch(victim)
@@ -158,7 +160,7 @@ class Driver:
         async with httpx.AsyncClient(base_url=self.url, headers=self.headers, timeout=30.0,
                                      transport=self.transport) as client:
             t0 = time.monotonic()
-            await asyncio.gather(*(self._program(client, p, t0) for p in trace.programs))
+            await asyncio.gather(*(self._program(client, p, t0, trace.header.slo_classes) for p in trace.programs))
         return self.summary()
 
     def summary(self) -> dict:

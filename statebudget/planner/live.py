@@ -328,7 +328,7 @@ class LivePlanner(ResidencyView):
             raise Conflict(f"call {ev['call']!r} already finished: a committed call cannot be cancelled")
         if call["status"] == "cancelled":
             return {"call": ev["call"], "status": "cancelled"}  # a repeated event
-        self._unpin(rec, call)
+        self._unpin(rec, call, accrue=False)  # an abandoned run is no service (as in the simulator)
         call["status"] = "cancelled"
         self._apply(self.policy.on_call_cancelled(self, _Call(rec.program, ev["call"], call["model"])))
         self._save_program(rec)
@@ -378,12 +378,12 @@ class LivePlanner(ResidencyView):
         return {"call": ev["call"], "status": "started", "stall_s": stall,
                 "group": gpu_tier(group) if group else None}
 
-    def _unpin(self, rec: ProgramRec, call: dict) -> tuple | None:
+    def _unpin(self, rec: ProgramRec, call: dict, accrue: bool = True) -> tuple | None:
         """A started attempt stops (finished, retried, or its program ended): its running time is
-        attained service, and its hold on its state goes."""
+        attained service (unless `accrue` is off: an abandoned branch), and its hold on its state goes."""
         if call["status"] != "started":
             return None
-        ran = self.now - call.get("started_s", self.now)
+        ran = self.now - call.get("started_s", self.now) if accrue else 0.0
         rec.service_s += ran
         self.tenant_service[rec.tenant] += ran
         call["service_s"] = call.get("service_s", 0.0) + ran
@@ -486,7 +486,8 @@ class LivePlanner(ResidencyView):
                 rec.tools_over.append(w[2])
                 rec.tools_done.append(w[2])
             self.kvw.ended(w[0], duration, self.kv_waits.pop((rec.program, thread), None))
-        self._end_suspensions(rec.program)
+        if not rec.tools:  # another thread still waiting keeps the program's KV suspended (as in the simulator)
+            self._end_suspensions(rec.program)
         self.policy.on_tool_end(self, _Prog(rec.program, rec.tenant), None, tool, duration)
         self._save_program(rec)
         return {"tool": tool, "status": "finished", "duration_s": duration}
@@ -513,7 +514,7 @@ class LivePlanner(ResidencyView):
         for call in rec.calls.values():
             self._unpin(rec, call)
             if call["status"] in ("arrived", "started"):
-                call["status"] = status
+                call["status"] = "cancelled"  # it never finished: the program's end abandons it
         for thread in rec.tools:
             self.kv_waits.pop((rec.program, thread), None)
         for kvk in self._kv_keys(rec.program):

@@ -243,12 +243,15 @@ class Predictor:
         if lp is not None:
             lp.hint, lp.rec = (model, confidence, call), None
 
-    def call_cancelled(self, program: str, call: str) -> None:
-        """A branch was abandoned: a hint announced for it no longer holds."""
+    def call_cancelled(self, program: str, call: str, arrived: bool = True, now: float = 0.0) -> None:
+        """A branch was abandoned, or a call attempt failed: a hint announced for it no longer
+        holds, and a call that had arrived no longer runs (as if it had finished)."""
         self._version += 1
         lp = self.live.get(program)
         if lp is not None and lp.hint is not None and lp.hint[2] == call:
             lp.hint, lp.rec = None, None
+        if arrived:
+            self.call_finished(program, now)
 
     def program_finished(self, program: str, now: float = 0.0) -> None:
         self._version += 1

@@ -372,7 +372,8 @@ class Simulator(ResidencyView):
         pr.service += svc
         if svc:
             self.tenant_service[pr.prog.tenant] = self.tenant_service.get(pr.prog.tenant, 0.0) + svc
-        pr.path_out[nid] = pr.path_in.get(nid, 0.0) + svc
+        # a call's path service includes its failed attempts (`_call_failed`), as the live planner's does
+        pr.path_out[nid] = (call.path_service if call is not None else pr.path_in.get(nid, 0.0)) + svc
         if call is None:
             self._tool_end_kv(pr, nid)
             self._apply(self._hook("on_tool_end", pr.prog, nid, pr.tools[nid], pr.durations[nid]))

@@ -806,9 +806,9 @@ class Simulator(ResidencyView):
         self._apply(self._hook("on_call_cancelled", c))  # the attempt is over for the policy too
         c.attempt += 1
         c.state, c.ready, c.start, c.first_token, c.flow, c.kv_reused_tokens = "pending", -1.0, -1.0, -1.0, None, 0
+        self._retry_waiting()  # the room it freed goes first to the calls already waiting for it
         events += self._call_arrive(c) or []
         events += self._start_queued()
-        self._retry_waiting()
         return events
 
     def _prefill_done(self, c: CallRec):

@@ -19,28 +19,28 @@ import numpy as np
 
 from paired import fmt, paired_change
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.sim.engine import Simulator
-from statebudget.sim.policies import make_policy
+from statebudget.sim.runner import replay
 from statebudget.traces.generators import generate
 
-VARIANTS = {"fcfs": ("fcfs", True), "plas keep": ("plas", True), "plas reset": ("plas", False)}
+VARIANTS = {"fcfs": ("statebudget", True), "plas keep": ("statebudget:plas", True),
+            "plas reset": ("statebudget:plas", False)}
 
 
 def run(args) -> list[dict]:
     seed, rate, load, hours = args
     tr = generate("mixed-tenants", seed, hours, load=load)
     rows = []
-    for name, (queue, keep) in VARIANTS.items():
-        sim = Simulator(load_cluster("hetero16"), load_catalog("agent-team"), tr, make_policy("statebudget"), seed=seed,
-                        queue=queue, max_batch=4, call_failure_rate=rate, retry_keeps_service=keep)
-        res = sim.run()
+    for name, (spec, keep) in VARIANTS.items():
+        rep = replay(load_cluster("hetero16"), load_catalog("agent-team"), tr, [spec], seed=seed, max_batch=4,
+                     call_failure_rate=rate, retry_keeps_service=keep)
+        b, res = rep.report.policies[spec], rep.results[spec]
         failed = {c.program for c in res.calls if c.attempt > 0}
         lat = {p: pr.end - pr.prog.start for p, pr in res.programs.items() if pr.end >= 0}
         hit = [v for p, v in lat.items() if p in failed]
         clean = [v for p, v in lat.items() if p not in failed]
-        rows.append({"seed": seed, "variant": name, "failed_attempts": res.failed_attempts,
-                     "failed_service_s": round(res.failed_service_s, 1), "programs_failed": len(failed),
-                     "p95": float(np.percentile(list(lat.values()), 95)), "mean": float(np.mean(list(lat.values()))),
+        rows.append({"seed": seed, "variant": name, "failed_attempts": b.failed_attempts,
+                     "failed_service_s": round(b.failed_service_s, 1), "programs_failed": len(failed),
+                     "p95": b.program_latency_s.p95, "mean": b.program_latency_s.mean,
                      "mean_failed": float(np.mean(hit)) if hit else 0.0,
                      "mean_clean": float(np.mean(clean)) if clean else 0.0})
     return rows
@@ -67,13 +67,13 @@ def main() -> None:
               f"{m['p95']:>7.1f} {m['mean']:>7.1f} {m['mean_failed']:>9.1f} {m['mean_clean']:>11.1f}")
     by = {(r["variant"], r["seed"]): r for r in rows}
     print("\nplas reset against plas keep, paired (mean change [bootstrap 95 %], seeds where reset is lower):")
+    paired = {}
     for k in ("p95", "mean", "mean_failed", "mean_clean"):
-        base = [by[("plas keep", s)][k] for s in seeds]
-        alt = [by[("plas reset", s)][k] for s in seeds]
-        print(f"  {k:<12} {fmt(paired_change(base, alt))}")
+        paired[k] = paired_change([by[("plas keep", s)][k] for s in seeds], [by[("plas reset", s)][k] for s in seeds])
+        print(f"  {k:<12} {fmt(paired[k])}")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(rows, indent=1) + "\n")
+        a.json.write_text(json.dumps({"rows": rows, "paired": paired}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

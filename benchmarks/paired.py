@@ -1,6 +1,6 @@
 """Paired comparisons over seeds: how much a figure changes from one policy to another on the same
 traces, with a bootstrap 95 % interval over the seeds, so that "lower by how much" comes with how
-sure. Used by bench_queues.py and bench_kv_rules.py."""
+sure. Used by bench_queues.py, bench_kv_rules.py and bench_failures.py."""
 
 from __future__ import annotations
 

@@ -9,6 +9,16 @@ from statebudget.models.trace import TraceHeader
 GB = 1e9
 
 
+class Clock:
+    """A fake clock for the live planner: set `t` to move time."""
+
+    def __init__(self, t: float = 0.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
 def wait_until(cond, timeout_s: float, what: str):
     """Poll `cond` (work of another thread or process) until it is truthy; fail the test with `what` after
     `timeout_s`. Returns the truthy value."""

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from helpers import call, catalog, cluster, program, report_op, tool, trace
+from helpers import Clock, call, catalog, cluster, program, report_op, tool, trace
 from statebudget.engine_adapters.base import run_order
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.models.plan import Op
@@ -17,14 +17,6 @@ from statebudget.sim.policies import make_policy
 KV = ("kv", "p1", "planner")
 TOKENS = 20_000
 KV_BYTES = TOKENS * 4096  # the toy planner's KV
-
-
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
 
 
 def planner(rule, waits=None):

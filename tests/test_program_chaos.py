@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import helpers
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.planner.live import Conflict, LivePlanner, NotFound
 
@@ -17,12 +18,8 @@ MODELS = ["planner", "coder", "reviewer"]
 REFUSED = (Conflict, NotFound)
 
 
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self):
-        return self.t
+def Clock():
+    return helpers.Clock(1000.0)
 
 
 def planner(clock=None):

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from helpers import GB, call, catalog, cluster, program, tool, trace
+from helpers import GB, Clock, call, catalog, cluster, program, tool, trace
 from statebudget.cli import app
 from statebudget.models.load import write_trace
 from statebudget.planner.predictor import ResumeModel, ToolWaitModel
@@ -422,7 +422,7 @@ def test_the_live_priority_weighs_tenants_and_ttft_slack():
         return p.event(prog[0], {"type": "call_arrived", "program": prog, "call": call_id, "model": "coder", **kw})
 
     def setup(weights):
-        clock = type("C", (), {"t": 0.0, "__call__": lambda self: self.t})()
+        clock = Clock()
         p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock, queue="plas", tenant_weights=weights)
         for prog in ("a1", "b1", "a2", "b2"):
             p.event(prog[0], {"type": "program_started", "program": prog})

@@ -14,13 +14,13 @@ the driver counts as accepted was acknowledged by the server.
 from __future__ import annotations
 
 import asyncio
-import graphlib
 import time
 
 import httpx
 
 from ..models.trace import Trace
-from ..traces.graph import descendants
+from ..models.trace import ttft_bound
+from ..traces.graph import descendants, threads
 
 
 class Driver:
@@ -81,17 +81,9 @@ class Driver:
         for c in p.cancel:
             cancels_at.setdefault(c.at_after, []).append(c.node)
         dropped: set[str] = set()  # nodes of branches the trace cancels (DESIGN §5 `cancel`), as in the simulator
-        thread: dict[str, str] = {}  # a node's thread: its first parent's, for that parent's first child
-        heir = {}
-        for n in p.nodes:
-            if n.after:
-                heir.setdefault(n.after[0], n.id)
-        for nid in graphlib.TopologicalSorter({n.id: n.after for n in p.nodes}).static_order():
-            first = by_id[nid].after[0] if by_id[nid].after else None
-            thread[nid] = thread[first] if first is not None and heir[first] == nid else \
-                ("main" if not thread else nid)
+        thread = threads(p)
 
-        ttft_s = slo_classes.get(p.slo, slo_classes.get("interactive", 2.0))  # the simulator's TTFT bound
+        ttft_s = ttft_bound(slo_classes, p.slo)  # the simulator's TTFT bound
 
         async def cancel_branch(root: str):
             """Drop `root` and every node after it. A node's own task sees it before its next

@@ -107,6 +107,11 @@ def _find_cycle(nodes: list[TraceNode]) -> list[str] | None:
     return None
 
 
+def ttft_bound(slo_classes: dict[str, float], slo: str) -> float:
+    """A call's TTFT bound: its SLO class's, else the interactive class's (2 s by default)."""
+    return slo_classes.get(slo, slo_classes.get("interactive", 2.0))
+
+
 class TraceHeader(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
     trace_format: int = 1

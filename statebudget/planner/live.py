@@ -42,7 +42,7 @@ from ..sim.policies.ours import StateBudgetLease
 from ..solvers.costs import CostModel
 from .core import PlannerConfig
 from .leases import Lease, LeaseRequest, LeaseState, Quote
-from .programs import QUEUES, ToolWaitKV, arrival_priority, tenant_excess
+from .programs import QUEUES, ToolWaitKV, arrival_priority, host_link_bps, tenant_excess
 from .ledger import Store
 from .view import ResidencyView
 
@@ -95,6 +95,7 @@ class _Call:
     model: str
     context_tokens: int = 0
     output_tokens: int = 0
+    arrive: float = 0.0  # the hooks' calls here have all arrived (the simulator's CallRec: -1 until then)
 
 
 @dataclass
@@ -449,9 +450,8 @@ class LivePlanner(ResidencyView):
         if tid is not None and tid in rec.tools_over:
             raise Conflict(f"tool call {tid!r} of program {rec.program!r} is over (finished, or retried under "
                            f"another id): a repeated start is stale")
-        for w in rec.tools.values():
-            if tid is not None and w[2] == tid:
-                return {"tool": w[0], "status": "started"}  # a repeated event: nothing changes
+        if (th := _waiting_thread(rec, tid)) is not None:
+            return {"tool": rec.tools[th][0], "status": "started"}  # a repeated event: nothing changes
         old = rec.tools.get(thread)
         if old is not None and old[2] is not None:
             rec.tools_over.append(old[2])  # a retry supersedes the thread's running tool call
@@ -471,7 +471,7 @@ class LivePlanner(ResidencyView):
             raise Conflict(f"tool result {tid or tool!r} of program {rec.program!r} is late: the program is "
                            f"{rec.status}")
         if tid is not None:
-            thread = next((th for th, w in rec.tools.items() if w[2] == tid), None)
+            thread = _waiting_thread(rec, tid)
             if thread is None:
                 raise Conflict(f"tool result {tid!r} of program {rec.program!r} is late: that tool is no "
                                f"longer awaited")
@@ -1143,9 +1143,7 @@ class LivePlanner(ResidencyView):
         thread = max(rec.tools, key=lambda th: rec.tools[th][1])
         tool, since, _ = rec.tools[thread]
         left = self.kvw.remaining(tool, self.now - since) if self.kv_waits[(rec.program, thread)] is not None else None
-        for c in self._kv_copies(rec.program):
-            if self._moves_out(c.key, c.group):
-                continue  # its swap-out is open, offered again
+        for c in self._kv_copies(rec.program):  # (a KV whose swap-out is open has left the books' HBM)
             self.kvw.suspended(c.key, tool)
             c.suspended_since = since  # held since the wait began: a preserve is not counted again
             self._suspend_kv(rec, c, left, thread)
@@ -1156,10 +1154,15 @@ class LivePlanner(ResidencyView):
                     (kvk, self.gpus[group[0]].node) not in self.tiers.host:
                 continue
             at = self.kvw.swap_in_at(tool, kvk[2], self.tiers.host[(kvk, self.gpus[group[0]].node)].nbytes, left,
-                                     self.cost.link_bw[f"h2d:{self.gpus[group[0]].id}"] * len(group), self.now)
+                                     host_link_bps(self, group), self.now)
             if at is not None:
                 self.kvw.suspended(kvk, tool)
                 self._kv_timer(at, "swap_in", rec, thread, kvk, group)
+
+
+def _waiting_thread(rec: ProgramRec, tid: str | None) -> str | None:
+    """The thread whose running tool wait is the tool call `tid`, if any."""
+    return next((th for th, w in rec.tools.items() if tid is not None and w[2] == tid), None)
 
 
 def _key(obj) -> tuple:

@@ -184,6 +184,11 @@ def overtaking_window_s(service: float, aging: float = AGING, starve_s: float = 
     return min(starve_s + starve_ratio * level, (level + URGENCY_CAP_S + 2 * TENANT_SCALE_S) / aging)
 
 
+def host_link_bps(view, group) -> float:
+    """The host links of a GPU group (the cost model's h2d bandwidth, one link per GPU)."""
+    return view.cost.link_bw[f"h2d:{view.gpus[group[0]].id}"] * len(group)
+
+
 def adaptive_choice(kv_bytes: float, wait_s: float, hbm_bytes: float, pcie_bps: float, recompute_s: float,
                     p_resume: float = 1.0) -> str:
     """The cheapest rule for one interrupt, in GPU-seconds (§12): holding a share of the GPU for
@@ -280,7 +285,7 @@ class ToolWaitKV:
         kvk, g = copy.key, copy.group
         m = view.catalog.by_name[kvk[2]]
         return self.decide(tool, kvk[2], copy.nbytes, predicted, sum(view.tiers.hbm_cap[i] for i in g),
-                           view.cost.link_bw[f"h2d:{view.gpus[g[0]].id}"] * len(g),
+                           host_link_bps(view, g),
                            view.cost.prefill_s(m, view.kv_tokens.get(kvk, 0), g), view.now, since,
                            copy.suspended_since is not None, view.policy.holds_kv(view, kvk))
 

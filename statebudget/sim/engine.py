@@ -27,7 +27,7 @@ import numpy as np
 from ..models.catalog import Catalog
 from ..models.cluster import Cluster
 from ..models.state import expert_key, kv_key, weights_key
-from ..models.trace import Program, Trace
+from ..models.trace import Program, Trace, ttft_bound
 from ..planner.programs import ADMIT_STARVE_S, KV_SWAP_SHARE, ToolWaitKV, queue_key, tenant_excess
 from ..planner.view import ResidencyView
 from ..solvers.costs import CostModel, page_touch_probs
@@ -719,7 +719,7 @@ class Simulator(ResidencyView):
 
         def key(c):
             m = self.catalog.by_name[c.model]
-            slack = c.arrive + slo.get(c.slo, slo.get("interactive", 2.0)) - now - \
+            slack = c.arrive + ttft_bound(slo, c.slo) - now - \
                 self.cost.prefill_s(m, max(0, c.context_tokens - c.kv_reused_tokens), c.group)
             return queue_key(self.queue, c.arrive, now, self.programs[c.program].service, c.path_service, slack,
                              tenant_excess(self.tenant_service, weights, c.tenant)) + (c.program, c.node)
@@ -792,12 +792,8 @@ class Simulator(ResidencyView):
             pr.service, c.path_service = 0.0, 0.0
         self.failed_attempts += 1
         self.failed_service_s += ran
-        events = []
-        if c.flow is not None:
-            evs, _ = self.flows.cancel(self.now, c.flow)
-            events += self._flow_events(evs)
         group = c.group
-        self._release(c, finished=False)  # also ends its prefill and its place on the GPUs
+        events = self._stop_run(c)
         copy = self.tiers.gpu.get((kv_key(c.program, c.model), group))
         if copy is not None and copy.ready and copy.pins == 0:
             copy.used = True  # lost, not a wasted promotion
@@ -873,17 +869,23 @@ class Simulator(ResidencyView):
         self._retry_waiting()
         return events
 
-    def _cancel_call(self, c: CallRec) -> list:
+    def _stop_run(self, c: CallRec) -> list:
+        """A call stops before its end (cancelled, or its attempt failed): its flows stop, and its
+        hold on its state, its prefill and its place on the GPUs go."""
         events = []
-        if c.state == "waiting":
-            self.waiting.remove(c)
-        elif c.state == "queued":
-            self.queued.remove(c)
         if c.state == "running" and c.flow is not None:
             evs, _ = self.flows.cancel(self.now, c.flow)
             events += self._flow_events(evs)
         if c.state in ("loading", "queued", "running"):
             self._release(c, finished=False)
+        return events
+
+    def _cancel_call(self, c: CallRec) -> list:
+        if c.state == "waiting":
+            self.waiting.remove(c)
+        elif c.state == "queued":
+            self.queued.remove(c)
+        events = self._stop_run(c)
         c.state = "cancelled"
         self._apply(self._hook("on_call_cancelled", c))
         events += self._start_queued()

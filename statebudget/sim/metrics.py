@@ -7,6 +7,7 @@ import numpy as np
 from collections import Counter
 
 from ..models.report import DecisionMs, Dist, PolicyReport
+from ..models.trace import ttft_bound
 from .engine import SimResult
 
 
@@ -54,7 +55,7 @@ def policy_report(res: SimResult, slo_classes: dict[str, float], nominal: dict |
     stall = [c.ready - c.arrive for c in done]
     ttft = [c.first_token - c.arrive for c in done]
     programs = [pr.end - pr.prog.start for pr in res.programs.values() if pr.end >= 0]
-    slo_bad = sum(1 for c in done if c.first_token - c.arrive > slo_classes.get(c.slo, slo_classes.get("interactive", 2.0)))
+    slo_bad = sum(1 for c in done if c.first_token - c.arrive > ttft_bound(slo_classes, c.slo))
     dec = np.asarray(res.decision_ms) if res.decision_ms else np.zeros(1)
     return PolicyReport(
         stall_s=Dist.of(stall),

@@ -27,7 +27,8 @@ class Replay:
 def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str], seed: int = 0,
            check_invariants: bool = False, progress=None, profile: dict | None = None,
            prefill_slots: int | None = None, max_batch: int = 32,
-           admit_starve_s: float | None = ADMIT_STARVE_S, call_failure_rate: float = 0.0) -> Replay:
+           admit_starve_s: float | None = ADMIT_STARVE_S, call_failure_rate: float = 0.0,
+           retry_keeps_service: bool = True) -> Replay:
     """Each entry of `policies` is a spec `POLICY[:QUEUE[:KV]]`; the report keys it by that exact
     string. `progress(spec, sim_time)` is called now and then while a policy runs."""
     cost = CostModel(cluster, catalog, profile=profile)
@@ -39,7 +40,8 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
         policy = make_policy(base)
         sim = Simulator(cluster, catalog, trace, policy, cost=cost, seed=seed, check_invariants=check_invariants,
                         queue=queue, kv_rule=kv, prefill_slots=prefill_slots, max_batch=max_batch,
-                        admit_starve_s=admit_starve_s, call_failure_rate=call_failure_rate)
+                        admit_starve_s=admit_starve_s, call_failure_rate=call_failure_rate,
+                        retry_keeps_service=retry_keeps_service)
         res = sim.run(progress=(lambda t, n=name: progress(n, t)) if progress else None)
         results[name] = res
         blocks[name] = policy_report(res, trace.header.slo_classes, nominal)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import graphlib
+
 from ..models.trace import Program, Trace
 
 
@@ -44,6 +46,22 @@ def hinted_calls(program: Program) -> set[str]:
 
 def count_handoffs(trace: Trace) -> int:
     return sum(len(handoff_calls(p)) for p in trace.programs)
+
+
+def threads(program: Program) -> dict[str, str]:
+    """Each node's thread (DESIGN.md §2, a sequential chain): its first parent's, for that
+    parent's first child; a new thread, named after the node, for any other node; `main` for the
+    first root."""
+    by_id = {n.id: n for n in program.nodes}
+    heir: dict[str, str] = {}
+    for n in program.nodes:
+        if n.after:
+            heir.setdefault(n.after[0], n.id)
+    out: dict[str, str] = {}
+    for nid in graphlib.TopologicalSorter({n.id: n.after for n in program.nodes}).static_order():
+        first = by_id[nid].after[0] if by_id[nid].after else None
+        out[nid] = out[first] if first is not None and heir[first] == nid else ("main" if not out else nid)
+    return out
 
 
 def children_of(program: Program) -> dict[str, list[str]]:

@@ -168,7 +168,7 @@ class StateBudgetLease(StateBudget):
 
     def on_call_cancelled(self, sim, call):
         core = self._core(sim)
-        core.predictor.call_cancelled(call.program, call.node, getattr(call, "arrive", 0.0) >= 0, sim.now)
+        core.predictor.call_cancelled(call.program, call.node, call.arrive >= 0, sim.now)
         return self.stop_leases(sim, core.ledger.cancel_token(f"{call.program}/{call.node}", sim.now))
 
     def on_call_end(self, sim, call):

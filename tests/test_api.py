@@ -160,6 +160,17 @@ def test_bad_bodies_get_422_with_the_field(client):
     r = lease(client, deadline_s=-1)
     assert r.status_code == 422
     assert ev(client, "a", type="call_started", program="p9", call="c1").status_code == 404
+    r = ev(client, "a", type="tool_started", program="p1", tool="pay", effect="pay-1")
+    assert r.status_code == 422 and "tool call id" in str(r.json()["detail"])
+
+
+def test_a_side_effect_already_applied_is_answered_done_over_http(client):
+    start_program(client)
+    body = {"type": "tool_started", "program": "p1", "tool": "pay", "effect": "pay-1"}
+    assert ev(client, "a", **body, call="t1").json()["status"] == "started"
+    assert ev(client, "a", type="tool_finished", program="p1", tool="pay", call="t1", result="r-9").json()["effect"] == "pay-1"
+    out = ev(client, "a", **body, call="t2").json()
+    assert out["status"] == "done" and out["of"] == "t1" and out["result"] == "r-9"
 
 
 def test_metrics_count_leases_and_events(client):
@@ -283,3 +294,4 @@ def test_the_driver_replays_a_traces_branch_cancels_and_parallel_tools(client):
     assert rec.status == "finished" and "b" not in rec.calls
     assert {c: v["status"] for c, v in rec.calls.items()} == {"root": "finished", "a": "finished", "join": "finished"}
     assert sorted(rec.tools_done) == ["s1", "s2"] and not rec.tools  # both waits ran, each timed on its own
+    assert {k: e["state"] for k, e in rec.effects.items()} == {"s1": "done", "s2": "done"}  # keyed by node

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import helpers
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.live import Conflict, LivePlanner, NotFound
+from statebudget.planner.live import Conflict, Invalid, LivePlanner, NotFound
 
 MODELS = ["planner", "coder", "reviewer"]
 REFUSED = (Conflict, NotFound)
@@ -141,6 +141,43 @@ def test_threads_wait_on_tools_side_by_side_and_a_retry_supersedes_only_its_own_
         p.event("t", {"type": "tool_finished", "program": "a", "tool": "search", "call": "s1"})
 
 
+def test_a_side_effect_runs_once_across_a_retried_call_and_a_restart(tmp_path):
+    from statebudget.planner.ledger import Store
+
+    def fresh():
+        return LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"), clock=Clock())
+
+    p = fresh()
+    p.event("t", {"type": "program_started", "program": "a"})
+    p.event("t", {"type": "call_arrived", "program": "a", "call": "c1", "model": "coder"})
+    p.event("t", {"type": "call_started", "program": "a", "call": "c1"})
+    p.event("t", {"type": "call_finished", "program": "a", "call": "c1", "tokens": 300})
+    assert p.event("t", {"type": "tool_started", "program": "a", "tool": "pay", "call": "t1",
+                         "effect": "pay-42"})["status"] == "started"
+    assert p.event("t", {"type": "tool_finished", "program": "a", "tool": "pay", "call": "t1",
+                         "result": "receipt-7"})["effect"] == "pay-42"
+    p = fresh()  # the planner restarts; the effect it saw applied is on disk
+    # The next call fails after emitting the same tool call again, under a new tool call id: the
+    # payment was made once, so the runtime is told not to make it again, and nothing waits.
+    again = p.event("t", {"type": "tool_started", "program": "a", "tool": "pay", "call": "t1-retry", "effect": "pay-42"})
+    assert again == {"tool": "pay", "status": "done", "effect": "pay-42", "of": "t1", "result": "receipt-7"}
+    assert not p.programs["a"].tools and not p.kv_waits
+    # In flight on one thread, the same effect from another thread is refused; the thread's own
+    # retry takes the key over, and a failure without the effect frees it for a later try.
+    p.event("t", {"type": "tool_started", "program": "a", "tool": "mail", "call": "m1", "thread": "A", "effect": "mail-1"})
+    with pytest.raises(Conflict, match="in flight as tool call 'm1' on thread 'A'"):
+        p.event("t", {"type": "tool_started", "program": "a", "tool": "mail", "call": "m2", "thread": "B", "effect": "mail-1"})
+    p.event("t", {"type": "tool_started", "program": "a", "tool": "mail", "call": "m1b", "thread": "A", "effect": "mail-1"})
+    with pytest.raises(Conflict, match="late"):
+        p.event("t", {"type": "tool_finished", "program": "a", "tool": "mail", "call": "m1"})
+    out = p.event("t", {"type": "tool_finished", "program": "a", "tool": "mail", "call": "m1b", "ok": False})
+    assert "effect" not in out
+    assert p.event("t", {"type": "tool_started", "program": "a", "tool": "mail", "call": "m3", "thread": "B",
+                         "effect": "mail-1"})["status"] == "started"
+    with pytest.raises(Invalid, match="needs its tool call id"):
+        p.event("t", {"type": "tool_started", "program": "a", "tool": "mail", "effect": "mail-2"})
+
+
 def test_every_kv_released_at_finish_and_at_cancel():
     p = planner()
     for prog, end in (("a", "program_finished"), ("b", "program_cancelled")):
@@ -171,7 +208,7 @@ def scenarios(draw):
         programs.append(nodes)
     actions = draw(st.lists(st.tuples(st.sampled_from(["step", "step", "step", "step", "repeat", "repeat", "cancel",
                                                        "timeout", "late", "adapter", "tick", "lease", "retry",
-                                                       "early", "branch"]),
+                                                       "early", "branch", "reemit", "tool_fail"]),
                                       st.integers(0, 1000)), min_size=20, max_size=150))
     return programs, actions
 
@@ -233,13 +270,33 @@ class Runtime:
             ph = self.phase[i]
             self.phase[i] += 1
             if kind == "tool":
-                tid = f"t{i}.{self.tool_try[i]}"
-                return {"type": ["tool_started", "tool_finished"][ph], "program": self.pid, "tool": "shell", "call": tid,
-                        "thread": self.thread[i]}
+                return self.tool_event(i, ph)
             return self.call_event(i, ph)
         if not self.ended:
             self.ended = True
             return {"type": "program_finished", "program": self.pid}
+        return None
+
+    def tool_event(self, i: int, ph: int, tid: str | None = None) -> dict:
+        """A tool node's start or result; each tool node has a side effect, keyed `e{i}` (§16)."""
+        ev = {"type": ["tool_started", "tool_finished"][ph], "program": self.pid, "tool": "shell",
+              "call": tid or f"t{i}.{self.tool_try[i]}", "thread": self.thread[i]}
+        return {**ev, "effect": f"e{i}"} if ph == 0 else ev
+
+    def reemit(self, x: int) -> dict | None:
+        """A retried LLM call emits a tool call again that already ran, under a new id: the
+        planner must answer `done`, so the runtime does not repeat the side effect."""
+        done = [i for i, (kind, _, _) in enumerate(self.nodes) if kind == "tool" and self.phase[i] == 2]
+        return self.tool_event(done[x % len(done)], 0, tid=f"r{x}") if done else None
+
+    def tool_fail(self) -> dict | None:
+        """A running tool fails without its side effect; the runtime runs it again (a new id)."""
+        for i, (kind, _, _) in enumerate(self.nodes):
+            if kind == "tool" and self.phase[i] == 1 and i not in self.dropped:
+                ev = {**self.tool_event(i, 1), "ok": False}
+                self.tool_try[i] += 1
+                self.phase[i] = 0
+                return ev
         return None
 
     def call_event(self, i: int, ph: int) -> dict:
@@ -273,18 +330,17 @@ class Runtime:
         """A running tool times out: the runtime retries it; the old result may still come (late)."""
         for i, (kind, _, _) in enumerate(self.nodes):
             if kind == "tool" and self.phase[i] == 1:
-                self.late.append({"type": "tool_finished", "program": self.pid, "tool": "shell",
-                                  "call": f"t{i}.{self.tool_try[i]}", "thread": self.thread[i]})
+                self.late.append(self.tool_event(i, 1))
                 self.tool_try[i] += 1
-                return {"type": "tool_started", "program": self.pid, "tool": "shell", "call": f"t{i}.{self.tool_try[i]}",
-                        "thread": self.thread[i]}
+                return self.tool_event(i, 0)
         return None
 
 
 def send(p: LivePlanner, ev: dict, commits: dict, cancelled: set, valid: bool = False):
     """One event; checks what must be refused, counts the commits the planner reports (a
-    `call_finished` answered with the KV version it committed). `valid`: the runtime's own next
-    step of a live program, which the planner must take."""
+    `call_finished` answered with the KV version it committed) and the side effects it says
+    were applied (a `tool_finished` answered with its effect key: commits[(program, key)]).
+    `valid`: the runtime's own next step of a live program, which the planner must take."""
     try:
         out = p.event("t", ev)
     except REFUSED as e:
@@ -295,6 +351,10 @@ def send(p: LivePlanner, ev: dict, commits: dict, cancelled: set, valid: bool = 
     key = (ev["program"], ev.get("call"))
     if ev["type"] == "call_finished" and "kv_version" in out:
         commits[key] = commits.get(key, 0) + 1
+    if ev["type"] == "tool_finished" and "effect" in out:
+        commits[(ev["program"], out["effect"])] = commits.get((ev["program"], out["effect"]), 0) + 1
+    if ev["type"] == "tool_started":  # `done` exactly when the planner took a result with that key
+        assert (out["status"] == "done") == bool(commits.get((ev["program"], ev["effect"]))), (ev, out)
     if ev["type"] == "call_arrived" and out["status"] == "arrived":  # no call before its dependencies
         missing = [d for d in ev.get("after") or () if not commits.get((ev["program"], d))]
         assert not missing, f"{ev} arrived before {missing} committed"
@@ -351,8 +411,11 @@ def test_chaos_random_dags_cancels_timeouts_and_repeats_converge(scenario):
             cancelled.add(rt.pid)
             ended.add(rt.pid)
             rt.ended = True
-        elif action in ("timeout", "retry") and (ev := getattr(rt, action)()) is not None:
+        elif action in ("timeout", "retry", "tool_fail") and (ev := getattr(rt, action)()) is not None:
             send(p, ev, commits, cancelled, valid=True)
+        elif action == "reemit" and rt.started and not rt.ended and (ev := rt.reemit(x)) is not None:
+            out = send(p, ev, commits, cancelled, valid=True)
+            assert out is None or out["status"] == "done", out  # never a second run of the effect
         elif action == "branch" and rt.started and not rt.ended and (got := rt.branch_cancel()) is not None:
             ev, refused = got
             send(p, ev, commits, cancelled, valid=True)

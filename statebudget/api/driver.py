@@ -62,11 +62,12 @@ class Driver:
             await asyncio.sleep(delay)  # back off while the planner restarts
             delay = min(delay * 2, 1.0)
 
-    async def _event(self, client, **body) -> None:
+    async def _event(self, client, **body) -> dict | None:
         r = await self._send(client, "POST", "/v1/events", body)
         self.events += 1
         if r is not None and r.status_code != 200:
             self.errors.append(f"event {body['type']} {body['program']}: {r.status_code} {r.text[:200]}")
+        return r.json() if r is not None and r.status_code == 200 else None
 
     async def _program(self, client, p, t0: float, slo_classes: dict[str, float]) -> None:
         await asyncio.sleep(max(0.0, t0 + p.start / self.speed - time.monotonic()))
@@ -116,11 +117,14 @@ class Driver:
                 elif r is not None:
                     self.errors.append(f"lease {p.program}/{h.for_}: {r.status_code} {r.text[:200]}")
             if n.kind == "tool":
-                await self._event(client, type="tool_started", program=p.program, tool=n.tool or "tool",
-                                  call=n.id, thread=thread[n.id])
-                await asyncio.sleep(n.duration / self.speed)
-                await self._event(client, type="tool_finished", program=p.program, tool=n.tool or "tool",
-                                  call=n.id, thread=thread[n.id])
+                # The node is the tool's side effect (its idempotency key): a start answered `done`
+                # (repeated after a lost answer, say) already ran, so it is not run again.
+                out = await self._event(client, type="tool_started", program=p.program, tool=n.tool or "tool",
+                                        call=n.id, thread=thread[n.id], effect=n.id)
+                if out is None or out.get("status") != "done":
+                    await asyncio.sleep(n.duration / self.speed)
+                    await self._event(client, type="tool_finished", program=p.program, tool=n.tool or "tool",
+                                      call=n.id, thread=thread[n.id])
             else:
                 rec = lease_for.get(n.id)
                 if rec is not None and rec["decision"] != "rejected":

@@ -39,12 +39,21 @@ class EventCreate(BaseModel):
     epoch: int | None = Field(None, ge=0, le=1_000_000)
     attempt: int | None = Field(None, ge=0, le=1_000, description="call events: which try of the call (retries count up)")
     after: list[str] | None = Field(None, max_length=1_000, description="call_arrived: calls that must have finished")
+    effect: str | None = Field(None, min_length=1, max_length=200, description="tool_started: the idempotency key "
+                               "of the tool's side effect; once its result is taken, a tool call with the same key "
+                               "is answered `done` (do not run it again) with the stored result")
+    ok: bool | None = Field(None, description="tool_finished: false if the tool failed without its side effect "
+                            "(its key may then run again); default true")
+    result: str | None = Field(None, max_length=4_096, description="tool_finished: what to answer a later tool "
+                               "call with the same effect key (a result or a reference to it)")
 
     @model_validator(mode="after")
     def _fields_of_type(self):
         missing = [f for f in _NEEDS.get(self.type, ()) if getattr(self, f) is None]
         if missing:
             raise ValueError(f"a {self.type} event needs {', '.join(missing)}")
+        if self.effect is not None and self.call is None:
+            raise ValueError("an event with an effect key needs its tool call id (call)")
         return self
 
 

@@ -110,6 +110,9 @@ class ProgramRec:
     service_s: float = 0.0    # attained service: seconds its calls ran, failed attempts included
     tools_over: list = field(default_factory=list)  # tool call ids finished or superseded by a retry
     tools_done: list = field(default_factory=list)  # ... of those, the ones whose result was taken
+    # A tool's side effect by its idempotency key (§16): {call, thread, state: running | done,
+    # result}. A running entry counts only while its tool call still waits on its thread.
+    effects: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -444,9 +447,25 @@ class LivePlanner(ResidencyView):
 
     def _tool_started(self, rec: ProgramRec, ev: dict) -> dict:
         """A tool wait begins on a thread (default `main`). Threads of a fork/join program wait on
-        tools side by side; a new tool call on a thread that still waits is a retry of it."""
+        tools side by side; a new tool call on a thread that still waits is a retry of it.
+
+        `effect` is the idempotency key of the tool's side effect (a payment, a delete, a message
+        sent: seed 003 §16). Once a result with that key has been taken (and not `ok: false`), a
+        tool call that asks for it again, as a retried LLM call would, is answered `done` with
+        the stored `result` and starts no wait: the runtime must not run it again. While it is in
+        flight on one thread, another thread's call for it is refused (409)."""
         self._live(rec, "tool call")
-        tid, thread = ev.get("call"), ev.get("thread") or MAIN_THREAD
+        tid, thread, key = ev.get("call"), ev.get("thread") or MAIN_THREAD, ev.get("effect")
+        if key is not None:
+            if tid is None:
+                raise Invalid("a tool_started event with an effect key needs its tool call id (call)")
+            e = rec.effects.get(key)
+            if e is not None and e["state"] == "done":  # applied once already: the runtime must not run it again
+                return {"tool": ev["tool"], "status": "done", "effect": key, "of": e["call"], "result": e["result"]}
+            if e is not None and e["call"] != tid and e["thread"] != thread and _waiting_thread(rec, e["call"]) is not None:
+                raise Conflict(f"side effect {key!r} of program {rec.program!r} is in flight as tool call "
+                               f"{e['call']!r} on thread {e['thread']!r}: running it again would repeat it; await "
+                               f"that call's result")
         if tid is not None and tid in rec.tools_over:
             raise Conflict(f"tool call {tid!r} of program {rec.program!r} is over (finished, or retried under "
                            f"another id): a repeated start is stale")
@@ -456,6 +475,8 @@ class LivePlanner(ResidencyView):
         if old is not None and old[2] is not None:
             rec.tools_over.append(old[2])  # a retry supersedes the thread's running tool call
         rec.tools[thread] = [ev["tool"], self.now, tid]
+        if key is not None:  # (a retry on the same thread takes the key over)
+            rec.effects[key] = {"call": tid, "thread": thread, "state": "running", "result": None}
         self._apply(self.policy.on_tool_start(self, _Prog(rec.program, rec.tenant), None, ev["tool"]))
         self._tool_wait_kv(rec, thread)
         self._save_program(rec)
@@ -481,16 +502,26 @@ class LivePlanner(ResidencyView):
         since = w[1] if w is not None and w[0] == tool else self.now
         duration = ev.get("duration_s")
         duration = float(duration) if duration is not None else self.now - since
+        effect = None
         if w is not None:
             if w[2] is not None:
                 rec.tools_over.append(w[2])
                 rec.tools_done.append(w[2])
+                effect = next((k for k, e in rec.effects.items() if e["state"] == "running" and e["call"] == w[2]), None)
+            if effect is not None and ev.get("ok") is not False:
+                rec.effects[effect].update(state="done", result=ev.get("result"))
+            elif effect is not None:  # the tool failed without its effect: a later try may run it
+                del rec.effects[effect]
+                effect = None
             self.kvw.ended(w[0], duration, self.kv_waits.pop((rec.program, thread), None))
         if not rec.tools:  # another thread still waiting keeps the program's KV suspended (as in the simulator)
             self._end_suspensions(rec.program)
         self.policy.on_tool_end(self, _Prog(rec.program, rec.tenant), None, tool, duration)
         self._save_program(rec)
-        return {"tool": tool, "status": "finished", "duration_s": duration}
+        out = {"tool": tool, "status": "finished", "duration_s": duration}
+        if effect is not None:
+            out["effect"] = effect
+        return out
 
     def _program_finished(self, rec: ProgramRec, ev: dict) -> dict:
         return self._end_program(rec, "finished")

@@ -4,7 +4,8 @@ process pool. Prints means: programs/hour, suspended-KV TB*s held in HBM, recomp
 program latency p95; then adaptive's programs/hour paired seed by seed against each rule and
 against each seed's best rule (`paired.py`).
 
-    python benchmarks/bench_kv_rules.py [--seeds 1,2,3] [--hours 1] [--loads 1,4] [--json out/bench_kv_rules.json]
+    python benchmarks/bench_kv_rules.py [--seeds 1,2,3] [--hours 1] [--loads 1,4] [--traces mixed-tenants,mapreduce]
+        [--json out/bench_kv_rules.json]
 """
 
 from __future__ import annotations
@@ -40,14 +41,15 @@ def main():
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--loads", default="1,4")
+    ap.add_argument("--traces", default="mixed-tenants,mapreduce")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
-    jobs = [(t, int(s), a.hours, float(l)) for t in ("mixed-tenants", "mapreduce") for l in a.loads.split(",")
-            for s in a.seeds.split(",")]
+    traces = a.traces.split(",")
+    jobs = [(t, int(s), a.hours, float(l)) for t in traces for l in a.loads.split(",") for s in a.seeds.split(",")]
     with ProcessPoolExecutor() as pool:
         rows = [r for rs in pool.map(run, jobs) for r in rs]
     print(f"{'trace':14} {'load':>4} {'rule':9} {'programs/h':>11} {'KV TB*s in HBM':>15} {'recomputed tok':>15} {'latency p95 s':>14}")
-    for t in ("mixed-tenants", "mapreduce"):
+    for t in traces:
         for load in sorted({r["load"] for r in rows}):
             for rule in RULES:
                 sel = [r for r in rows if r["trace"] == t and r["load"] == load and r["rule"] == rule]
@@ -58,7 +60,7 @@ def main():
     paired = {}
     print("\nadaptive's programs/hour paired against each rule, and against the best rule of each seed")
     print("(mean change, bootstrap 95 % interval; 'lower on' counts the seeds where adaptive is below):")
-    for t in ("mixed-tenants", "mapreduce"):
+    for t in traces:
         for load in sorted({r["load"] for r in rows}):
             pph = {(r["rule"], r["seed"]): r["programs_per_hour"] for r in rows if r["trace"] == t and r["load"] == load}
             ours = [pph[("adaptive", s)] for s in seeds]

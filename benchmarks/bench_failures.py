@@ -11,13 +11,12 @@ others' expense. This measures it: hetero16 + agent-team, a 1-hour mixed-tenants
 from __future__ import annotations
 
 import argparse
-import json
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from paired import fmt, paired_change
+from paired import fmt, paired_change, save, series
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.sim.runner import replay
 from statebudget.traces.generators import generate
@@ -65,15 +64,12 @@ def main() -> None:
         m = {k: float(np.mean([r[k] for r in rs])) for k in rs[0] if k not in ("seed", "variant")}
         print(f"{name:<11} {m['failed_attempts']:>11.1f} {m['failed_service_s']:>8.0f} {m['programs_failed']:>9.1f} "
               f"{m['p95']:>7.1f} {m['mean']:>7.1f} {m['mean_failed']:>9.1f} {m['mean_clean']:>11.1f}")
-    by = {(r["variant"], r["seed"]): r for r in rows}
     print("\nplas reset against plas keep, paired (mean change [bootstrap 95 %], seeds where reset is lower):")
     paired = {}
     for k in ("p95", "mean", "mean_failed", "mean_clean"):
-        paired[k] = paired_change([by[("plas keep", s)][k] for s in seeds], [by[("plas reset", s)][k] for s in seeds])
+        paired[k] = paired_change(series(rows, seeds, k, variant="plas keep"), series(rows, seeds, k, variant="plas reset"))
         print(f"  {k:<12} {fmt(paired[k])}")
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"rows": rows, "paired": paired}, indent=1) + "\n")
+    save(a.json, rows, paired)
 
 
 if __name__ == "__main__":

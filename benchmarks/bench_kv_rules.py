@@ -11,13 +11,12 @@ against each seed's best rule (`paired.py`).
 from __future__ import annotations
 
 import argparse
-import json
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from paired import fmt, paired_change
+from paired import fmt, paired_change, save, series
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.sim.runner import replay
 from statebudget.traces.generators import generate
@@ -62,16 +61,13 @@ def main():
     print("(mean change, bootstrap 95 % interval; 'lower on' counts the seeds where adaptive is below):")
     for t in traces:
         for load in sorted({r["load"] for r in rows}):
-            pph = {(r["rule"], r["seed"]): r["programs_per_hour"] for r in rows if r["trace"] == t and r["load"] == load}
-            ours = [pph[("adaptive", s)] for s in seeds]
-            bases = {rule: [pph[(rule, s)] for s in seeds] for rule in RULES[:-1]}
-            bases["best"] = [max(pph[(rule, s)] for rule in RULES[:-1]) for s in seeds]
-            for rule, base in bases.items():
+            pph = {rule: series(rows, seeds, "programs_per_hour", trace=t, load=load, rule=rule) for rule in RULES}
+            ours = pph.pop("adaptive")
+            pph["best"] = [max(v) for v in zip(*pph.values())]
+            for rule, base in pph.items():
                 c = paired[f"{t} {load:g} {rule}"] = paired_change(base, ours)
                 print(f"  {t:14} {load:>4g} vs {rule:9} {fmt(c)}")
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"rows": rows, "paired": paired}, indent=1) + "\n")
+    save(a.json, rows, paired)
 
 
 if __name__ == "__main__":

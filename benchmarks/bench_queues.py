@@ -11,13 +11,12 @@ against fcfs seed by seed (mean change with a bootstrap 95 % interval: `paired.p
 from __future__ import annotations
 
 import argparse
-import json
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from paired import fmt, paired_change
+from paired import fmt, paired_change, save, series
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.planner.programs import overtaking_window_s, parse_admit_starve
 from statebudget.sim.runner import replay
@@ -88,16 +87,12 @@ def main():
     paired = {}
     print("\npaired against fcfs over the seeds (mean change, bootstrap 95 % interval):")
     for t in traces:
-        def per_seed(spec, key):
-            by = {r["seed"]: r[key] for r in rows if r["trace"] == t and r["spec"] == spec}
-            return [by[s] for s in seeds]
         for spec in SPECS[1:]:
             for key in ("program_latency_p95", "program_latency_mean", "slowdown_max"):
-                c = paired[f"{t} {spec} {key}"] = paired_change(per_seed(SPECS[0], key), per_seed(spec, key))
+                c = paired[f"{t} {spec} {key}"] = paired_change(series(rows, seeds, key, trace=t, spec=SPECS[0]),
+                                                                series(rows, seeds, key, trace=t, spec=spec))
                 print(f"  {t:14} {spec:20} {key:22} {fmt(c)}")
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"rows": rows, "paired": paired}, indent=1) + "\n")
+    save(a.json, rows, paired)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ sure. Used by bench_queues.py, bench_kv_rules.py and bench_failures.py."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
 
@@ -24,3 +27,17 @@ def fmt(c: dict) -> str:
     """'-3.1 % [-5.0, -1.2], lower on 8/10 seeds'."""
     return (f"{100 * c['mean']:+.1f} % [{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}], "
             f"lower on {c['lower_on']}/{c['seeds']} seeds")
+
+
+def series(rows: list[dict], seeds: list[int], key: str, **where) -> list[float]:
+    """`key` of the row matching `where` for each seed, in the order of `seeds` (the per-seed list
+    `paired_change` takes)."""
+    by = {r["seed"]: r[key] for r in rows if all(r[k] == v for k, v in where.items())}
+    return [by[s] for s in seeds]
+
+
+def save(path: Path | None, rows: list[dict], paired: dict) -> None:
+    """Write a benchmark's rows and paired comparisons as JSON (nothing if no path was given)."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"rows": rows, "paired": paired}, indent=1) + "\n")

@@ -18,8 +18,7 @@ import time
 
 import httpx
 
-from ..models.trace import Trace
-from ..models.trace import ttft_bound
+from ..models.trace import Trace, ttft_bound
 from ..traces.graph import descendants, threads
 
 

@@ -107,6 +107,9 @@ def _find_cycle(nodes: list[TraceNode]) -> list[str] | None:
     return None
 
 
+MAIN_THREAD = "main"  # a program's first thread, and the thread of a runtime event that names none (§2)
+
+
 def ttft_bound(slo_classes: dict[str, float], slo: str) -> float:
     """A call's TTFT bound: its SLO class's, else the interactive class's (2 s by default)."""
     return slo_classes.get(slo, slo_classes.get("interactive", 2.0))

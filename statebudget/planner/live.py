@@ -36,6 +36,7 @@ from ..models.errors import InputError, pydantic_where
 from ..models.load import check_compatible
 from ..models.plan import Op
 from ..models.state import kv_key, weights_key
+from ..models.trace import MAIN_THREAD
 from ..sim.memory import GpuCopy, HostCopy, Tiers
 from ..sim.policies.baselines import place_model
 from ..sim.policies.ours import StateBudgetLease
@@ -46,7 +47,6 @@ from .programs import QUEUES, ToolWaitKV, arrival_priority, host_link_bps, tenan
 from .ledger import Store
 from .view import ResidencyView
 
-MAIN_THREAD = "main"  # the thread of an event that names none (DESIGN.md §2: a sequential chain of a program)
 
 
 class NotFound(LookupError):

@@ -183,7 +183,7 @@ class Simulator(ResidencyView):
         self.running_on = [0] * len(self.gpus)
         self.prefilling = [0] * len(self.gpus)
         self._settle_pending = self._settling = False
-        self.tenant_service: dict[str, float] = {}  # compute seconds given to each tenant's finished calls
+        self.tenant_service: Counter = Counter()  # compute seconds given to each tenant's calls
         self.running_models: Counter = Counter()  # (model, group) -> running calls
         self.kv_tokens: dict[tuple, int] = {}     # latest KV length per (program, model)
         self.kv_of_program: dict[str, set] = {}
@@ -371,7 +371,7 @@ class Simulator(ResidencyView):
         svc = call.end - call.start if call is not None and call.end >= 0 and call.start >= 0 else 0.0
         pr.service += svc
         if svc:
-            self.tenant_service[pr.prog.tenant] = self.tenant_service.get(pr.prog.tenant, 0.0) + svc
+            self.tenant_service[pr.prog.tenant] += svc
         # a call's path service includes its failed attempts (`_call_failed`), as the live planner's does
         pr.path_out[nid] = (call.path_service if call is not None else pr.path_in.get(nid, 0.0)) + svc
         if call is None:
@@ -784,7 +784,7 @@ class Simulator(ResidencyView):
             return None
         ran = self.now - c.start
         pr = self.programs[c.program]
-        self.tenant_service[pr.prog.tenant] = self.tenant_service.get(pr.prog.tenant, 0.0) + ran
+        self.tenant_service[pr.prog.tenant] += ran
         if self.retry_keeps_service:
             pr.service += ran
             c.path_service += ran

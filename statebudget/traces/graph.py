@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import graphlib
 
-from ..models.trace import Program, Trace
+from ..models.trace import MAIN_THREAD, Program, Trace
 
 
 def previous_call(program: Program) -> dict[str, str | None]:
@@ -50,8 +50,8 @@ def count_handoffs(trace: Trace) -> int:
 
 def threads(program: Program) -> dict[str, str]:
     """Each node's thread (DESIGN.md §2, a sequential chain): its first parent's, for that
-    parent's first child; a new thread, named after the node, for any other node; `main` for the
-    first root."""
+    parent's first child; a new thread, named after the node, for any other node; MAIN_THREAD for
+    the first root."""
     by_id = {n.id: n for n in program.nodes}
     heir: dict[str, str] = {}
     for n in program.nodes:
@@ -60,7 +60,7 @@ def threads(program: Program) -> dict[str, str]:
     out: dict[str, str] = {}
     for nid in graphlib.TopologicalSorter({n.id: n.after for n in program.nodes}).static_order():
         first = by_id[nid].after[0] if by_id[nid].after else None
-        out[nid] = out[first] if first is not None and heir[first] == nid else ("main" if not out else nid)
+        out[nid] = out[first] if first is not None and heir[first] == nid else (MAIN_THREAD if not out else nid)
     return out
 
 

@@ -195,3 +195,22 @@ def test_bad_tenant_weights_fail_before_anything_is_written(tmp_path):
                               "--tenant-weights", "dev00=2, batch0=0.5"])
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text().splitlines()[0])["tenant_weights"] == {"dev00": 2.0, "batch0": 0.5}
+
+
+def _load_cluster_in_worker(path: str):
+    from statebudget.models.load import load_cluster
+    return load_cluster(path)
+
+
+def test_an_input_error_in_a_worker_process_reaches_the_parent_whole(tmp_path):
+    # Sweeps and the benchmarks run replays in a process pool: the error a worker raises is
+    # pickled back. It must arrive as itself, with its message, not as a BrokenProcessPool.
+    from concurrent.futures import ProcessPoolExecutor
+
+    from statebudget.models.errors import InputError
+    bad = dict(CLUSTER, nodes=[dict(CLUSTER["nodes"][0], gpus={"H900": 1})])
+    write(tmp_path, cluster=bad)
+    with ProcessPoolExecutor(max_workers=1) as pool:
+        with pytest.raises(InputError) as e:
+            pool.submit(_load_cluster_in_worker, str(tmp_path / "c.yaml")).result()
+    assert e.value.source.endswith("c.yaml") and "H900" in str(e.value)

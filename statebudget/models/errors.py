@@ -11,6 +11,11 @@ class InputError(ValueError):
         loc = f"{source}:{where}" if where else source
         super().__init__(f"{loc}: {what}")
 
+    def __reduce__(self):
+        # Rebuilt from its three parts: a sweep's worker process raises it to the parent intact
+        # (the default rebuilds from the message alone, and the parent saw BrokenProcessPool).
+        return type(self), (self.source, self.where, self.what)
+
 
 def pydantic_where(err) -> tuple[str, str]:
     """(field path, message) of the first error of a pydantic ValidationError."""

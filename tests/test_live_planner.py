@@ -82,3 +82,18 @@ def test_a_lease_with_no_room_is_rejected_with_the_reason():
     p.tiers.hbm_used = [cap for cap in p.tiers.hbm_cap]  # every GPU full of pinned state
     out = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60})
     assert out["decision"] == "rejected" and "no room" in out["reason"] and not p.ops
+
+
+def test_a_leased_promote_is_foreground_and_a_speculative_one_runs_in_the_background():
+    # Speculation yields to demand (Policy.speculation_yields): a promote no lease asked for is a
+    # background op, which adapters run after a poll's foreground ops (run_order); a lease's is not.
+    p = planner()
+    p.event("a", {"type": "program_started", "program": "p1"})
+    lid = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60})["lease_id"]
+    (leased,) = [r.op for r in p.ops.values()]
+    assert leased.lease_id == lid and not leased.background
+    other = next(m.name for m in p.catalog.models if m.name != "planner")
+    with p.store.tx():
+        p._apply([("promote", ("w", other), (1,))])
+    (spec,) = [r.op for r in p.ops.values() if r.op.op_id != leased.op_id]
+    assert spec.kind == "promote" and spec.lease_id is None and spec.background

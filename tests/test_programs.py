@@ -11,7 +11,7 @@ from helpers import GB, Clock, call, catalog, cluster, program, tool, trace
 from statebudget.cli import app
 from statebudget.models.load import write_trace
 from statebudget.planner.predictor import ResumeModel, ToolWaitModel
-from statebudget.planner.programs import ADMIT_STARVE_S, KV_SWAP_SHARE, adaptive_choice, parse_spec, queue_key
+from statebudget.planner.programs import ADMIT_STARVE_S, BACKGROUND_SHARE, adaptive_choice, parse_spec, queue_key
 from statebudget.sim import engine
 from statebudget.sim.engine import Simulator
 from statebudget.sim.policies import REGISTRY, make_policy
@@ -358,12 +358,12 @@ def test_the_reservation_holds_when_admitted_calls_queue_for_compute():
     assert waits[ADMIT_STARVE_S] < 150.0
 
 
-@pytest.mark.parametrize("share", [KV_SWAP_SHARE, 1.0])
+@pytest.mark.parametrize("share", [BACKGROUND_SHARE, 1.0])
 def test_a_tool_wait_swap_yields_the_link_to_a_weight_load(monkeypatch, share):
     # A 20 GB KV swaps out through the node's 10 GB/s root complex while another GPU loads 14 GB
     # of weights through it. As a background transfer (weight 0.25) the swap gets a fifth of the
     # root and the load four fifths; at full weight they would split it evenly.
-    monkeypatch.setattr(engine, "KV_SWAP_SHARE", share)
+    monkeypatch.setattr(engine, "BACKGROUND_SHARE", share)
     cl = cluster(gpus=2, hbm_gb=80.0, h2d=25.0, nvme_read=30.0, root=10.0, cold=0.0)
     cat = catalog(("m", 10.0, 1_000_000), ("n", 14.0))
     a = program("a", [call("a", "m", ctx=20_000, out=0), tool("t", ["a"], duration=100.0, name="build"),

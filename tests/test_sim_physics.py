@@ -121,3 +121,55 @@ def test_a_cancelled_branch_stops_and_frees_its_kv():
     assert states == {"a": "done", "b": "cancelled"}
     assert res.sim_end < 100.0
     assert not [k for k in sim.tiers.gpu if k[0][0] == "kv"]
+
+
+class _Speculator:
+    """A policy that promotes model `n` onto GPU `gpu` when the first call arrives: speculation no
+    lease asked for. `yields` is the policy's `speculation_yields`."""
+
+    def __new__(cls, yields: bool, gpu: int):
+        from statebudget.models.state import weights_key
+        from statebudget.sim.policies.base import Policy
+
+        class P(Policy):
+            name = "speculator"
+            speculation_yields = yields
+
+            def on_call_arrive(self, sim, call):
+                return [("promote", weights_key("n"), (gpu,))] if call.program == "a" else None
+        return P()
+
+
+@pytest.mark.parametrize("yields", [True, False])
+def test_a_speculative_promote_yields_the_link_to_a_call_s_load(yields):
+    # GPU 0 loads the 10 GB of `m` that a call needs while GPU 1 speculatively loads 14 GB of `n`,
+    # both through the node's 10 GB/s root complex. Speculation that yields is a background
+    # transfer (a quarter of a foreground share): the call's load gets 8 GB/s instead of 5.
+    from statebudget.planner.programs import BACKGROUND_SHARE
+
+    cl = cluster(gpus=2, hbm_gb=80.0, nvme_read=30.0, root=10.0, cold=0.0)
+    tr = trace(program("a", [call("x", "m", out=0)]))
+    res = Simulator(cl, catalog(("m", 10.0), ("n", 14.0)), tr, _Speculator(yields, gpu=1), check_invariants=True).run()
+    x = res.calls[0]
+    share = BACKGROUND_SHARE if yields else 1.0
+    assert x.ready - x.arrive == pytest.approx(10.0 / (10.0 / (1.0 + share)) + LATENCY_S["nvme"], abs=1e-6)
+    assert res.wasted_bytes == pytest.approx(0.0)  # the promote was not in the call's way: it finished
+
+
+@pytest.mark.parametrize("yields", [True, False])
+def test_a_call_cancels_a_speculative_load_that_holds_its_room(yields):
+    # One 40 GB GPU. A speculative promote of `n` (30 GB) starts at 0 and takes 30/7 s from NVMe.
+    # A call of `m` (20 GB) arriving at 1 s needs that room. Speculation that yields gives it up
+    # at once (the 7 GB already read are wasted); otherwise the call waits for the load to end,
+    # then evicts it.
+    cl = cluster(gpus=1, hbm_gb=40.0, nvme_read=7.0, cold=0.0)
+    tr = trace(program("a", [call("x", "k", ctx=10, out=0)]), program("b", [call("y", "m", out=0)], start=1.0))
+    res = Simulator(cl, catalog(("k", 0.001), ("m", 20.0), ("n", 30.0)), tr, _Speculator(yields, gpu=0),
+                    check_invariants=True).run()
+    y = next(c for c in res.calls if c.program == "b")
+    lat = LATENCY_S["nvme"]
+    if yields:
+        assert y.ready - y.arrive == pytest.approx(20.0 / 7.0 + lat, abs=0.05)
+        assert 0.0 < res.wasted_bytes / GB < 30.0
+    else:
+        assert y.ready == pytest.approx(lat + 30.0 / 7.0 + lat + 20.0 / 7.0, abs=0.05)

@@ -45,7 +45,8 @@ class OpResult(BaseModel):
 
 def run_order(ops: list[Op]) -> list[Op]:
     """The order to run one poll's ops in: the plan's, except that background promotes (tool-wait
-    KV swap-ins, which take only free HBM) go after the rest, which they must not delay. A swap-in
+    KV swap-ins, which take only free HBM, and speculative promotes, whose evictions come before
+    them in the plan) go after the rest, which they must not delay. A swap-in
     that a later op of the same object must follow stays in place, and no other op moves: a
     demote (background or not) may free the room a later promote was planned into."""
     later: set = set()

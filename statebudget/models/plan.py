@@ -22,8 +22,9 @@ class Op(BaseModel):
     version: int = 0
     deadline: float | None = None
     lease_id: str | None = None
-    background: bool = Field(False, description="a tool-wait KV swap (seed 003 §11, §21): run it after the "
-                                                "node's foreground ops, which it must not delay")
+    background: bool = Field(False, description="a tool-wait KV swap (seed 003 §11) or a promote no lease "
+                                                "asked for (speculation, §21): run it after the node's "
+                                                "foreground ops, which it must not delay")
 
 
 class Plan(BaseModel):

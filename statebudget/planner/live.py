@@ -804,7 +804,9 @@ class LivePlanner(ResidencyView):
                 raise ValueError(f"unknown decision {d[0]!r}")
 
     def _promote(self, key, group, lease_id=None, background: bool = False) -> None:
-        """A copy into HBM; `background` (a tool-wait swap-in) takes only free HBM."""
+        """A copy into HBM; `background` (a tool-wait swap-in) takes only free HBM. A promote no
+        lease asked for is speculation, which yields to demand (`Policy.speculation_yields`): its
+        op is a background one too, which adapters run after the poll's foreground ops."""
         existing = self.tiers.gpu.get((key, group))
         if existing is not None:
             if lease_id is not None:
@@ -829,7 +831,8 @@ class LivePlanner(ResidencyView):
         self.tiers.add_gpu_copy(c)
         lease = self.ledger.leases.get(lease_id) if lease_id else None
         node = self.gpus[group[0]].node
-        self._new_op("promote", key, src, gpu_tier(group), per_gpu * len(group), node, lease, background)
+        self._new_op("promote", key, src, gpu_tier(group), per_gpu * len(group), node, lease,
+                     background or (lease_id is None and self.policy.speculation_yields))
         self._save_gpu(c)
 
     def _promote_host(self, key, node) -> None:

@@ -42,7 +42,7 @@ Tool-wait KV rules (at each tool start, for the program's KV in HBM):
 
     preserve  keep it in HBM
     swap      move it to host DRAM now, and back before the predicted return (§11, §21), both as
-              background transfers: weight KV_SWAP_SHARE against foreground loads on the link, and
+              background transfers: weight BACKGROUND_SHARE against foreground loads on the link, and
               the swap-in takes only free HBM (it evicts nothing); a call that comes back while
               its KV is still on the way raises the transfer to full weight
     discard   drop it; the next call recomputes it from the committed tokens (§10)
@@ -69,7 +69,8 @@ STARVE_RATIO = 2.0  # seconds of wait allowed per second of attained service bef
 URGENCY_CAP_S = 10.0  # the most key a call's shrinking TTFT slack takes off (§19): bounded, so it cannot starve
 TENANT_SCALE_S = 10.0  # key added per unit of a tenant's service share above its weighted fair share (§20)
 ADMIT_STARVE_S = 60.0  # a call waiting this long for HBM reserves its GPUs until it is admitted
-KV_SWAP_SHARE = 0.25  # a tool-wait KV swap's weight on a link next to a foreground transfer (§11, §21)
+BACKGROUND_SHARE = 0.25  # a background transfer's weight on a link next to a foreground one: tool-wait KV
+                        # swaps (§11) and speculative promotes (§21, `Policy.speculation_yields`)
 SERVICE_QUANTUM_S = 10.0  # attained service counts in levels 0, 10, 20, 40, 80 ... s (`service_level`)
 
 
@@ -276,7 +277,7 @@ class ToolWaitKV:
         its copy at the swap share, if the rule predicts one and the program likely resumes."""
         if predicted is None or self.resume.p(tool, model) < 0.5:
             return None
-        return now + max(0.0, predicted - 2 * kv_bytes / (pcie_bps * KV_SWAP_SHARE))
+        return now + max(0.0, predicted - 2 * kv_bytes / (pcie_bps * BACKGROUND_SHARE))
 
     def decide_copy(self, view, tool: str, copy, predicted: float | None, since: float) -> KvAction:
         """`decide` for a KV copy in a mechanism's books (`view`: the simulator or the live

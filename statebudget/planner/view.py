@@ -76,9 +76,11 @@ class ResidencyView:
         key = weights_key(model)
         return [self.tiers.gpu[(key, g)] for g in sorted(self.tiers.groups_of.get(key, ()))]
 
-    def plan_eviction(self, group, per_gpu: float, protect=frozenset(), allow=None) -> list | None:
+    def plan_eviction(self, group, per_gpu: float, protect=frozenset(), allow=None, cancel=False) -> list | None:
         """The copies to evict, in the policy's order, so that `per_gpu` bytes fit on every GPU of
-        `group`; None if pinned or loading copies leave too little room."""
+        `group`; None if pinned or loading copies leave too little room. `cancel`: speculative
+        loads still in flight (promoted without a lease, no call waiting for them) may go too,
+        before any ready copy: the room is the caller's, and their bytes are not usable yet."""
         deficit = {i: self.tiers.hbm_used[i] + per_gpu - self.tiers.hbm_cap[i] for i in group}
         if all(d <= 1.0 for d in deficit.values()):
             return []
@@ -86,9 +88,11 @@ class ResidencyView:
         for i in group:
             if deficit[i] > 1.0:
                 for k, copy in self.tiers.on_gpu[i].items():
-                    if copy.pins == 0 and copy.ready and k not in protect and (allow is None or allow(copy)):
+                    if copy.pins == 0 and k not in protect and (copy.ready or (
+                            cancel and copy.from_prefetch and copy.lease is None and not copy.waiters)) and \
+                            (allow is None or allow(copy)):
                         cands[k] = copy
-        order = sorted(cands.values(), key=lambda cp: (self.policy.evict_priority(self, cp), cp.key, cp.group))
+        order = sorted(cands.values(), key=lambda cp: (cp.ready, self.policy.evict_priority(self, cp), cp.key, cp.group))
         victims = []
         for copy in order:
             if all(d <= 1.0 for d in deficit.values()):

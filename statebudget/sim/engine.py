@@ -28,7 +28,7 @@ from ..models.catalog import Catalog
 from ..models.cluster import Cluster
 from ..models.state import expert_key, kv_key, weights_key
 from ..models.trace import Program, Trace, ttft_bound
-from ..planner.programs import ADMIT_STARVE_S, KV_SWAP_SHARE, ToolWaitKV, queue_key, tenant_excess
+from ..planner.programs import ADMIT_STARVE_S, BACKGROUND_SHARE, ToolWaitKV, queue_key, tenant_excess
 from ..planner.view import ResidencyView
 from ..solvers.costs import CostModel, page_touch_probs
 from ..traces.graph import children_of, descendants, handoff_calls, hinted_calls
@@ -509,11 +509,14 @@ class Simulator(ResidencyView):
         keys, new, private = self.call_need(c, group)
         if held and self._est_end(c, new) > self._reserve_deadline:
             return False  # on held GPUs only a call that ends before the drain goes in (backfill)
-        victims = self.plan_eviction(group, new + private, protect={(k, group) for k in keys})
+        victims = self.plan_eviction(group, new + private, protect={(k, group) for k in keys}, cancel=self.policy.speculation_yields)
         if victims is None or (held and victims):
             return False
         drains = []
         for v in victims:
+            if not v.ready:
+                self.cancel_load(v)
+                continue
             drains += self._evict(v, self.policy.demote_tier(self, v))
         c.state = "loading"
         loads = []
@@ -580,7 +583,7 @@ class Simulator(ResidencyView):
         src = self.best_source(key, group)
         kind = src.split(":", 1)[0]
         # A background swap-in yields the link; a recompute batches with its model's calls at full weight.
-        copy.transfer = token = Transfer(KV_SWAP_SHARE if copy.background and kind != "none" else 1.0)
+        copy.transfer = token = Transfer(BACKGROUND_SHARE if copy.background and kind != "none" else 1.0)
         if kind == "none":  # KV recompute: a prefill of the tokens it held, on the group
             m = self.catalog.by_name[key[2]]
             self.recomputed_tokens += self.kv_tokens.get(key, 0)
@@ -982,7 +985,7 @@ class Simulator(ResidencyView):
             if act.recheck_at is not None:
                 self.push(act.recheck_at, PRIO_TIMER, self._kv_reconsider, (pr, nid, copy))
         elif act.rule == "swap":
-            self._evict(copy, "host", weight=KV_SWAP_SHARE)
+            self._evict(copy, "host", weight=BACKGROUND_SHARE)
             if act.swap_in_at is not None:
                 self.push(act.swap_in_at, PRIO_TIMER, self._kv_back, (pr, nid, copy.key, copy.group))
         else:
@@ -1131,7 +1134,10 @@ class Simulator(ResidencyView):
     def _prefetch(self, key, group, lease=None, background: bool = False) -> bool:
         """Bring a copy into HBM ahead of use, evicting only what the policy allows. A lease id
         rides on the copy: the policy hears when the copy is whole (`on_copy_ready`). A
-        `background` load (a tool-wait swap-in) evicts nothing and yields the link (KV_SWAP_SHARE)."""
+        `background` load (a tool-wait swap-in) evicts nothing and yields the link (BACKGROUND_SHARE).
+        Under a policy whose speculation yields (`Policy.speculation_yields`), a promote no lease
+        asked for also loads in the background, and a call that needs its room may cancel it
+        while no call waits for it (`_admit`)."""
         existing = self.tiers.gpu.get((key, group))
         if existing is not None:
             if lease is not None:
@@ -1152,7 +1158,7 @@ class Simulator(ResidencyView):
         for v in victims:
             drains += self._evict(v, self.policy.demote_tier(self, v))
         copy = self._new_gpu_copy(key, group, prefetch=True)
-        copy.background = background
+        copy.background = background or (lease is None and self.policy.speculation_yields)
         if lease is not None:
             copy.lease = (lease,)
         self._push_all(self._after(drains, lambda now: self._load_copy(copy)))
@@ -1187,6 +1193,7 @@ class Simulator(ResidencyView):
         return out
 
     def has_room_now(self, c: CallRec, group) -> bool:
-        """Whether the call could be admitted on `group` now, evicting only unpinned ready state."""
+        """Whether the call could be admitted on `group` now, evicting only unpinned ready state (and
+        cancelling speculative loads, as `_admit` does)."""
         keys, new, private = self.call_need(c, group)
-        return self.plan_eviction(group, new + private, protect={(k, group) for k in keys}) is not None
+        return self.plan_eviction(group, new + private, protect={(k, group) for k in keys}, cancel=self.policy.speculation_yields) is not None

@@ -20,6 +20,11 @@ class Policy:
     name = "base"
     tick_s: float | None = None
     demote_to = "none"  # where evicted copies go: "host" (sleep / KV offload) or "none" (drop)
+    # Speculation yields to demand (seed 003 §21): a promote that no lease asked for loads as a
+    # background transfer (BACKGROUND_SHARE of a link until a call waits for it), and a call that
+    # needs the room may cancel it while it is still loading. The baselines model engines that
+    # have no such priority, so it is off for them.
+    speculation_yields = False
 
     # ---- placement ------------------------------------------------------------------------------
     def place(self, sim, call):

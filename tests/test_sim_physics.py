@@ -136,6 +136,8 @@ class _Speculator:
             speculation_yields = yields
 
             def on_call_arrive(self, sim, call):
+                if call.program == "lease":  # a lease for the copy already in flight
+                    return [("promote", weights_key("n"), (gpu,), "L1")]
                 return [("promote", weights_key("n"), (gpu,))] if call.program == "a" else None
         return P()
 
@@ -173,3 +175,13 @@ def test_a_call_cancels_a_speculative_load_that_holds_its_room(yields):
         assert 0.0 < res.wasted_bytes / GB < 30.0
     else:
         assert y.ready == pytest.approx(lat + 30.0 / 7.0 + lat + 20.0 / 7.0, abs=0.05)
+
+
+def test_a_lease_on_a_speculative_load_in_flight_raises_it_to_full_weight():
+    # As in the test above, but a lease asks for the copy of `n` while it loads: it is no longer
+    # speculation, and the call's load of `m` gets an equal share of the root (5 GB/s), not 8.
+    cl = cluster(gpus=2, hbm_gb=80.0, nvme_read=30.0, root=10.0, cold=0.0)
+    tr = trace(program("a", [call("x", "m", out=0)]), program("lease", [call("y", "m", out=0)]))
+    res = Simulator(cl, catalog(("m", 10.0), ("n", 14.0)), tr, _Speculator(True, gpu=1), check_invariants=True).run()
+    x = next(c for c in res.calls if c.program == "a")
+    assert x.ready - x.arrive == pytest.approx(10.0 / 5.0 + LATENCY_S["nvme"], abs=1e-6)

@@ -531,12 +531,7 @@ class Simulator(ResidencyView):
             if not copy.ready:
                 c.waiting_on += 1
                 copy.waiters.append(c)
-                if copy.background:  # a call waits for this swap-in now: full weight on the link
-                    copy.background = False
-                    if copy.transfer is not None:
-                        copy.transfer.weight = 1.0
-                        for fid in copy.transfer.fids:
-                            self._push_all(self._flow_events(self.flows.reweight(self.now, fid, 1.0)))
+                self._foreground(copy)  # a call waits for it now: full weight on the link
         self.tiers.alloc_gpu(group, private)
         self.tiers.private[id(c)] = (group, private)
         self.active[id(c)] = c
@@ -549,6 +544,17 @@ class Simulator(ResidencyView):
         if c.waiting_on == 0:
             self._push_all(self._on_ready(c))
         return True
+
+    def _foreground(self, copy: GpuCopy) -> None:
+        """A background load (a tool-wait swap-in, speculation) that a call or a lease now needs
+        goes on at full weight on its links."""
+        if not copy.background:
+            return
+        copy.background = False
+        if copy.transfer is not None:
+            copy.transfer.weight = 1.0
+            for fid in copy.transfer.fids:
+                self._push_all(self._flow_events(self.flows.reweight(self.now, fid, 1.0)))
 
     def _new_gpu_copy(self, key, group, prefetch: bool) -> GpuCopy:
         per_gpu = self.size_of(key) / len(group)
@@ -1142,6 +1148,7 @@ class Simulator(ResidencyView):
         if existing is not None:
             if lease is not None:
                 existing.lease = (existing.lease or ()) + (lease,)
+                self._foreground(existing)  # a lease's deadline rides on it now: no longer speculation
                 if existing.ready:
                     self._apply(self._hook("on_copy_ready", existing))
             return False

@@ -127,13 +127,16 @@ class _Speculator:
     """A policy that promotes model `n` onto GPU `gpu` when the first call arrives: speculation no
     lease asked for. `yields` is the policy's `speculation_yields`."""
 
-    def __new__(cls, yields: bool, gpu: int):
+    def __new__(cls, yields: bool, gpu: int, demote_to: str = "none"):
         from statebudget.models.state import weights_key
         from statebudget.sim.policies.base import Policy
 
         class P(Policy):
             name = "speculator"
             speculation_yields = yields
+
+            def demote_tier(self, sim, copy):
+                return demote_to
 
             def on_call_arrive(self, sim, call):
                 if call.program == "lease":  # a lease for the copy already in flight
@@ -185,3 +188,33 @@ def test_a_lease_on_a_speculative_load_in_flight_raises_it_to_full_weight():
     res = Simulator(cl, catalog(("m", 10.0), ("n", 14.0)), tr, _Speculator(True, gpu=1), check_invariants=True).run()
     x = next(c for c in res.calls if c.program == "a")
     assert x.ready - x.arrive == pytest.approx(10.0 / 5.0 + LATENCY_S["nvme"], abs=1e-6)
+
+
+def test_a_speculative_load_waiting_for_its_victims_drain_is_cancelled_only_once_it_starts():
+    # `o` (30 GB) sits idle on one 40 GB GPU. At 10 s a speculative promote of `n` (30 GB) evicts
+    # it to host: 1.2 s of writing out over the 25 GB/s link, during which that room is not free.
+    # A call of `m` (20 GB) arriving at 10.5 s must not take it then; it cancels `n` as soon as
+    # the drain is out and `n` starts to load, and does not wait for all of `n`.
+    cl = cluster(gpus=1, hbm_gb=40.0, nvme_read=7.0, h2d=25.0, cold=0.0)
+    cat = catalog(("o", 30.0), ("k", 0.001), ("m", 20.0), ("n", 30.0))
+    tr = trace(program("o0", [call("c", "o", ctx=10, out=0)]), program("a", [call("x", "k", ctx=10, out=0)], start=10.0),
+               program("b", [call("y", "m", out=0)], start=10.5))
+    res = Simulator(cl, cat, tr, _Speculator(True, gpu=0, demote_to="host"), check_invariants=True).run()
+    y = next(c for c in res.calls if c.program == "b")
+    drained = 10.0 + 30.0 / 25.0
+    lat = LATENCY_S["nvme"]
+    assert y.ready == pytest.approx(drained + 20.0 / 7.0 + lat, abs=0.05)
+    assert res.wasted_bytes / GB < 1.0  # n had only just started
+
+
+def test_a_speculative_load_whose_bytes_are_all_in_is_not_cancelled():
+    # `n`'s 30 GB are in HBM after 30/7 s; only its 35 s wake-up is left when a call of `m` needs
+    # the room at 10 s. Cancelling it then would throw away bytes that have all arrived: the call
+    # waits for `n` to be ready and evicts it instead.
+    cl = cluster(gpus=1, hbm_gb=40.0, nvme_read=7.0, cold=35.0)
+    tr = trace(program("a", [call("x", "k", ctx=10, out=0)]), program("b", [call("y", "m", out=0)], start=10.0))
+    res = Simulator(cl, catalog(("k", 0.001), ("m", 20.0), ("n", 30.0)), tr, _Speculator(True, gpu=0),
+                    check_invariants=True).run()
+    y = next(c for c in res.calls if c.program == "b")
+    n_ready = LATENCY_S["nvme"] + 30.0 / 7.0 + 35.0
+    assert y.ready == pytest.approx(n_ready + LATENCY_S["nvme"] + 20.0 / 7.0 + 35.0, abs=0.5)

@@ -76,12 +76,11 @@ class ResidencyView:
         key = weights_key(model)
         return [self.tiers.gpu[(key, g)] for g in sorted(self.tiers.groups_of.get(key, ()))]
 
-    def plan_eviction(self, group, per_gpu: float, protect=frozenset(), allow=None, cancel=False) -> list | None:
+    def plan_eviction(self, group, per_gpu: float, protect=frozenset(), allow=None, cancel=None) -> list | None:
         """The copies to evict, in the policy's order, so that `per_gpu` bytes fit on every GPU of
-        `group`; None if pinned or loading copies leave too little room. `cancel`: speculative
-        loads still in flight (promoted without a lease, no call waiting for them) may go too,
-        before any ready copy: the room is the caller's, and their bytes are not usable yet. Not
-        one still waiting for the demotions that make its room (`Simulator._after`)."""
+        `group`; None if pinned or loading copies leave too little room. `cancel(copy)`: which
+        loads still in flight may go too (the simulator's speculative ones, `_cancel_rule`), before
+        any ready copy: the room is the caller's, and their bytes are not usable yet."""
         deficit = {i: self.tiers.hbm_used[i] + per_gpu - self.tiers.hbm_cap[i] for i in group}
         if all(d <= 1.0 for d in deficit.values()):
             return []
@@ -89,11 +88,8 @@ class ResidencyView:
         for i in group:
             if deficit[i] > 1.0:
                 for k, copy in self.tiers.on_gpu[i].items():
-                    # A load still waiting for its victims' bytes to leave HBM (no transfer yet) is
-                    # not cancelled: the room it holds is not free until those demotions are out.
-                    if copy.pins == 0 and k not in protect and (copy.ready or (
-                            cancel and copy.from_prefetch and copy.lease is None and not copy.waiters
-                            and copy.transfer is not None)) and (allow is None or allow(copy)):
+                    if copy.pins == 0 and k not in protect and (copy.ready or (cancel is not None and cancel(copy))) \
+                            and (allow is None or allow(copy)):
                         cands[k] = copy
         order = sorted(cands.values(), key=lambda cp: (cp.ready, self.policy.evict_priority(self, cp), cp.key, cp.group))
         victims = []

@@ -110,13 +110,15 @@ class SimResult:
 
 class Transfer:
     """The flows that move one copy; cancelling it stops them, including those not yet started.
-    `weight` is theirs on the links (below 1: a background transfer), also for those not yet started."""
-    __slots__ = ("fids", "cancelled", "weight")
+    `weight` is theirs on the links (below 1: a background transfer), also for those not yet started.
+    `moving`: bytes are still on their way over a link (not a recompute, not only a wake-up left)."""
+    __slots__ = ("fids", "cancelled", "weight", "moving")
 
-    def __init__(self, weight: float = 1.0):
+    def __init__(self, weight: float = 1.0, moving: bool = True):
         self.fids: list[int] = []
         self.cancelled = False
         self.weight = weight
+        self.moving = moving
 
 
 class _Barrier:
@@ -509,7 +511,7 @@ class Simulator(ResidencyView):
         keys, new, private = self.call_need(c, group)
         if held and self._est_end(c, new) > self._reserve_deadline:
             return False  # on held GPUs only a call that ends before the drain goes in (backfill)
-        victims = self.plan_eviction(group, new + private, protect={(k, group) for k in keys}, cancel=self.policy.speculation_yields)
+        victims = self.plan_eviction(group, new + private, protect={(k, group) for k in keys}, cancel=self._cancel_rule())
         if victims is None or (held and victims):
             return False
         drains = []
@@ -544,6 +546,18 @@ class Simulator(ResidencyView):
         if c.waiting_on == 0:
             self._push_all(self._on_ready(c))
         return True
+
+    def _cancel_rule(self):
+        """Which loads a call that needs room may cancel (`plan_eviction`), under a policy whose
+        speculation yields: promoted without a lease, no call waiting, bytes still moving over a
+        link. Not one still waiting for the demotions that make its room (no transfer yet: that
+        room is not free until their bytes are out), not a recompute (compute, not a link), and not
+        one whose bytes are all in (only its wake-up is left). A tool-wait swap-in is such a load
+        too; its host copy stays."""
+        if not self.policy.speculation_yields:
+            return None
+        return lambda c: (c.from_prefetch and c.lease is None and not c.waiters and c.transfer is not None
+                          and c.transfer.moving)
 
     def _foreground(self, copy: GpuCopy) -> None:
         """A background load (a tool-wait swap-in, speculation) that a call or a lease now needs
@@ -589,7 +603,8 @@ class Simulator(ResidencyView):
         src = self.best_source(key, group)
         kind = src.split(":", 1)[0]
         # A background swap-in yields the link; a recompute batches with its model's calls at full weight.
-        copy.transfer = token = Transfer(BACKGROUND_SHARE if copy.background and kind != "none" else 1.0)
+        copy.transfer = token = Transfer(BACKGROUND_SHARE if copy.background and kind != "none" else 1.0,
+                                         moving=kind != "none")
         if kind == "none":  # KV recompute: a prefill of the tokens it held, on the group
             m = self.catalog.by_name[key[2]]
             self.recomputed_tokens += self.kv_tokens.get(key, 0)
@@ -608,6 +623,7 @@ class Simulator(ResidencyView):
         copy.src_copy = src_gpu_copy
 
         def done(now):
+            token.moving = False  # every byte is in; at most a wake-up is left
             if src_gpu_copy is not None:  # a KV move: the old copy goes once the new one is whole
                 copy.src_copy = None
                 src_gpu_copy.pins -= 1
@@ -1168,8 +1184,16 @@ class Simulator(ResidencyView):
         copy.background = background or (lease is None and self.policy.speculation_yields)
         if lease is not None:
             copy.lease = (lease,)
-        self._push_all(self._after(drains, lambda now: self._load_copy(copy)))
+        self._push_all(self._after(drains, lambda now: self._load_drained(copy) if drains else self._load_copy(copy)))
         return True
+
+    def _load_drained(self, copy: GpuCopy) -> list:
+        """A promote's load starts once its victims' bytes are out. Calls waiting for room look
+        again: a speculative load may be cancelled only from now on (`_cancel_rule`)."""
+        events = self._load_copy(copy)
+        if copy.transfer is not None and not copy.transfer.cancelled and self._cancel_rule() is not None:
+            self._retry_waiting()
+        return events
 
     def _prefetch_host(self, key, node) -> bool:
         if (key, node) in self.tiers.host or key[0] == "kv":
@@ -1203,4 +1227,5 @@ class Simulator(ResidencyView):
         """Whether the call could be admitted on `group` now, evicting only unpinned ready state (and
         cancelling speculative loads, as `_admit` does)."""
         keys, new, private = self.call_need(c, group)
-        return self.plan_eviction(group, new + private, protect={(k, group) for k in keys}, cancel=self.policy.speculation_yields) is not None
+        return self.plan_eviction(group, new + private, protect={(k, group) for k in keys},
+                                   cancel=self._cancel_rule()) is not None

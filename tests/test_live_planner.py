@@ -88,6 +88,7 @@ def test_a_leased_promote_is_foreground_and_a_speculative_one_runs_in_the_backgr
     # Speculation yields to demand (Policy.speculation_yields): a promote no lease asked for is a
     # background op, which adapters run after a poll's foreground ops (run_order); a lease's is not.
     p = planner()
+    p.policy.speculation_yields = True  # off by default (measured not to pay, BENCHMARKS.md)
     p.event("a", {"type": "program_started", "program": "p1"})
     lid = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60})["lease_id"]
     (leased,) = [r.op for r in p.ops.values()]

@@ -1164,7 +1164,8 @@ class Simulator(ResidencyView):
         if existing is not None:
             if lease is not None:
                 existing.lease = (existing.lease or ()) + (lease,)
-                self._foreground(existing)  # a lease's deadline rides on it now: no longer speculation
+                if self.policy.speculation_yields:  # a lease's deadline rides on it now: no longer speculation
+                    self._foreground(existing)
                 if existing.ready:
                     self._apply(self._hook("on_copy_ready", existing))
             return False

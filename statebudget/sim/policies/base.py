@@ -22,8 +22,8 @@ class Policy:
     demote_to = "none"  # where evicted copies go: "host" (sleep / KV offload) or "none" (drop)
     # Speculation yields to demand (seed 003 §21): a promote that no lease asked for loads as a
     # background transfer (BACKGROUND_SHARE of a link until a call waits for it), and a call that
-    # needs the room may cancel it while it is still loading. The baselines model engines that
-    # have no such priority, so it is off for them.
+    # needs the room may cancel it while its bytes are still moving. Off for every policy: at
+    # saturation it did not pay (BENCHMARKS.md, issue 5, "Speculation yields to demand").
     speculation_yields = False
 
     # ---- placement ------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ class StateBudget(Policy):
     """Online greedy residency over weights, KV and expert pages, driven by the Markov switch
     matrix and the tool-wait model (no runtime hints)."""
     name = "statebudget"
-    speculation_yields = True
     demote_to = "host"
     tick_s = 5.0
     use_hints = False

@@ -32,8 +32,12 @@ def fmt(c: dict) -> str:
 def series(rows: list[dict], seeds: list[int], key: str, **where) -> list[float]:
     """`key` of the row matching `where` for each seed, in the order of `seeds` (the per-seed list
     `paired_change` takes)."""
-    by = {r["seed"]: r[key] for r in rows if all(r[k] == v for k, v in where.items())}
+    by = {r["seed"]: r[key] for r in rows if _matches(r, where)}
     return [by[s] for s in seeds]
+
+
+def _matches(row: dict, where: dict) -> bool:
+    return all(row[k] == v for k, v in where.items())
 
 
 def save(path: Path | None, rows: list[dict], paired: dict) -> None:
@@ -64,8 +68,7 @@ def main():
     by = a.by.split(",")
     for group in sorted({tuple(r[k] for k in by) for r in after}, key=str):
         where = dict(zip(by, group))
-        seeds = sorted({r["seed"] for r in before if all(r[k] == v for k, v in where.items())}
-                       & {r["seed"] for r in after if all(r[k] == v for k, v in where.items())})
+        seeds = sorted({r["seed"] for r in before if _matches(r, where)} & {r["seed"] for r in after if _matches(r, where)})
         if not seeds:
             continue
         b, o = series(before, seeds, a.metric, **where), series(after, seeds, a.metric, **where)

@@ -123,26 +123,25 @@ def test_a_cancelled_branch_stops_and_frees_its_kv():
     assert not [k for k in sim.tiers.gpu if k[0][0] == "kv"]
 
 
-class _Speculator:
+def _speculator(yields: bool, gpu: int, demote_to: str = "none"):
     """A policy that promotes model `n` onto GPU `gpu` when the first call arrives: speculation no
-    lease asked for. `yields` is the policy's `speculation_yields`."""
+    lease asked for (a lease, for the program named `lease`). `yields` is the policy's
+    `speculation_yields`."""
+    from statebudget.models.state import weights_key
+    from statebudget.sim.policies.base import Policy
 
-    def __new__(cls, yields: bool, gpu: int, demote_to: str = "none"):
-        from statebudget.models.state import weights_key
-        from statebudget.sim.policies.base import Policy
+    class P(Policy):
+        name = "speculator"
+        speculation_yields = yields
 
-        class P(Policy):
-            name = "speculator"
-            speculation_yields = yields
+        def demote_tier(self, sim, copy):
+            return demote_to
 
-            def demote_tier(self, sim, copy):
-                return demote_to
-
-            def on_call_arrive(self, sim, call):
-                if call.program == "lease":  # a lease for the copy already in flight
-                    return [("promote", weights_key("n"), (gpu,), "L1")]
-                return [("promote", weights_key("n"), (gpu,))] if call.program == "a" else None
-        return P()
+        def on_call_arrive(self, sim, call):
+            if call.program == "lease":  # a lease for the copy already in flight
+                return [("promote", weights_key("n"), (gpu,), "L1")]
+            return [("promote", weights_key("n"), (gpu,))] if call.program == "a" else None
+    return P()
 
 
 @pytest.mark.parametrize("yields", [True, False])
@@ -154,7 +153,7 @@ def test_a_speculative_promote_yields_the_link_to_a_call_s_load(yields):
 
     cl = cluster(gpus=2, hbm_gb=80.0, nvme_read=30.0, root=10.0, cold=0.0)
     tr = trace(program("a", [call("x", "m", out=0)]))
-    res = Simulator(cl, catalog(("m", 10.0), ("n", 14.0)), tr, _Speculator(yields, gpu=1), check_invariants=True).run()
+    res = Simulator(cl, catalog(("m", 10.0), ("n", 14.0)), tr, _speculator(yields, gpu=1), check_invariants=True).run()
     x = res.calls[0]
     share = BACKGROUND_SHARE if yields else 1.0
     assert x.ready - x.arrive == pytest.approx(10.0 / (10.0 / (1.0 + share)) + LATENCY_S["nvme"], abs=1e-6)
@@ -169,7 +168,7 @@ def test_a_call_cancels_a_speculative_load_that_holds_its_room(yields):
     # then evicts it.
     cl = cluster(gpus=1, hbm_gb=40.0, nvme_read=7.0, cold=0.0)
     tr = trace(program("a", [call("x", "k", ctx=10, out=0)]), program("b", [call("y", "m", out=0)], start=1.0))
-    res = Simulator(cl, catalog(("k", 0.001), ("m", 20.0), ("n", 30.0)), tr, _Speculator(yields, gpu=0),
+    res = Simulator(cl, catalog(("k", 0.001), ("m", 20.0), ("n", 30.0)), tr, _speculator(yields, gpu=0),
                     check_invariants=True).run()
     y = next(c for c in res.calls if c.program == "b")
     lat = LATENCY_S["nvme"]
@@ -185,7 +184,7 @@ def test_a_lease_on_a_speculative_load_in_flight_raises_it_to_full_weight():
     # speculation, and the call's load of `m` gets an equal share of the root (5 GB/s), not 8.
     cl = cluster(gpus=2, hbm_gb=80.0, nvme_read=30.0, root=10.0, cold=0.0)
     tr = trace(program("a", [call("x", "m", out=0)]), program("lease", [call("y", "m", out=0)]))
-    res = Simulator(cl, catalog(("m", 10.0), ("n", 14.0)), tr, _Speculator(True, gpu=1), check_invariants=True).run()
+    res = Simulator(cl, catalog(("m", 10.0), ("n", 14.0)), tr, _speculator(True, gpu=1), check_invariants=True).run()
     x = next(c for c in res.calls if c.program == "a")
     assert x.ready - x.arrive == pytest.approx(10.0 / 5.0 + LATENCY_S["nvme"], abs=1e-6)
 
@@ -199,7 +198,7 @@ def test_a_speculative_load_waiting_for_its_victims_drain_is_cancelled_only_once
     cat = catalog(("o", 30.0), ("k", 0.001), ("m", 20.0), ("n", 30.0))
     tr = trace(program("o0", [call("c", "o", ctx=10, out=0)]), program("a", [call("x", "k", ctx=10, out=0)], start=10.0),
                program("b", [call("y", "m", out=0)], start=10.5))
-    res = Simulator(cl, cat, tr, _Speculator(True, gpu=0, demote_to="host"), check_invariants=True).run()
+    res = Simulator(cl, cat, tr, _speculator(True, gpu=0, demote_to="host"), check_invariants=True).run()
     y = next(c for c in res.calls if c.program == "b")
     drained = 10.0 + 30.0 / 25.0
     lat = LATENCY_S["nvme"]
@@ -213,7 +212,7 @@ def test_a_speculative_load_whose_bytes_are_all_in_is_not_cancelled():
     # waits for `n` to be ready and evicts it instead.
     cl = cluster(gpus=1, hbm_gb=40.0, nvme_read=7.0, cold=35.0)
     tr = trace(program("a", [call("x", "k", ctx=10, out=0)]), program("b", [call("y", "m", out=0)], start=10.0))
-    res = Simulator(cl, catalog(("k", 0.001), ("m", 20.0), ("n", 30.0)), tr, _Speculator(True, gpu=0),
+    res = Simulator(cl, catalog(("k", 0.001), ("m", 20.0), ("n", 30.0)), tr, _speculator(True, gpu=0),
                     check_invariants=True).run()
     y = next(c for c in res.calls if c.program == "b")
     n_ready = LATENCY_S["nvme"] + 30.0 / 7.0 + 35.0

@@ -511,7 +511,7 @@ class Simulator(ResidencyView):
         keys, new, private = self.call_need(c, group)
         if held and self._est_end(c, new) > self._reserve_deadline:
             return False  # on held GPUs only a call that ends before the drain goes in (backfill)
-        victims = self.plan_eviction(group, new + private, protect={(k, group) for k in keys}, cancel=self._cancel_rule())
+        victims = self._victims_for_room(group, keys, new, private)
         if victims is None or (held and victims):
             return False
         drains = []
@@ -546,6 +546,11 @@ class Simulator(ResidencyView):
         if c.waiting_on == 0:
             self._push_all(self._on_ready(c))
         return True
+
+    def _victims_for_room(self, group, keys, new: float, private: float) -> list | None:
+        """The copies to evict or cancel so that a call's need (`call_need`) fits on `group`, None
+        if it does not fit now: the one admission rule of `_admit` and `has_room_now`."""
+        return self.plan_eviction(group, new + private, protect={(k, group) for k in keys}, cancel=self._cancel_rule())
 
     def _cancel_rule(self):
         """Which loads a call that needs room may cancel (`plan_eviction`), under a policy whose
@@ -1159,7 +1164,7 @@ class Simulator(ResidencyView):
         `background` load (a tool-wait swap-in) evicts nothing and yields the link (BACKGROUND_SHARE).
         Under a policy whose speculation yields (`Policy.speculation_yields`), a promote no lease
         asked for also loads in the background, and a call that needs its room may cancel it
-        while no call waits for it (`_admit`)."""
+        while its bytes are still moving (`_cancel_rule`)."""
         existing = self.tiers.gpu.get((key, group))
         if existing is not None:
             if lease is not None:
@@ -1185,14 +1190,15 @@ class Simulator(ResidencyView):
         copy.background = background or (lease is None and self.policy.speculation_yields)
         if lease is not None:
             copy.lease = (lease,)
-        self._push_all(self._after(drains, lambda now: self._load_drained(copy) if drains else self._load_copy(copy)))
+        load = self._load_drained if drains else self._load_copy
+        self._push_all(self._after(drains, lambda now: load(copy)))
         return True
 
     def _load_drained(self, copy: GpuCopy) -> list:
         """A promote's load starts once its victims' bytes are out. Calls waiting for room look
         again: a speculative load may be cancelled only from now on (`_cancel_rule`)."""
         events = self._load_copy(copy)
-        if copy.transfer is not None and not copy.transfer.cancelled and self._cancel_rule() is not None:
+        if self.policy.speculation_yields and not copy.transfer.cancelled:
             self._retry_waiting()
         return events
 
@@ -1227,6 +1233,4 @@ class Simulator(ResidencyView):
     def has_room_now(self, c: CallRec, group) -> bool:
         """Whether the call could be admitted on `group` now, evicting only unpinned ready state (and
         cancelling speculative loads, as `_admit` does)."""
-        keys, new, private = self.call_need(c, group)
-        return self.plan_eviction(group, new + private, protect={(k, group) for k in keys},
-                                   cancel=self._cancel_rule()) is not None
+        return self._victims_for_room(group, *self.call_need(c, group)) is not None

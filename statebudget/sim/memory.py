@@ -37,7 +37,7 @@ class GpuCopy:
     src_copy: object = None   # for a KV move between GPU groups: the copy it moves from
     lease: object = None      # the lease that asked for it, if any
     suspended_since: float | None = None  # KV held in HBM while its program waits on a tool
-    background: bool = False  # a tool-wait swap-in or speculative promote no call waits for yet: loads at BACKGROUND_SHARE
+    background: bool = False  # a tool-wait swap-in (or speculation) no call waits for yet: loads at BACKGROUND_SHARE
 
     @property
     def nbytes(self) -> float:

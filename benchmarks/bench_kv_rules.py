@@ -5,7 +5,10 @@ program latency p95; then adaptive's programs/hour paired seed by seed against e
 against each seed's best rule (`paired.py`).
 
     python benchmarks/bench_kv_rules.py [--seeds 1,2,3] [--hours 1] [--loads 1,4] [--traces mixed-tenants,mapreduce]
-        [--json out/bench_kv_rules.json]
+        [--rules preserve,swap,discard,adaptive] [--json out/bench_kv_rules.json]
+
+`--rules` runs a subset (e.g. only adaptive, to pair a changed rule against an earlier run's
+JSON with `paired.py`); the paired table then compares adaptive only with the rules it ran.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ RULES = ["preserve", "swap", "discard", "adaptive"]
 
 
 def run(args) -> list[dict]:
-    trace_name, seed, hours, load = args
-    specs = [f"statebudget::{r}" for r in RULES]
+    trace_name, seed, hours, load, rules = args
+    specs = [f"statebudget::{r}" for r in rules]
     rep = replay(load_cluster("hetero16"), load_catalog("agent-team"), generate(trace_name, seed, hours, load=load),
                  specs, seed=seed).report
     return [{"trace": trace_name, "load": load, "seed": seed, "rule": s.split("::")[1],
@@ -41,16 +44,21 @@ def main():
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--loads", default="1,4")
     ap.add_argument("--traces", default="mixed-tenants,mapreduce")
+    ap.add_argument("--rules", default=",".join(RULES))
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     traces = a.traces.split(",")
-    jobs = [(t, int(s), a.hours, float(l)) for t in traces for l in a.loads.split(",") for s in a.seeds.split(",")]
+    rules = a.rules.split(",")
+    unknown = sorted(set(rules) - set(RULES))
+    if unknown or not rules:
+        ap.error(f"--rules: unknown rule(s) {', '.join(unknown)} (known: {', '.join(RULES)})")
+    jobs = [(t, int(s), a.hours, float(l), rules) for t in traces for l in a.loads.split(",") for s in a.seeds.split(",")]
     with ProcessPoolExecutor() as pool:
         rows = [r for rs in pool.map(run, jobs) for r in rs]
     print(f"{'trace':14} {'load':>4} {'rule':9} {'programs/h':>11} {'KV TB*s in HBM':>15} {'recomputed tok':>15} {'latency p95 s':>14}")
     for t in traces:
         for load in sorted({r["load"] for r in rows}):
-            for rule in RULES:
+            for rule in rules:
                 sel = [r for r in rows if r["trace"] == t and r["load"] == load and r["rule"] == rule]
                 print(f"{t:14} {load:>4g} {rule:9} {np.mean([r['programs_per_hour'] for r in sel]):>11.3f} "
                       f"{np.mean([r['kv_hbm_tb_s'] for r in sel]):>15.3f} {np.mean([r['recomputed_tokens'] for r in sel]):>15.0f} "
@@ -61,7 +69,9 @@ def main():
     print("(mean change, bootstrap 95 % interval; 'lower on' counts the seeds where adaptive is below):")
     for t in traces:
         for load in sorted({r["load"] for r in rows}):
-            pph = {rule: series(rows, seeds, "programs_per_hour", trace=t, load=load, rule=rule) for rule in RULES}
+            pph = {rule: series(rows, seeds, "programs_per_hour", trace=t, load=load, rule=rule) for rule in rules}
+            if "adaptive" not in pph or len(pph) < 2:
+                continue
             ours = pph.pop("adaptive")
             pph["best"] = [max(v) for v in zip(*pph.values())]
             for rule, base in pph.items():

@@ -111,8 +111,10 @@ def test_a_program_with_a_call_still_running_is_not_suspended():
 
 def test_adaptive_preserves_a_short_wait_then_swaps_when_it_runs_long_and_swaps_back_before_the_return():
     # The tool usually takes 50 ms: holding 20 % of the GPU that long costs less than the round
-    # trip over PCIe. This one goes on: at the TTL the rule decides again on the wait still
-    # expected, moves the KV out, and brings it back ahead of the predicted return.
+    # trip over PCIe, but its tail is long. The rule holds the KV for a TTL that its wait
+    # distribution sets (short of the tail); this wait goes on, so at the TTL the rule decides
+    # again on the wait still expected, moves the KV out, and brings it back ahead of the
+    # predicted return.
     p, clock = planner("adaptive", waits={"quick": (0.05, 1.5)})
     metered = []
     p.telemetry.kv_action = metered.append
@@ -120,12 +122,12 @@ def test_adaptive_preserves_a_short_wait_then_swaps_when_it_runs_long_and_swaps_
     start_tool(p, "quick")
     assert not kv_ops(p) and p.kvw.actions == {"preserve": 1}
     ttl = p.due_in()
-    assert ttl == pytest.approx(p.kvw.started("quick"))
+    assert 0 < ttl < p.kvw.waits.remaining_quantiles("quick", 0.0, [0.99])[0]
     clock.t += ttl / 2
     p.tick()
     assert not kv_ops(p)  # not yet due
     rechecks = 0
-    while not kv_ops(p):  # each re-check at least doubles the wait so far, until it swaps
+    while not kv_ops(p):  # judged again at each TTL, until it swaps
         clock.t += p.due_in()
         p.tick()
         rechecks += 1
@@ -133,7 +135,7 @@ def test_adaptive_preserves_a_short_wait_then_swaps_when_it_runs_long_and_swaps_
     (out,) = kv_ops(p)
     assert out.op.kind == "demote" and out.op.background and p.kvw.actions["swap"] == 1
     assert p.kvw.actions["preserve"] == 1  # a TTL that keeps it preserved is no new action
-    assert rechecks > 1 and metered == ["preserve", "swap"]  # /metrics counts the same actions
+    assert metered == ["preserve", "swap"]  # /metrics counts the same actions
     back_in = p.due_in()
     assert back_in is not None and back_in >= 0
     clock.t += back_in

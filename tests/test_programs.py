@@ -1,7 +1,9 @@
 """Program-aware serving: policy specs, queue keys, and what each tool-wait KV rule does."""
 
 import json
+import math
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -41,18 +43,56 @@ def test_plas_puts_the_program_with_less_service_first_and_aging_bounds_the_wait
     assert queue_key("plas", 0.0, 400.0, 100.0, 0.0) < queue_key("plas", 399.0, 400.0, 1.0, 0.0)
 
 
+def _waits(median_s: float, sigma: float = 0.3) -> ToolWaitModel:
+    return ToolWaitModel({"t": (median_s, sigma)})
+
+
 def test_adaptive_picks_the_cheapest_rule():
-    assert adaptive_choice(1 * GB, wait_s=0.1, hbm_bytes=40 * GB, pcie_bps=25 * GB, recompute_s=1.0) == "preserve"
-    assert adaptive_choice(5 * GB, wait_s=60, hbm_bytes=40 * GB, pcie_bps=25 * GB, recompute_s=5.0) == "swap"
-    assert adaptive_choice(5 * GB, wait_s=60, hbm_bytes=40 * GB, pcie_bps=25 * GB, recompute_s=0.01) == "discard"
+    kw = dict(hbm_bytes=40 * GB, pcie_bps=25 * GB, p_resume=1.0, tool="t")
+    rule, ttl = adaptive_choice(1 * GB, recompute_s=1.0, waits=_waits(0.1), **kw)
+    assert rule == "preserve" and ttl > 0
+    assert adaptive_choice(5 * GB, recompute_s=5.0, waits=_waits(60), **kw) == ("swap", 0.0)
+    assert adaptive_choice(5 * GB, recompute_s=0.01, waits=_waits(60), **kw) == ("discard", 0.0)
 
 
 def test_adaptive_weighs_the_chance_of_resuming():
     # A KV its program will not come back to is not worth moving out and back, nor recomputing.
-    kw = dict(wait_s=60, hbm_bytes=40 * GB, pcie_bps=25 * GB, recompute_s=5.0)
-    assert adaptive_choice(5 * GB, **kw) == "swap"
-    assert adaptive_choice(5 * GB, p_resume=0.0, **kw) == "discard"
-    assert adaptive_choice(5 * GB, p_resume=0.01, **kw) == "discard"
+    kw = dict(hbm_bytes=40 * GB, pcie_bps=25 * GB, recompute_s=5.0, waits=_waits(60), tool="t")
+    assert adaptive_choice(5 * GB, p_resume=1.0, **kw) == ("swap", 0.0)
+    assert adaptive_choice(5 * GB, p_resume=0.0, **kw) == ("discard", 0.0)
+    assert adaptive_choice(5 * GB, p_resume=0.01, **kw) == ("discard", 0.0)
+
+
+def test_hold_outcomes_match_the_log_normal_they_model():
+    # E[min(W, e + tau) - e | W > e] and P(W > e + tau | W > e), closed form against a sample.
+    w = _waits(10.0, sigma=1.2)
+    rng = np.random.default_rng(0)
+    sample = np.exp(np.log(10.0) + 1.2 * rng.standard_normal(1_000_000))
+    holds = [1.0, 10.0, 100.0, math.inf]
+    for e in (0.0, 5.0, 60.0):
+        alive = sample[sample > e]
+        for hold, (held, outlasts) in zip(holds, w.hold_outcomes("t", e, holds)):
+            assert held == pytest.approx(np.minimum(alive, e + hold).mean() - e, rel=0.01)
+            assert outlasts == pytest.approx((alive > e + hold).mean(), abs=0.003)
+        for q, left in zip((0.1, 0.5, 0.9), w.remaining_quantiles("t", e, (0.1, 0.5, 0.9))):
+            assert left == pytest.approx(np.quantile(alive - e, q), rel=0.02)
+            assert left == pytest.approx(w.quantile_remaining("t", e, q), rel=1e-6)
+
+
+def test_adaptive_holds_a_long_tailed_wait_for_a_ttl_not_for_its_median():
+    # A tool that usually returns at once but sometimes runs for minutes (median 1 s, sigma 2.5:
+    # mean 23 s). Priced at its median, holding the KV is cheaper than moving it; in expectation
+    # holding it until the tool returns is dearer. The rule holds it only while a return is likely.
+    waits = _waits(1.0, sigma=2.5)
+    kv, hbm, pcie = 4 * GB, 40 * GB, 25 * GB
+    move = 2 * kv / pcie  # out and back: 0.32 GPU-s
+    assert kv / hbm * 1.0 < move < kv / hbm * waits.hold_outcomes("t", 0.0, [math.inf])[0][0]
+    rule, ttl = adaptive_choice(kv, hbm, pcie, recompute_s=100.0, p_resume=1.0, waits=waits, tool="t")
+    assert rule == "preserve" and 0 < ttl < math.inf
+    # When the TTL runs out it acts, on the wait still to come.
+    assert adaptive_choice(kv, hbm, pcie, 100.0, 1.0, waits, "t", elapsed_s=ttl) == ("swap", 0.0)
+    # A tight wait distribution around the same median is held until it returns.
+    assert adaptive_choice(kv, hbm, pcie, 100.0, 1.0, _waits(1.0, sigma=0.2), "t") == ("preserve", math.inf)
 
 
 def test_resume_model_learns_per_tool_and_model():

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 import numpy as np
 
 from ..traces.fit import load_fitted
 
 _SQRT2 = math.sqrt(2.0)
+_NORMAL = NormalDist()
 ANY = "any"  # the wait between a call's end and the program's next call, whatever the tool
 
 
@@ -109,6 +111,46 @@ class ToolWaitModel:
         if done >= 1.0:
             return 1.0
         return min(1.0, max(0.0, (f(elapsed_s + horizon_s) - done) / (1.0 - done)))
+
+    def hold_outcomes(self, tool: str, elapsed_s: float, holds: list[float]) -> list[tuple[float, float]]:
+        """For a wait that has lasted `elapsed_s`, and each `hold` (seconds more, `inf` allowed):
+        (E[seconds of it that still pass, capped at the hold], P(it outlasts the hold)), i.e.
+        E[min(W, e + hold) - e | W > e] and P(W > e + hold | W > e) for W log-normal. Closed
+        form: E[min(W, t)] = exp(mu + s^2/2) Phi((ln t - mu - s^2)/s) + t P(W > t); upper tails
+        by erfc, so a wait far past its median keeps its precision."""
+        mu, sig = self.params(tool)
+        mean = math.exp(mu + 0.5 * sig * sig)
+
+        def tails(t: float) -> tuple[float, float]:  # (P(W > t), E[W; W > t] / mean)
+            if t <= 0:
+                return 1.0, 1.0
+            if t == math.inf:
+                return 0.0, 0.0
+            z = (math.log(t) - mu) / sig
+            return 0.5 * math.erfc(z / _SQRT2), 0.5 * math.erfc((z - sig) / _SQRT2)
+
+        s_e, m_e = tails(elapsed_s)
+        if s_e <= 0.0:  # past anything the model can tell apart: it ends any moment
+            return [(0.0, 0.0) for _ in holds]
+        out = []
+        for hold in holds:
+            t = elapsed_s + hold
+            s_t, m_t = tails(t)
+            # integral of P(W > x) over (e, t] = E[min(W, t)] - E[min(W, e)]
+            held = mean * (m_e - m_t) - elapsed_s * s_e + (t * s_t if s_t > 0 else 0.0)
+            out.append((max(held, 0.0) / s_e, s_t / s_e))
+        return out
+
+    def remaining_quantiles(self, tool: str, elapsed_s: float, qs) -> list[float]:
+        """`quantile_remaining` for several q at once, in closed form (the inverse normal)."""
+        mu, sig = self.params(tool)
+        s_e = 0.5 * math.erfc((math.log(elapsed_s) - mu) / (sig * _SQRT2)) if elapsed_s > 0 else 1.0
+        out = []
+        for q in qs:
+            tail = (1.0 - q) * s_e
+            t = elapsed_s if tail <= 0 else 0.0 if tail >= 1 else math.exp(mu - sig * _NORMAL.inv_cdf(tail))
+            out.append(max(0.0, t - elapsed_s))
+        return out
 
     def quantile_remaining(self, tool: str, elapsed_s: float, q: float) -> float:
         """The q-quantile of the remaining wait given it has lasted `elapsed_s`."""

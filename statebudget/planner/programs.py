@@ -46,11 +46,13 @@ Tool-wait KV rules (at each tool start, for the program's KV in HBM):
               the swap-in takes only free HBM (it evicts nothing); a call that comes back while
               its KV is still on the way raises the transfer to full weight
     discard   drop it; the next call recomputes it from the committed tokens (§10)
-    adaptive  the cheapest of the three for this interrupt under the predicted wait (§12):
-              preserve = share of the GPU held x wait; swap = out + P(resume) x in over PCIe;
-              discard = P(resume) x recompute. P(resume) is learned per tool class and model
-              (`predictor.ResumeModel`). A preserved KV is judged again each time the wait
-              outlasts its predicted median (a TTL per tool class, §22): a long wait moves it out.
+    adaptive  the cheapest plan for this interrupt in expectation over the predicted wait
+              distribution (§12, `adaptive_choice`): act now (swap = out + P(resume) x in over
+              PCIe; discard = P(resume) x recompute), or preserve (share of the GPU held x the
+              seconds held) for a TTL and act then if the tool still runs. The TTL is part of
+              the plan (§22: per tool class, from its wait distribution) and the KV is judged
+              again when it runs out, on the wait still to come. P(resume) is learned per tool
+              class and model (`predictor.ResumeModel`), the waits per tool class.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ TENANT_SCALE_S = 10.0  # key added per unit of a tenant's service share above it
 ADMIT_STARVE_S = 60.0  # a call waiting this long for HBM reserves its GPUs until it is admitted
 BACKGROUND_SHARE = 0.25  # a background transfer's weight on a link next to a foreground one: tool-wait KV
                         # swaps (§11) and speculative promotes (§21, `Policy.speculation_yields`)
+HOLD_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)  # the TTLs the adaptive rule weighs: quantiles of the remaining wait
 SERVICE_QUANTUM_S = 10.0  # attained service counts in levels 0, 10, 20, 40, 80 ... s (`service_level`)
 
 
@@ -190,17 +193,35 @@ def host_link_bps(view, group) -> float:
     return view.cost.link_bw[f"h2d:{view.gpus[group[0]].id}"] * len(group)
 
 
-def adaptive_choice(kv_bytes: float, wait_s: float, hbm_bytes: float, pcie_bps: float, recompute_s: float,
-                    p_resume: float = 1.0) -> str:
-    """The cheapest rule for one interrupt, in GPU-seconds (§12): holding a share of the GPU for
-    the wait, moving the KV out (and back if the program resumes on it), or recomputing it (only
-    if it resumes). `p_resume` is the probability that the program uses this KV again."""
-    costs = {
-        "preserve": kv_bytes / max(hbm_bytes, 1.0) * wait_s,
-        "swap": (1.0 + p_resume) * kv_bytes / pcie_bps,
-        "discard": p_resume * recompute_s,
-    }
-    return min(costs, key=lambda k: (costs[k], k))
+def adaptive_choice(kv_bytes: float, hbm_bytes: float, pcie_bps: float, recompute_s: float, p_resume: float,
+                    waits: ToolWaitModel, tool: str, elapsed_s: float = 0.0) -> tuple[str, float]:
+    """The cheapest plan for one KV copy in a tool wait, in GPU-seconds, in expectation over the
+    wait's predicted distribution (§12; §22: the TTL comes out of the same costs). Acting now costs
+    F, the cheaper of moving the KV out (and back if the program resumes on it) and recomputing it
+    (only if it resumes); `p_resume` is the probability that it does:
+
+        swap = (1 + p_resume) x kv_bytes / pcie_bps        discard = p_resume x recompute_s
+
+    Preserving it for a TTL of tau seconds, then acting if the tool still runs, costs
+
+        C(tau) = h E[min(W, e + tau) - e | W > e] + F P(W > e + tau | W > e),   h = kv_bytes / hbm_bytes
+
+    for a wait W (log-normal per tool class, `ToolWaitModel`) that has lasted e. The rule weighs
+    tau = 0 (act now), the remaining wait's quantiles `HOLD_QUANTILES`, and tau = inf (hold it until
+    the tool returns), and returns (rule, tau): ("preserve", tau > 0), or ("swap" | "discard", 0).
+    Preserving pays while the tool is likely to end soon (the wait's hazard above h / F): a median
+    alone prices a long-tailed tool's hold at its median, and holds its KV through the tail."""
+    h = kv_bytes / max(hbm_bytes, 1.0)
+    act = {"swap": (1.0 + p_resume) * kv_bytes / pcie_bps, "discard": p_resume * recompute_s}
+    fallback = min(act, key=lambda k: (act[k], k))
+    cost_now = act[fallback]
+    holds = waits.remaining_quantiles(tool, elapsed_s, HOLD_QUANTILES) + [math.inf]
+    best, best_hold = cost_now, 0.0
+    for hold, (held, outlasts) in zip(holds, waits.hold_outcomes(tool, elapsed_s, holds)):
+        cost = h * held + cost_now * outlasts
+        if hold > 0 and cost < best:
+            best, best_hold = cost, hold
+    return ("preserve", best_hold) if best_hold > 0 else (fallback, 0.0)
 
 
 @dataclass(frozen=True)
@@ -253,19 +274,22 @@ class ToolWaitKV:
         `recompute_s` to rebuild it, in a wait that began at `since` with `predicted` seconds still
         expected; `preserved`: the copy is already held for this wait (a TTL re-check); `held`: a
         lease has promised it to a coming call, so every rule keeps it (judged again at the TTL)."""
-        rule, p_resume = self.rule, 1.0
+        rule, hold = self.rule, None
         if held:
             rule = "preserve"
         elif rule == "adaptive":
-            p_resume = self.resume.p(tool, model)
-            rule = adaptive_choice(kv_bytes, predicted, hbm_bytes, pcie_bps, recompute_s, p_resume)
+            rule, hold = adaptive_choice(kv_bytes, hbm_bytes, pcie_bps, recompute_s, self.resume.p(tool, model),
+                                         self.waits, tool, now - since)
         new = rule != "preserve" or not preserved  # a TTL that keeps it preserved is no new action
         if new:
             self.actions[rule] += 1
         if rule == "preserve":
-            # judged again once the wait outlasts its predicted median, at least doubling the wait
-            # each time (few timers)
-            at = now + max(predicted, now - since, 1e-3) if predicted is not None else None
+            # judged again when its TTL runs out; one held until the tool returns (and a held one)
+            # once the wait outlasts its predicted median, at least doubling the wait each time
+            if hold is not None and hold < math.inf:
+                at = now + hold
+            else:
+                at = now + max(predicted, now - since, 1e-3) if predicted is not None else None
             return KvAction("preserve", recheck_at=at, new=new)
         if rule == "swap":
             return KvAction("swap", swap_in_at=self.swap_in_at(tool, model, kv_bytes, predicted, pcie_bps, now))

@@ -60,6 +60,27 @@ def test_a_background_flow_yields_its_link_and_takes_it_whole_when_alone():
     assert fs._weight["l"] == pytest.approx(1.0)
 
 
+def test_background_flows_on_a_link_share_one_budget():
+    # Three swaps next to one weight load: together they get what one would (0.25 : 1 of the
+    # link), split three ways; the load keeps 80 %. Alone, they split the whole link.
+    fs = FairShare({"l": 10.0, "m": 10.0})
+    for _ in range(3):
+        fs.add(0.0, 30.0, ("l",), lambda now: None, weight=0.25)
+    assert [f.rate for f in fs.flows.values()] == pytest.approx([10 / 3] * 3)
+    fs.add(0.0, 80.0, ("l",), lambda now: None)
+    assert [f.rate for f in fs.flows.values()] == pytest.approx([2 / 3] * 3 + [8.0])
+    # A swap that also crosses a link of its own runs at its smaller share there: the pool is per link.
+    fs.add(0.0, 10.0, ("l", "m"), lambda now: None, weight=0.25)
+    assert fs.flows[4].rate == pytest.approx(0.5) and fs.flows[3].rate == pytest.approx(8.0)
+    # One raised to full weight leaves the pool: 1 : 1 : 0.25 (the three left split the last share).
+    fs.reweight(0.0, 0, 1.0)
+    assert fs.flows[0].rate == pytest.approx(10 / 2.25) and fs.flows[3].rate == pytest.approx(10 / 2.25)
+    assert fs.flows[1].rate == pytest.approx(10 * 0.25 / 2.25 / 3)
+    for fid in list(fs.flows):
+        fs.cancel(0.0, fid)
+    assert fs._weight == {"l": 0.0, "m": 0.0} and not any(fs._groups.values())
+
+
 def test_second_call_to_a_warm_model_stalls_zero():
     tr = trace(program("p", [call("a", "m"), tool("t", ["a"]), call("b", "m", ["t"])]))
     _, res = run(cluster(), catalog(("m", 10.0)), tr)

@@ -41,10 +41,10 @@ stream of short ones.
 Tool-wait KV rules (at each tool start, for the program's KV in HBM):
 
     preserve  keep it in HBM
-    swap      move it to host DRAM now, and back before the predicted return (§11, §21), both as
-              background transfers: weight BACKGROUND_SHARE against foreground loads on the link, and
-              the swap-in takes only free HBM (it evicts nothing); a call that comes back while
-              its KV is still on the way raises the transfer to full weight
+    swap      move it to host DRAM now, and back when the program's next call on it arrives, or
+              when the planner prefetches it (InferCept's swap, §11); the swap-out is a background transfer within a per-link
+              swap budget: the background transfers on a link share one weight, BACKGROUND_SHARE,
+              against each foreground load there
     discard   drop it; the next call recomputes it from the committed tokens (§10)
     adaptive  the cheapest plan for this interrupt in expectation over the predicted wait
               distribution (§12, `adaptive_choice`): act now (swap = out + P(resume) x in over
@@ -52,7 +52,10 @@ Tool-wait KV rules (at each tool start, for the program's KV in HBM):
               seconds held) for a TTL and act then if the tool still runs. The TTL is part of
               the plan (§22: per tool class, from its wait distribution) and the KV is judged
               again when it runs out, on the wait still to come. P(resume) is learned per tool
-              class and model (`predictor.ResumeModel`), the waits per tool class.
+              class and model (`predictor.ResumeModel`), the waits per tool class. A KV it
+              swaps out comes back ahead of the predicted return (§21), as a background
+              transfer that takes only free HBM (it evicts nothing); a call that comes back
+              while its KV is still on the way raises the transfer to full weight.
 """
 
 from __future__ import annotations
@@ -71,8 +74,8 @@ STARVE_RATIO = 2.0  # seconds of wait allowed per second of attained service bef
 URGENCY_CAP_S = 10.0  # the most key a call's shrinking TTFT slack takes off (§19): bounded, so it cannot starve
 TENANT_SCALE_S = 10.0  # key added per unit of a tenant's service share above its weighted fair share (§20)
 ADMIT_STARVE_S = 60.0  # a call waiting this long for HBM reserves its GPUs until it is admitted
-BACKGROUND_SHARE = 0.25  # a background transfer's weight on a link next to a foreground one: tool-wait KV
-                        # swaps (§11) and speculative promotes (§21, `Policy.speculation_yields`)
+BACKGROUND_SHARE = 0.25  # the weight of all background transfers on a link together, next to each foreground
+                        # one: tool-wait KV swaps (§11) and speculative promotes (§21, `Policy.speculation_yields`)
 HOLD_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)  # the TTLs the adaptive rule weighs: quantiles of the remaining wait
 SERVICE_QUANTUM_S = 10.0  # attained service counts in levels 0, 10, 20, 40, 80 ... s (`service_level`)
 

@@ -7,9 +7,12 @@ time at full speed) crossing a set of resources. A resource splits its capacity 
     link  h2d:n0/g0  cap 25 GB/s, 2 flows          -> 12.5 GB/s each
     gpu   gpu:3      cap 1.0, calls of 2 models    -> 0.5 each; calls of one model batch together
 
-A background flow has a weight below 1 and gets that fraction of a foreground flow's share
-(a tool-wait KV swap with weight 0.25 next to a weight load: 20 % and 80 % of the link; alone,
-the whole link).
+A background flow has a weight below 1, and the background flows on a resource are one *pool*
+(`BACKGROUND`): the pool counts once, with that weight, and its flows split its share. So the
+background traffic on a link together gets a budget: with weight 0.25, tool-wait KV swaps next
+to one weight load get 20 % of the link between them and the load 80 %, however many swaps
+there are; with no foreground flow, the whole link. (A share group of foreground flows is a
+batch instead: calls of one model each run at the group's share.)
 
 Only flows that share a resource with a flow that started or ended change rate, so an update
 touches those flows alone. Completion events carry the flow's version; a stale one is ignored.
@@ -22,6 +25,16 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 _EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A share key whose flows split one share among them on each resource (a budget), where
+    the flows of any other key each take the group's whole share (a batch)."""
+    name: str
+
+
+BACKGROUND = Pool("background")  # the flows with a weight below 1: tool-wait swaps, speculative loads
 
 
 @dataclass(slots=True, eq=False)
@@ -52,35 +65,49 @@ class FairShare:
     def add(self, now: float, amount: float, resources: tuple[str, ...], on_done, share_key=None, tag=None,
             weight: float = 1.0) -> list:
         """Start a flow; returns completion events `(eta, fid, version)` to schedule. Flows of one
-        share key must have one weight."""
+        share key must have one weight; a flow of weight below 1 with no key joins `BACKGROUND`."""
         fid = self._next
         self._next += 1
-        f = Flow(fid, max(amount, 0.0), resources, fid if share_key is None else share_key, on_done, t_last=now, tag=tag,
-                 weight=weight)
+        if share_key is None:
+            share_key = BACKGROUND if weight < 1.0 else fid
+        f = Flow(fid, max(amount, 0.0), resources, share_key, on_done, t_last=now, tag=tag, weight=weight)
         self.flows[fid] = f
         touched = set()
         for r in resources:
             self._on.setdefault(r, set()).add(fid)
-            g = self._groups.setdefault(r, Counter())
-            if not g[f.share_key]:
-                self._weight[r] = self._weight.get(r, 0.0) + weight
-            g[f.share_key] += 1
+            self._join(f, r)
             touched.update(self._on[r])
         return self._reprice(now, touched)
 
     def reweight(self, now: float, fid: int, weight: float) -> list:
-        """Change a flow's weight (a background transfer that a call now waits for); returns the
-        re-priced completion events."""
+        """Change a flow's weight (a background transfer that a call now waits for: it leaves the
+        pool for a share of its own); returns the re-priced completion events."""
         f = self.flows.get(fid)
         if f is None or f.weight == weight:
             return []
         touched = set()
         for r in f.resources:
-            if self._groups[r][f.share_key] == 1:
-                self._weight[r] += weight - f.weight
-            touched.update(self._on[r])
+            self._leave(f, r)
         f.weight = weight
+        if isinstance(f.share_key, Pool):
+            f.share_key = fid
+        for r in f.resources:
+            self._join(f, r)
+            touched.update(self._on[r])
         return self._reprice(now, touched)
+
+    def _join(self, f: Flow, r: str) -> None:
+        g = self._groups.setdefault(r, Counter())
+        if not g[f.share_key]:
+            self._weight[r] = self._weight.get(r, 0.0) + f.weight
+        g[f.share_key] += 1
+
+    def _leave(self, f: Flow, r: str) -> None:
+        g = self._groups[r]
+        g[f.share_key] -= 1
+        if g[f.share_key] <= 0:
+            del g[f.share_key]
+            self._weight[r] = self._weight[r] - f.weight if g else 0.0
 
     def finish(self, now: float, fid: int, version: int) -> tuple[list, Flow | None]:
         """Handle a completion event; returns (events to schedule, the finished flow or None if stale)."""
@@ -94,11 +121,7 @@ class FairShare:
         touched = set()
         for r in f.resources:
             self._on[r].discard(fid)
-            g = self._groups[r]
-            g[f.share_key] -= 1
-            if g[f.share_key] <= 0:
-                del g[f.share_key]
-                self._weight[r] = self._weight[r] - f.weight if g else 0.0
+            self._leave(f, r)
             self.work_done[r] += f.done
             touched.update(self._on[r])
         return self._reprice(now, touched), f
@@ -113,7 +136,9 @@ class FairShare:
         events = []
         for fid in sorted(fids):
             f = self.flows[fid]
-            rate = min(self.capacity[r] * f.weight / self._weight[r] for r in f.resources)
+            pooled = isinstance(f.share_key, Pool)
+            rate = min(self.capacity[r] * f.weight / self._weight[r] / (self._groups[r][f.share_key] if pooled else 1)
+                       for r in f.resources)
             if rate == f.rate and f.version > 0:
                 continue  # same share: its scheduled completion still holds
             self._advance(f, now)

@@ -21,6 +21,25 @@ def _cdf(ax, values, label):
         ax.plot(v, np.arange(1, v.size + 1) / v.size, label=label, drawstyle="steps-post")
 
 
+def _cdf_figure(path: Path, title: str, ylabel: str, series: dict[str, list], ax=None) -> None:
+    """One CDF per policy on a symlog x axis; its own figure unless `ax` is given."""
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, vals in series.items():
+        _cdf(ax, vals, name)
+    ax.set_xscale("symlog", linthresh=0.1)
+    ax.set_xlabel(title)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{title}: CDF per policy", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if fig is not None:
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
+
 def write_plots(results: dict[str, SimResult], out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -29,21 +48,48 @@ def write_plots(results: dict[str, SimResult], out_dir: str | Path) -> list[Path
         ("handoff_stall", "Handoff stall (s)", lambda c: c.ready - c.arrive if c.handoff else None),
         ("ttft", "TTFT (s)", lambda c: c.first_token - c.arrive),
     ):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for name, res in results.items():
-            vals = [v for c in res.calls if c.state == "done" and (v := fn(c)) is not None]
-            _cdf(ax, vals, name)
-        ax.set_xscale("symlog", linthresh=0.1)
-        ax.set_xlabel(title)
-        ax.set_ylabel("fraction of calls")
-        ax.set_title(f"{title}: CDF per policy")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
         p = out / f"{metric}_cdf.png"
-        fig.tight_layout()
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
+        _cdf_figure(p, title, "fraction of calls",
+                    {name: [v for c in res.calls if c.state == "done" and (v := fn(c)) is not None]
+                     for name, res in results.items()})
         paths.append(p)
+
+    # Programs (seed 003): how long each took end to end, and the longest any of its calls waited
+    # to start (the starvation view: a queue discipline that starves a program shows a long tail).
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    done = {name: [pr for pr in res.programs.values() if pr.end >= 0] for name, res in results.items()}
+    _cdf_figure(out, "Program latency (s)", "fraction of programs",
+                {name: [pr.end - pr.prog.start for pr in prs] for name, prs in done.items()}, ax=axes[0])
+    _cdf_figure(out, "Longest wait of a program's call (s)", "fraction of programs",
+                {name: [max(c.start - c.arrive for c in cs) for pr in prs
+                        if (cs := [c for c in pr.calls.values() if c.state == "done"])]
+                 for name, prs in done.items()}, ax=axes[1])
+    fig.tight_layout()
+    p = out / "program_latency_cdf.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+
+    # Tool-wait KV: what each policy's rule did, and the suspended KV it held in HBM meanwhile.
+    rules = ("preserve", "swap", "discard")
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(rules)
+    names = list(results)
+    for k, rule in enumerate(rules):
+        ax.bar(np.arange(len(names)) + k * width, [results[n].kv_actions.get(rule, 0) for n in names], width,
+               label=rule)
+    for i, n in enumerate(names):
+        ax.annotate(f"{results[n].kv_hbm_byte_s / 1e12:.2f} TB·s held", (i + 0.4 - width / 2, 0),
+                    xytext=(0, -28), textcoords="offset points", ha="center", fontsize=7)
+    ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, names, fontsize=8)
+    ax.set_ylabel("KV actions at tool waits")
+    ax.set_title("Tool-wait KV rule: actions per policy (below: suspended KV held in HBM)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    p = out / "kv_actions.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
 
     n = len(results)
     fig, axes = plt.subplots(n, 1, figsize=(8, 1.9 * n + 0.6), sharex=True, squeeze=False)

@@ -79,6 +79,14 @@ def test_background_flows_on_a_link_share_one_budget():
     for fid in list(fs.flows):
         fs.cancel(0.0, fid)
     assert fs._weight == {"l": 0.0, "m": 0.0} and not any(fs._groups.values())
+    # Background flows of two weights are two pools: each counts its own weight, and leaving
+    # takes off what joining put on.
+    fg = fs.add(0.0, 100.0, ("l",), lambda now: None)[0][1]
+    half, quarter = (fs.add(0.0, 100.0, ("l",), lambda now: None, weight=w)[-1][1] for w in (0.5, 0.25))
+    assert fs.flows[fg].rate == pytest.approx(10 / 1.75) and fs.flows[half].rate == pytest.approx(5 / 1.75)
+    fs.cancel(0.0, half)
+    fs.cancel(0.0, quarter)
+    assert fs._weight["l"] == pytest.approx(1.0) and fs.flows[fg].rate == pytest.approx(10.0)
 
 
 def test_second_call_to_a_warm_model_stalls_zero():

@@ -290,7 +290,7 @@ class ToolWaitKV:
             # judged again when its TTL runs out; one held until the tool returns (and a held one)
             # once the wait outlasts its predicted median, at least doubling the wait each time
             if hold is not None and hold < math.inf:
-                at = now + hold
+                at = now + max(hold, 1e-3)
             else:
                 at = now + max(predicted, now - since, 1e-3) if predicted is not None else None
             return KvAction("preserve", recheck_at=at, new=new)

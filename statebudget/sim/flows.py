@@ -7,8 +7,8 @@ time at full speed) crossing a set of resources. A resource splits its capacity 
     link  h2d:n0/g0  cap 25 GB/s, 2 flows          -> 12.5 GB/s each
     gpu   gpu:3      cap 1.0, calls of 2 models    -> 0.5 each; calls of one model batch together
 
-A background flow has a weight below 1, and the background flows on a resource are one *pool*
-(`BACKGROUND`): the pool counts once, with that weight, and its flows split its share. So the
+A background flow has a weight below 1, and the background flows of that weight on a resource
+are one *pool* (`Pool`): the pool counts once, with that weight, and its flows split its share. So the
 background traffic on a link together gets a budget: with weight 0.25, tool-wait KV swaps next
 to one weight load get 20 % of the link between them and the load 80 %, however many swaps
 there are; with no foreground flow, the whole link. (A share group of foreground flows is a
@@ -29,12 +29,10 @@ _EPS = 1e-12
 
 @dataclass(frozen=True)
 class Pool:
-    """A share key whose flows split one share among them on each resource (a budget), where
-    the flows of any other key each take the group's whole share (a batch)."""
-    name: str
-
-
-BACKGROUND = Pool("background")  # the flows with a weight below 1: tool-wait swaps, speculative loads
+    """The share key of the background flows of one weight: on each resource they split one
+    share among them (a budget), where the flows of any other key each take the group's whole
+    share (a batch). One pool per weight, so a group's weight is its members' weight."""
+    weight: float
 
 
 @dataclass(slots=True, eq=False)
@@ -65,11 +63,11 @@ class FairShare:
     def add(self, now: float, amount: float, resources: tuple[str, ...], on_done, share_key=None, tag=None,
             weight: float = 1.0) -> list:
         """Start a flow; returns completion events `(eta, fid, version)` to schedule. Flows of one
-        share key must have one weight; a flow of weight below 1 with no key joins `BACKGROUND`."""
+        share key must have one weight; a flow of weight below 1 with no key joins the pool of its weight."""
         fid = self._next
         self._next += 1
         if share_key is None:
-            share_key = BACKGROUND if weight < 1.0 else fid
+            share_key = Pool(weight) if weight < 1.0 else fid
         f = Flow(fid, max(amount, 0.0), resources, share_key, on_done, t_last=now, tag=tag, weight=weight)
         self.flows[fid] = f
         touched = set()

@@ -21,8 +21,8 @@ def _cdf(ax, values, label):
         ax.plot(v, np.arange(1, v.size + 1) / v.size, label=label, drawstyle="steps-post")
 
 
-def _cdf_figure(path: Path, title: str, ylabel: str, series: dict[str, list], ax=None) -> None:
-    """One CDF per policy on a symlog x axis; its own figure unless `ax` is given."""
+def _cdf_figure(path: Path | None, title: str, ylabel: str, series: dict[str, list], ax=None) -> None:
+    """One CDF per policy on a symlog x axis: on `ax`, or in its own figure saved at `path`."""
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -56,13 +56,15 @@ def write_plots(results: dict[str, SimResult], out_dir: str | Path) -> list[Path
 
     # Programs (seed 003): how long each took end to end, and the longest any of its calls waited
     # to start (the starvation view: a queue discipline that starves a program shows a long tail).
+    # Over the programs that ended, as the report's program figures are; the legend says how many.
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     done = {name: [pr for pr in res.programs.values() if pr.end >= 0] for name, res in results.items()}
-    _cdf_figure(out, "Program latency (s)", "fraction of programs",
-                {name: [pr.end - pr.prog.start for pr in prs] for name, prs in done.items()}, ax=axes[0])
-    _cdf_figure(out, "Longest wait of a program's call (s)", "fraction of programs",
-                {name: [max(c.start - c.arrive for c in cs) for pr in prs
-                        if (cs := [c for c in pr.calls.values() if c.state == "done"])]
+    label = {name: f"{name} ({len(prs)}/{len(results[name].programs)} ended)" for name, prs in done.items()}
+    _cdf_figure(None, "Program latency (s)", "fraction of programs that ended",
+                {label[name]: [pr.end - pr.prog.start for pr in prs] for name, prs in done.items()}, ax=axes[0])
+    _cdf_figure(None, "Longest wait of a program's call (s)", "fraction of programs that ended",
+                {label[name]: [max(c.start - c.arrive for c in cs) for pr in prs
+                               if (cs := [c for c in pr.calls.values() if c.state == "done"])]
                  for name, prs in done.items()}, ax=axes[1])
     fig.tight_layout()
     p = out / "program_latency_cdf.png"
@@ -78,12 +80,10 @@ def write_plots(results: dict[str, SimResult], out_dir: str | Path) -> list[Path
     for k, rule in enumerate(rules):
         ax.bar(np.arange(len(names)) + k * width, [results[n].kv_actions.get(rule, 0) for n in names], width,
                label=rule)
-    for i, n in enumerate(names):
-        ax.annotate(f"{results[n].kv_hbm_byte_s / 1e12:.2f} TB·s held", (i + 0.4 - width / 2, 0),
-                    xytext=(0, -28), textcoords="offset points", ha="center", fontsize=7)
-    ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, names, fontsize=8)
+    ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2,
+                  [f"{n}\n{results[n].kv_hbm_byte_s / 1e12:.2f} TB·s held" for n in names], fontsize=8)
     ax.set_ylabel("KV actions at tool waits")
-    ax.set_title("Tool-wait KV rule: actions per policy (below: suspended KV held in HBM)")
+    ax.set_title("Tool-wait KV rule: actions per policy, and suspended KV held in HBM")
     ax.legend(fontsize=8)
     fig.tight_layout()
     p = out / "kv_actions.png"

@@ -154,18 +154,7 @@ class ToolWaitModel:
 
     def quantile_remaining(self, tool: str, elapsed_s: float, q: float) -> float:
         """The q-quantile of the remaining wait given it has lasted `elapsed_s`."""
-        mu, sig = self.params(tool)
-        f = self._cdf(tool)
-        done = f(elapsed_s) if elapsed_s > 0 else 0.0
-        target = done + q * (1.0 - done)
-        lo, hi = max(elapsed_s, 1e-6), max(elapsed_s, 1e-3) * 2 + math.exp(mu + 4 * sig)
-        for _ in range(50):  # bisection on the CDF
-            mid = 0.5 * (lo + hi)
-            if f(mid) < target:
-                lo = mid
-            else:
-                hi = mid
-        return max(0.0, hi - elapsed_s)
+        return self.remaining_quantiles(tool, elapsed_s, (q,))[0]
 
 
 @dataclass

@@ -109,6 +109,30 @@ def test_a_program_with_a_call_still_running_is_not_suspended():
     assert not kv_ops(p) and p.kvw.actions == {}
 
 
+def test_a_ttl_that_finds_another_thread_running_is_judged_again_later():
+    # The KV is preserved for a TTL; when it runs out another thread's call (on another model)
+    # runs, so the rule waits. Once that call is over, the next check moves the KV out, rather
+    # than holding it until the tool returns.
+    p, clock = planner("adaptive", waits={"quick": (0.05, 1.5)})
+    after_a_call(p, clock)
+    start_tool(p, "quick")
+    assert not kv_ops(p) and p.kvw.actions == {"preserve": 1}
+    p.event("a", {"type": "call_arrived", "program": "p1", "call": "c2", "model": "coder"})
+    p.event("a", {"type": "call_started", "program": "p1", "call": "c2"})
+    clock.t += p.due_in()
+    p.tick()
+    assert not kv_ops(p) and p.due_in() is not None  # busy: judged again later
+    clock.t += 1.0
+    p.event("a", {"type": "call_finished", "program": "p1", "call": "c2", "tokens": 100})
+    for _ in range(20):
+        if kv_ops(p) or p.due_in() is None:
+            break
+        clock.t += max(p.due_in(), 0.0)
+        p.tick()
+    (out,) = kv_ops(p)
+    assert out.op.kind == "demote" and p.kvw.actions["swap"] == 1
+
+
 def test_adaptive_preserves_a_short_wait_then_swaps_when_it_runs_long_and_swaps_back_before_the_return():
     # The tool usually takes 50 ms: holding 20 % of the GPU that long costs less than the round
     # trip over PCIe, but its tail is long. The rule holds the KV for a TTL that its wait

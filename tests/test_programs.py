@@ -143,6 +143,24 @@ def test_adaptive_moves_a_preserved_kv_out_when_the_wait_runs_long():
     assert res.calls[1].ready - res.calls[1].arrive == 0.0
 
 
+def test_a_ttl_that_finds_another_thread_running_is_judged_again_later():
+    # t starts when a ends; b, on another model, starts just after, so the KV of m is suspended
+    # but its TTL runs out while b runs. It is judged again once b is over and swapped out, not
+    # held through the whole 80 s wait.
+    cl, cat = cluster(hbm_gb=40.0, tflops=10.0), catalog(("m", 10.0, 100_000), ("n", 10.0, 1000))
+    nodes = [call("a", "m", ctx=10_000, out=0), tool("t", ["a"], duration=80.0, name="quick"),
+             tool("t0", [], duration=16.0, name="other"), call("b", "n", ["t0"], ctx=20_000, out=0),
+             call("c", "m", ["t", "b"], ctx=10_000, out=0)]
+    sim = Simulator(cl, cat, trace(program("p", nodes)), make_policy("lru-keepwarm"), kv_rule="adaptive",
+                    check_invariants=True)
+    sim.kvw.waits = ToolWaitModel({"quick": (1.0, 1.5), "other": (16.0, 0.1)})
+    res = sim.run()
+    a, b, _ = res.calls
+    assert a.end < b.arrive  # the program is idle when the tool starts: the KV is suspended
+    assert res.kv_actions["preserve"] == 1 and res.kv_actions["swap"] == 1
+    assert 0 < res.kv_hbm_byte_s < 10_000 * 100_000 * 80.0 / 2
+
+
 def _tool_wait_trace(wait=50.0):
     nodes = [call("a", "m", ctx=10_000, out=0), tool("t", ["a"], duration=wait, name="build"),
              call("b", "m", ["t"], ctx=10_000, out=0)]

@@ -650,9 +650,13 @@ class LivePlanner(ResidencyView):
                 continue
             rec = self.programs[program]
             c = self.tiers.gpu.get((kvk, group))
-            if c is None or c.suspended_since is None or c.pins or not c.ready or self._busy(rec):
+            if c is None or c.suspended_since is None or c.pins or not c.ready:
                 continue
-            self._suspend_kv(rec, c, self.kvw.remaining(w[0], self.now - wait[1]), wait[0])
+            left = self.kvw.remaining(w[0], self.now - wait[1])
+            if self._busy(rec):  # another thread's call runs: judge it again later, as the simulator does
+                self._kv_timer(self.now + max(left, self.now - wait[1], 1e-3), "recheck", rec, wait[0], kvk, group)
+                continue
+            self._suspend_kv(rec, c, left, wait[0])
 
     def _kv_back(self, program: str, wait: tuple, kvk, group) -> None:
         """Swap a KV back in from host DRAM as a background op that evicts nothing; once the

@@ -1021,11 +1021,17 @@ class Simulator(ResidencyView):
     def _kv_reconsider(self, pr: ProgRun, nid: str, copy: GpuCopy):
         """The TTL of a preserved KV ran out with the tool still running: decide again on the
         remaining wait given how long it has lasted (§12: preserve first, offload once it is long)."""
-        if nid not in pr.tool_wait or copy.suspended_since is None or copy.pins or self._program_busy(pr) or \
+        if nid not in pr.tool_wait or copy.suspended_since is None or copy.pins or \
                 self.tiers.gpu.get((copy.key, copy.group)) is not copy:
             return None
         start, _ = pr.tool_wait[nid]
-        self._suspend_kv(pr, nid, copy, self.kvw.remaining(pr.tools[nid], self.now - start))
+        left = self.kvw.remaining(pr.tools[nid], self.now - start)
+        if self._program_busy(pr):
+            # Another thread's call runs (on another model: this KV stays suspended). Judge it again
+            # once that call may be over, rather than hold it until the tool returns.
+            self.push(self.now + max(left, self.now - start, 1e-3), PRIO_TIMER, self._kv_reconsider, (pr, nid, copy))
+            return None
+        self._suspend_kv(pr, nid, copy, left)
         return None
 
     def _keep_kv(self, kvk) -> None:

@@ -654,7 +654,7 @@ class LivePlanner(ResidencyView):
                 continue
             left = self.kvw.remaining(w[0], self.now - wait[1])
             if self._busy(rec):  # another thread's call runs: judge it again later, as the simulator does
-                self._kv_timer(self.now + max(left, self.now - wait[1], 1e-3), "recheck", rec, wait[0], kvk, group)
+                self._kv_timer(self.kvw.next_check(self.now, wait[1], left), "recheck", rec, wait[0], kvk, group)
                 continue
             self._suspend_kv(rec, c, left, wait[0])
 

@@ -292,11 +292,18 @@ class ToolWaitKV:
             if hold is not None and hold < math.inf:
                 at = now + max(hold, 1e-3)
             else:
-                at = now + max(predicted, now - since, 1e-3) if predicted is not None else None
+                at = self.next_check(now, since, predicted) if predicted is not None else None
             return KvAction("preserve", recheck_at=at, new=new)
         if rule == "swap":
             return KvAction("swap", swap_in_at=self.swap_in_at(tool, model, kv_bytes, predicted, pcie_bps, now))
         return KvAction("discard")
+
+    @staticmethod
+    def next_check(now: float, since: float, left: float) -> float:
+        """When a KV held through a wait that began at `since`, with `left` seconds of it still
+        expected, is judged again: once that has passed, and no sooner than the wait so far again
+        (a wait of T costs about log2(T) checks)."""
+        return now + max(left, now - since, 1e-3)
 
     def swap_in_at(self, tool: str, model: str, kv_bytes: float, predicted: float | None, pcie_bps: float,
                    now: float) -> float | None:

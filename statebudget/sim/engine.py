@@ -1029,7 +1029,7 @@ class Simulator(ResidencyView):
         if self._program_busy(pr):
             # Another thread's call runs (on another model: this KV stays suspended). Judge it again
             # once that call may be over, rather than hold it until the tool returns.
-            self.push(self.now + max(left, self.now - start, 1e-3), PRIO_TIMER, self._kv_reconsider, (pr, nid, copy))
+            self.push(self.kvw.next_check(self.now, start, left), PRIO_TIMER, self._kv_reconsider, (pr, nid, copy))
             return None
         self._suspend_kv(pr, nid, copy, left)
         return None

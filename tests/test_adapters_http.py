@@ -78,7 +78,7 @@ def test_vllm_demote_sleeps_level_1_and_promote_wakes(vllm):
     a = vllm_adapter(vllm)
     r = a.execute(op("d1", "demote", ["w", "coder"], "gpu:0,1", "host:n0"))
     assert (r.status, r.bytes, r.version, r.epoch) == ("done", 2 * GB, 7, 3) and r.seconds > 0
-    assert vllm.lines() == ["POST /sleep?level=1"]
+    assert vllm.lines() == ["POST /sleep?level=1", "GET /is_sleeping"]
     assert vllm.asleep == {"weights", "kv_cache"} and vllm.weights_valid
 
     vllm.calls.clear()
@@ -92,7 +92,7 @@ def test_vllm_demote_sleeps_level_1_and_promote_wakes(vllm):
 def test_vllm_drop_sleeps_level_2_and_promote_reloads_weights(vllm, kind, dst):
     a = vllm_adapter(vllm)
     assert a.execute(op("d1", kind, ["w", "coder"], "gpu:0,1", dst)).status == "done"
-    assert vllm.lines() == ["POST /sleep?level=2"] and not vllm.weights_valid
+    assert vllm.lines() == ["POST /sleep?level=2", "GET /is_sleeping"] and not vllm.weights_valid
 
     vllm.calls.clear()
     r = a.execute(op("p1", "promote", ["w", "coder"], "nvme:n0", "gpu:0,1"))
@@ -128,6 +128,15 @@ def test_vllm_promote_fails_when_the_engine_is_not_awake_by_the_deadline(vllm):
     assert vllm.lines().count("GET /is_sleeping") == 1
 
 
+def test_vllm_sleep_is_done_only_once_the_engine_says_it_sleeps(vllm):
+    """The verify step of a demote: /sleep answered 200, but /is_sleeping says the engine is awake."""
+    vllm.inject("/is_sleeping", 200, {"is_sleeping": False})
+    a = vllm_adapter(vllm)
+    r = a.execute(op("d1", "demote", ["w", "coder"], "gpu:0,1", "host:n0"))
+    assert r.status == "failed" and r.bytes == 0 and "not verified" in r.error and "/sleep?level=1" in r.error
+    assert a.execute(op("d2", "demote", ["w", "coder"], "gpu:0,1", "host:n0")).status == "done"
+
+
 def test_vllm_engine_error_fails_the_op_with_the_engines_message(vllm):
     vllm.inject("/sleep", 500, {"error": {"message": "CUDA error: out of memory", "type": "Internal Server Error",
                                           "code": 500}})
@@ -139,6 +148,7 @@ def test_vllm_engine_error_fails_the_op_with_the_engines_message(vllm):
 def test_vllm_failed_weight_reload_fails_the_promote(vllm):
     a = vllm_adapter(vllm)
     a.execute(op("d1", "drop", ["w", "coder"], "gpu:0,1", "none"))
+    vllm.calls.clear()
     vllm.inject("/collective_rpc", 500, {"error": {"message": "safetensors: file not found"}})
     r = a.execute(op("p1", "promote", ["w", "coder"], "nvme:n0", "gpu:0,1"))
     assert r.status == "failed" and "safetensors: file not found" in r.error
@@ -258,7 +268,7 @@ def test_lmcache_move_waits_for_check_finish(lmcache):
     lmcache.kv[(1, 2, 3, 4)] = {("inst0", CPU)}
     r = lmcache_adapter(lmcache).execute(op("k1", "demote", ["kv", "p1", "coder"], "host:n0", "nvme:n0"))
     assert r.status == "done" and r.bytes == 2 * GB
-    assert lmcache.lines() == ["POST /move"] + ["POST /check_finish"] * 3
+    assert lmcache.lines() == ["POST /move"] + ["POST /check_finish"] * 3 + ["POST /lookup"]  # then verified
     assert lmcache.calls[0][1] == {"old_position": ("inst0", CPU), "new_position": ("inst0", DISK),
                                    "tokens": [1, 2, 3, 4], "copy": False}
     assert lmcache.kv[(1, 2, 3, 4)] == {("inst0", DISK)}  # moved only at the third check
@@ -322,6 +332,33 @@ def test_lmcache_move_not_finished_by_the_deadline_fails(lmcache):
     assert r.status == "failed" and "timed out" in r.error
 
 
+@pytest.mark.parametrize("shown", [None, [CPU, 4], [DISK, 2]], ids=["nowhere", "still-at-source", "partial"])
+def test_lmcache_move_is_done_only_once_lookup_shows_it_at_the_target(shown):
+    """The verify step: a move LMCache acknowledged, but that /lookup does not place in full at the
+    target, fails (and says what /lookup showed) instead of being published."""
+    fake = FakeLMCache(finish_polls=0)
+    fake.kv[(1, 2, 3, 4)] = {("inst0", CPU)}
+    with serve(fake.app) as url:
+        fake.url = url
+        a = lmcache_adapter(fake, wait_for_finish=False)
+        fake.inject("/lookup", 200, {"event_id": "L", "layout_info": {} if shown is None else {"inst0": shown}})
+        r = a.execute(op("k1", "demote", ["kv", "p1", "coder"], "host:n0", "nvme:n0", deadline=time.time() - 1.0))
+        assert r.status == "failed" and "verified" in r.error and "not 4 tokens at LocalDiskBackend" in r.error
+        held = "no KV" if shown is None else f"{shown[1]} tokens at {shown[0]}"
+        assert held in r.error
+        assert "k1" not in a.moved  # nothing to undo: it never counted as moved
+        # the same move, with /lookup telling the truth, is verified
+        fake.kv[(1, 2, 3, 4)] = {("inst0", CPU)}
+        assert a.execute(op("k2", "demote", ["kv", "p1", "coder"], "host:n0", "nvme:n0")).status == "done"
+
+
+def test_lmcache_move_of_no_tokens_is_not_verified(lmcache):
+    lmcache.kv[(1, 2, 3, 4)] = {("inst0", CPU)}
+    lmcache.inject("/move", 200, {"event_id": "Move0", "num_tokens": 0})
+    r = lmcache_adapter(lmcache).execute(op("k1", "demote", ["kv", "p1", "coder"], "host:n0", "nvme:n0"))
+    assert r.status == "failed" and "moved none of 4 tokens" in r.error
+
+
 def test_lmcache_abort_moves_the_kv_back(lmcache):
     lmcache.kv[(1, 2, 3, 4)] = {("inst0", CPU)}
     a = lmcache_adapter(lmcache)
@@ -340,7 +377,7 @@ def test_lmcache_blocking_move_without_check_finish():
         fake.url = url
         a = lmcache_adapter(fake, wait_for_finish=False)
         assert a.execute(op("k1", "demote", ["kv", "p1", "coder"], "host:n0", "nvme:n0")).status == "done"
-        assert fake.lines() == ["POST /move"] and fake.kv[(1, 2, 3, 4)] == {("inst0", DISK)}
+        assert fake.lines() == ["POST /move", "POST /lookup"] and fake.kv[(1, 2, 3, 4)] == {("inst0", DISK)}
         assert a.health() == {"kind": "lmcache", "ok": True,
                               "instances": {"inst0": {"ok": True, "error_codes": {"0": 0}}}}
 
@@ -377,7 +414,7 @@ def test_step_aborts_a_done_op_the_planner_refuses(vllm):
         a = VllmAdapter(planner_url, "n0", "tok", {("coder", "gpu:0,1"): vllm.url}, poll_interval_s=0.001)
         assert a.step(wait_s=0) == 1
     assert a.reported["p1"].status == "done"
-    assert vllm.lines()[0] == "POST /wake_up" and vllm.lines()[-1] == "POST /sleep?level=1"  # undone
+    assert vllm.lines()[0] == "POST /wake_up" and vllm.lines()[-2:] == ["POST /sleep?level=1", "GET /is_sleeping"]  # undone
     assert vllm.asleep == {"weights", "kv_cache"} and vllm.weights_valid
 
 

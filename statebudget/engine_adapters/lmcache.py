@@ -23,7 +23,10 @@ location is configured, a KV op whose GPU end has no location uses where LMCache
 (found with /lookup) as its source, and the host location as its target (staged there, the next
 call loads it from host; a live lease pins it so eviction cannot undo the promote).
 
-    promote / demote    /move source -> target location, then /check_finish until "completed"
+    promote / demote    /move source -> target location, then /check_finish until "completed",
+                        then /lookup until it places the KV at the target (the verify step,
+                        `verify`: LMCache has no checksum, so the copy counts as verified once
+                        the controller shows the target holding at least the tokens moved)
     op with a lease_id  then /pin at the target location
     drop                /clear of the source location: the API takes no tokens, so this empties
                         every KV the instance holds there, not only this program's
@@ -86,12 +89,36 @@ class LMCacheAdapter(Adapter):
         return layout[instance][0]
 
     def move(self, instance: str, tokens: list[int], src: str, dst: str, op: Op) -> None:
-        """/move the tokens' KV from one location to another, then wait until it finished."""
-        event_id = self._post("/move", {"old_position": [instance, src], "new_position": [instance, dst],
-                                        "tokens": tokens, "copy": False})["event_id"]
+        """/move the tokens' KV from one location to another, wait until it finished, and verify
+        it (`verify`) before the op may be reported done."""
+        answer = self._post("/move", {"old_position": [instance, src], "new_position": [instance, dst],
+                                      "tokens": tokens, "copy": False})
+        event_id, moved = answer["event_id"], int(answer.get("num_tokens", len(tokens)))
+        if moved <= 0:
+            raise EngineError(f"LMCache move {event_id} ({src} -> {dst}) moved none of {len(tokens)} tokens")
         if self.wait_for_finish:
             poll_until(lambda: self._finished(event_id), wait_budget_s(op, self.timeout_s), self.poll_interval_s,
                        f"LMCache move {event_id} ({src} -> {dst})")
+        self.verify(instance, tokens, dst, moved, op, f"move {event_id} ({src} -> {dst})")
+
+    def verify(self, instance: str, tokens: list[int], dst: str, moved: int, op: Op, what: str) -> None:
+        """The verify step of allocate -> copy -> verify -> publish (seed 003 §26): LMCache keeps no
+        checksum, so a move counts as verified once the controller's /lookup places the tokens' KV
+        at `dst` on `instance`, covering at least the `moved` tokens the move reported. Polled
+        within the op's wait budget, as a worker's report may reach the controller after /move
+        answers; the error says what /lookup showed last."""
+        last: list = [None]
+
+        def placed() -> bool:
+            last[0] = where = self._post("/lookup", {"tokens": tokens})["layout_info"].get(instance)
+            return where is not None and where[0] == dst and int(where[1]) >= moved
+
+        def shown() -> str:
+            held = "no KV" if last[0] is None else f"{last[0][1]} tokens at {last[0][0]}"
+            return f"/lookup shows {held} on {instance!r}, not {moved} tokens at {dst}"
+
+        poll_until(placed, wait_budget_s(op, self.timeout_s), self.poll_interval_s,
+                   f"LMCache {what} to be verified", shown)
 
     def _finished(self, event_id: str) -> bool:
         status = str(self._post("/check_finish", {"event_id": event_id})["status"]).lower()

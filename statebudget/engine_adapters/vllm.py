@@ -25,7 +25,8 @@ Weights (`["w", model]`):
                                   POST /wake_up?tags=weights, POST /collective_rpc reload_weights,
                                   POST /wake_up?tags=kv_cache  (the order sleep_mode.md gives)
 
-then `GET /is_sleeping` until false and `GET /health` 200 before the promote is reported done.
+then `GET /is_sleeping` until false and `GET /health` 200 before the promote is reported done;
+a demote or drop is reported done once `GET /is_sleeping` is true (the verify step).
 Any sleep discards the engine's whole KV cache, not one program's (vLLM has no finer control).
 KV objects go to the LMCache adapter when one is given; expert pages fail: vLLM loads a MoE
 model's experts with its weights and cannot page them.
@@ -66,8 +67,12 @@ class VllmAdapter(EngineServersAdapter):
 
     # ---- HTTP --------------------------------------------------------------------------------------
     def sleep(self, url: str, level: int) -> None:
+        """Put the server to sleep, then verify it: vLLM's /sleep answers once the engine slept,
+        so /is_sleeping must say so at once (the verify step before the op is reported done)."""
         check(self.engine.post(f"{url}/sleep", params={"level": level}))
         self.sleep_level[url] = level
+        if not self.is_sleeping(url):
+            raise EngineError(f"vLLM at {url} answered /sleep?level={level} but /is_sleeping is false: not verified")
 
     def wake(self, url: str, reload: bool, op: Op) -> None:
         """Wake the server (re-reading the weights from disk after a level-2 sleep) and wait until

@@ -84,6 +84,26 @@ def test_cross_tenant_requests_get_403(client):
     assert client.get(f"/v1/leases/{lid}", headers=H("a")).json()["state"] != "cancelled"
 
 
+def test_the_queue_route_lists_waiting_calls_and_scopes_a_runtime_to_its_tenant(client):
+    start_program(client, "a", "pa")
+    start_program(client, "b", "pb")
+    for who, prog in (("a", "pa"), ("b", "pb")):
+        assert ev(client, who, type="call_arrived", program=prog, call="c1", model="coder").status_code == 200
+    everyone = client.get("/v1/queue", headers=H("n0")).json()
+    assert everyone["queue"] == "fcfs" and [c["program"] for c in everyone["calls"]] == ["pa", "pb"]
+    admin = client.get("/v1/queue", headers=H("admin")).json()["calls"]
+    assert [(c["program"], c["rank"]) for c in admin] == [("pa", 0), ("pb", 1)]
+    assert all(c["waited_s"] >= 0 and not c["promoted"] for c in admin)
+    mine = client.get("/v1/queue", headers=H("b")).json()["calls"]
+    assert [(c["program"], c["rank"]) for c in mine] == [("pb", 1)]  # its rank among every tenant's calls
+    assert client.get("/v1/queue", params={"model": "planner"}, headers=H("n0")).json()["calls"] == []
+    r = client.get("/v1/queue", params={"model": "nope"}, headers=H("a"))
+    assert r.status_code == 422 and "unknown model 'nope'" in r.json()["detail"]
+    assert client.get("/v1/queue").status_code == 401
+    assert ev(client, "a", type="call_started", program="pa", call="c1").status_code == 200
+    assert [c["program"] for c in client.get("/v1/queue", headers=H("n0")).json()["calls"]] == ["pb"]
+
+
 def test_lease_becomes_ready_only_when_its_op_is_reported_done(client):
     start_program(client)
     body = lease(client).json()

@@ -512,6 +512,55 @@ def test_the_live_priority_weighs_tenants_and_ttft_slack():
     assert urgent < relaxed  # tight TTFT slack outweighs tenant a's excess (both bounded)
 
 
+def test_the_live_queue_follows_the_starvation_promotion_that_a_fixed_priority_cannot():
+    # GET /v1/queue's order is the simulator's queue key at the moment it is asked. A program with
+    # 40 s of service and a new one wait on the coder: plas puts the new one first, and the fixed
+    # priorities say so for good. Once both have waited past their starvation allowance (30 s + 2 x
+    # service level), they go FCFS: the older call first, which only the live order shows.
+    from statebudget.models.load import load_catalog, load_cluster
+    from statebudget.planner.live import Invalid, LivePlanner
+    from statebudget.planner.programs import STARVE_RATIO, STARVE_S, service_level
+
+    clock = Clock()
+    p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock, queue="plas")
+
+    def send(prog, kind, call, **kw):
+        return p.event("a", {"type": kind, "program": prog, "call": call, **kw})
+
+    for prog in ("old", "new", "other"):
+        p.event("a", {"type": "program_started", "program": prog})
+    send("old", "call_arrived", "c1", model="coder")
+    send("old", "call_started", "c1")
+    clock.t = 40.0
+    send("old", "call_finished", "c1", tokens=100)
+    pri_old = send("old", "call_arrived", "c2", model="coder")["priority"]
+    clock.t = 41.0
+    pri_new = send("new", "call_arrived", "c1", model="coder")["priority"]
+    send("other", "call_arrived", "c1", model="planner")
+    assert pri_new < pri_old
+
+    def order(**kw):
+        return [(c["program"], c["call"], c["promoted"]) for c in p.waiting_calls(**kw)["calls"]]
+
+    clock.t = 42.0
+    assert order(model="coder") == [("new", "c1", False), ("old", "c2", False)]
+    assert [c["program"] for c in p.waiting_calls()["calls"]] == ["new", "other", "old"]  # a tie (same
+    # service, same arrival) goes by program id, as in the simulator
+    starve_old = 40.0 + STARVE_S + STARVE_RATIO * service_level(40.0)
+    clock.t = starve_old - 1.0  # the new call is promoted (its allowance is 30 s), the old not yet
+    assert order(model="coder") == [("new", "c1", True), ("old", "c2", False)]
+    clock.t = starve_old
+    assert order(model="coder") == [("old", "c2", True), ("new", "c1", True)]  # FCFS among the promoted
+    waited = {c["program"]: c["waited_s"] for c in p.waiting_calls(model="coder")["calls"]}
+    assert waited == {"old": pytest.approx(starve_old - 40.0), "new": pytest.approx(starve_old - 41.0)}
+    send("old", "call_started", "c2")  # a started call leaves the queue
+    assert order(model="coder") == [("new", "c1", True)]
+    with pytest.raises(Invalid, match="unknown model"):
+        p.waiting_calls(model="nope")
+    fcfs = LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock)
+    assert fcfs.waiting_calls() == {"queue": "fcfs", "calls": []}
+
+
 def test_the_slack_boost_lets_a_call_make_its_ttft_and_the_report_measures_the_waits():
     # Six batch calls (60 s TTFT) queue at one GPU with one prefill slot; a call whose class allows
     # 25 s arrives just after them. Under fcfs it waits for all six (59 s to its first token); under

@@ -24,7 +24,7 @@ from ..models.errors import InputError
 from ..planner.live import Conflict, Forbidden, Invalid, LivePlanner, NotFound
 from .auth import Auth
 from .metrics import ServiceMetrics
-from .routers import events, health, leases, oracle, plan, residency
+from .routers import events, health, leases, oracle, plan, queue, residency
 
 log = logging.getLogger("statebudget.api")
 
@@ -141,7 +141,7 @@ def create_app(planner: LivePlanner, auth: Auth, tick_s: float = 5.0, coalesce_s
     app = FastAPI(title="StateBudget planner", version=__version__, lifespan=lifespan,
                   description="Where LLM serving state lives: events and leases in, plans and ops out (DESIGN.md §7).")
     app.state.service = svc
-    for r in (events.router, leases.router, plan.router, residency.router, oracle.router, health.router):
+    for r in (events.router, leases.router, queue.router, plan.router, residency.router, oracle.router, health.router):
         app.include_router(r)
 
     def handler(status: int):

@@ -43,7 +43,7 @@ from ..sim.policies.ours import StateBudgetLease
 from ..solvers.costs import CostModel
 from .core import PlannerConfig
 from .leases import Lease, LeaseRequest, LeaseState, Quote
-from .programs import QUEUES, ToolWaitKV, arrival_priority, host_link_bps, tenant_excess
+from .programs import QUEUES, ToolWaitKV, arrival_priority, host_link_bps, queue_key, tenant_excess
 from .ledger import Store
 from .view import ResidencyView
 
@@ -296,31 +296,64 @@ class LivePlanner(ResidencyView):
         service = call.get("service_s", 0.0) if call is not None else 0.0  # a retry keeps what it attained
         rec.calls[ev["call"]] = {"model": model, "status": "arrived", "arrived_s": self.now, "group": None,
                                  "handoff": rec.last_model is not None and rec.last_model != model, "attempt": attempt,
-                                 "path_in_s": path_in, "service_s": service}
+                                 "path_in_s": path_in, "service_s": service, "ttft_s": ev.get("ttft_s"),
+                                 "context_tokens": ev.get("context_tokens", 0)}
         self.kvw.outcome(kv_key(rec.program, model), True)
         self._keep_kv(kv_key(rec.program, model))
         self.policy.on_call_arrive(self, _Call(rec.program, ev["call"], model, ev.get("context_tokens", 0),
                                                ev.get("output_tokens", 0)))
         self._save_program(rec)
         return {"call": ev["call"], "status": "arrived", "attempt": attempt,
-                "priority": self._priority(rec, model, path_in + service, ev)}
+                "priority": self._priority(rec, rec.calls[ev["call"]])}
 
-    def _priority(self, rec: ProgramRec, model: str, path_service: float, ev: dict) -> int:
+    def _priority(self, rec: ProgramRec, call: dict) -> int:
         """The queue discipline's key as the engine's fixed priority, in ms (lower first): the
         simulator's inputs, the program's (plas) or the critical path's (atlas) attained service,
         aging, the tenant's fair-share excess, and with `ttft_s` the TTFT slack left after the
         predicted prefill on a GPU group that holds the model (none held: no slack boost)."""
         if self.queue == "fcfs":
             return 0
+        return int(round(1000 * arrival_priority(self.queue, self.now, self.epoch_s, *self._key_inputs(rec, call))))
+
+    def _key_inputs(self, rec: ProgramRec, call: dict) -> tuple:
+        """(program service, path service, TTFT slack now, tenant excess): what `queue_key` weighs
+        for a waiting call. The slack is the time left to the call's TTFT bound after the predicted
+        prefill on the fastest GPU group that holds its model (None: no bound, or none held)."""
         slack = None
-        if ev.get("ttft_s") is not None:
-            held = [c.group for c in self.copies_of(model) if c.ready]
+        if call.get("ttft_s") is not None:
+            held = [c.group for c in self.copies_of(call["model"]) if c.ready]
             if held:
-                m = self.catalog.by_name[model]
-                slack = ev["ttft_s"] - min(self.cost.prefill_s(m, ev.get("context_tokens", 0), g) for g in held)
+                m = self.catalog.by_name[call["model"]]
+                slack = call["arrived_s"] + call["ttft_s"] - self.now - \
+                    min(self.cost.prefill_s(m, call.get("context_tokens", 0), g) for g in held)
         excess = tenant_excess(self.tenant_service, self.tenant_weights, rec.tenant) if self.tenant_service else 0.0
-        return int(round(1000 * arrival_priority(self.queue, self.now, self.epoch_s, rec.service_s, path_service,
-                                                 slack, excess)))
+        return rec.service_s, call["path_in_s"] + call["service_s"], slack, excess
+
+    def waiting_calls(self, model: str | None = None, tenant: str | None = None) -> dict:
+        """The calls that arrived and have not started, in the order the queue discipline gives
+        them now: the simulator's `queue_key`, evaluated at this instant, so unlike the fixed
+        `priority` of `call_arrived` it follows the starvation promotion, the slack that shrinks
+        as a call waits, and service the program attained since (another thread finished). For
+        a runtime or gateway that holds calls and picks the next one itself. `model`: only
+        calls on that model; `tenant`: only that tenant's calls (their `rank` stays the one
+        among every tenant's)."""
+        if model is not None and model not in self.catalog.by_name:
+            raise Invalid(f"unknown model {model!r}; the catalog has {sorted(self.catalog.by_name)}")
+        now, rows = self.now, []
+        for rec in self.programs.values():
+            if rec.status != "running":
+                continue
+            for cid, call in rec.calls.items():
+                if call["status"] != "arrived" or model not in (None, call["model"]):
+                    continue
+                key = queue_key(self.queue, call["arrived_s"], now, *self._key_inputs(rec, call))
+                rows.append((key + (rec.program, cid), rec, cid, call))
+        rows.sort(key=lambda r: r[0])
+        out = [{"rank": i, "program": rec.program, "call": cid, "model": call["model"], "attempt": call["attempt"],
+                "waited_s": now - call["arrived_s"],
+                "promoted": self.queue != "fcfs" and key[0] == 0}
+               for i, (key, rec, cid, call) in enumerate(rows) if tenant in (None, rec.tenant)]
+        return {"queue": self.queue, "calls": out}
 
     def _call_cancelled(self, rec: ProgramRec, ev: dict) -> dict:
         """The runtime abandons a call (a branch it no longer needs: seed 003 §25): its hold on its

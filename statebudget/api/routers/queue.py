@@ -1,0 +1,19 @@
+"""GET /v1/queue: the calls waiting to start, in the queue discipline's order now."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query
+
+from ..deps import AnyRoleDep, ServiceDep
+
+router = APIRouter(prefix="/v1/queue", tags=["runtime"])
+
+
+@router.get("")
+async def get_queue(svc: ServiceDep, who: AnyRoleDep, model: str | None = Query(None, description="only calls on this model")):
+    """`{queue, calls: [{rank, program, call, model, attempt, waited_s, promoted}]}`, first to start
+    first: the simulator's queue key at this instant (`serve --queue`), which follows the
+    starvation promotion and a shrinking TTFT slack that `call_arrived`'s fixed `priority`
+    cannot. For a runtime or gateway that holds calls and picks the next itself. A runtime token
+    sees its tenant's calls only, each with its rank among all."""
+    return svc.planner.waiting_calls(model, who.tenant if who.role == "runtime" else None)

@@ -9,12 +9,15 @@ fixed time per phase:
           after 10 calls and the next starts
   leases  each connection submits a lease for its program (rotating models) and cancels it, so
           state stays bounded; leases/s counts submissions
+  queue   with `--waiting N`: N programs with one call waiting each (a third of them per model),
+          then GET /v1/queue?model=M (the waiting calls in the discipline's order now)
 
 The client is a minimal HTTP/1.1 keep-alive writer on asyncio streams: httpx would cost more CPU
 than the server on a 2-core machine and measure itself. Goal (issue 6): >= 2,000 events/s at
 p99 <= 20 ms on 2 cores.
 
-    python benchmarks/bench_service.py --seconds 10 --connections 8 [--kv-rule adaptive] [--json OUT]
+    python benchmarks/bench_service.py --seconds 10 --connections 8 [--kv-rule adaptive] [--queue plas]
+        [--waiting 1000] [--json OUT]
 """
 
 from __future__ import annotations
@@ -106,6 +109,29 @@ async def leases_worker(conn: Conn, wid: int, stop: float, lat: list, errors: li
         await conn.request("DELETE", f"/v1/leases/{json.loads(raw)['lease_id']}")
 
 
+async def fill_queue(port: int, token: str, waiting: int) -> None:
+    """`waiting` programs, each with one call that arrived and has not started."""
+    conn = Conn(port, token)
+    await conn.open()
+    for i in range(waiting):
+        prog = f"q{i}"
+        for ev in ({"type": "program_started", "program": prog},
+                   {"type": "call_arrived", "program": prog, "call": "c0", "model": MODELS[i % 3],
+                    "context_tokens": 2000, "ttft_s": 30.0}):
+            status, body = await conn.request("POST", "/v1/events", ev)
+            if status != 200:
+                raise SystemExit(f"filling the queue: {status} {body[:200]!r}")
+
+
+async def queue_worker(conn: Conn, wid: int, stop: float, lat: list, errors: list) -> None:
+    while time.monotonic() < stop:
+        t0 = time.perf_counter()
+        status, body = await conn.request("GET", f"/v1/queue?model={MODELS[wid % 3]}")
+        lat.append(time.perf_counter() - t0)
+        if status != 200:
+            errors.append(f"{status} {body[:120]!r}")
+
+
 async def phase(worker, port: int, token: str, connections: int, seconds: float) -> dict:
     conns = [Conn(port, token) for _ in range(connections)]
     for c in conns:
@@ -129,6 +155,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--kv-rule", default="preserve", help="serve --kv-rule: the tool-wait KV rule the events phase exercises")
     ap.add_argument("--queue", default="fcfs", help="serve --queue: the discipline whose priority call_arrived answers")
+    ap.add_argument("--waiting", type=int, default=0,
+                    help="then N programs with a call waiting each, and GET /v1/queue?model=M in a closed loop")
     ap.add_argument("--port", type=int, help="drive a server already running there (token: bench-runtime-token-0123456789)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sb-bench-"))
@@ -156,6 +184,10 @@ def main() -> None:
                "queue": args.queue,
                "events": asyncio.run(phase(events_worker, port, token, args.connections, args.seconds)),
                "leases": asyncio.run(phase(leases_worker, port, token, args.connections, args.seconds))}
+        if args.waiting:
+            asyncio.run(fill_queue(port, token, args.waiting))
+            out["waiting"] = args.waiting
+            out["queue_reads"] = asyncio.run(phase(queue_worker, port, token, args.connections, args.seconds))
     finally:
         if server is not None:
             server.terminate()
@@ -164,6 +196,10 @@ def main() -> None:
           f"  ({out['events']['requests']} requests, {out['events']['errors']} errors)")
     print(f"leases: {out['leases']['per_s']:.0f}/s  p50 {out['leases']['p50_ms']:.2f} ms  p99 {out['leases']['p99_ms']:.2f} ms"
           f"  ({out['leases']['requests']} requests, {out['leases']['errors']} errors)")
+    if "queue_reads" in out:
+        q = out["queue_reads"]
+        print(f"GET /v1/queue, {args.waiting} calls waiting: {q['per_s']:.0f}/s  p50 {q['p50_ms']:.2f} ms"
+              f"  p99 {q['p99_ms']:.2f} ms  ({q['requests']} requests, {q['errors']} errors)")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
 

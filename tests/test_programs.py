@@ -512,17 +512,18 @@ def test_the_live_priority_weighs_tenants_and_ttft_slack():
     assert urgent < relaxed  # tight TTFT slack outweighs tenant a's excess (both bounded)
 
 
-def test_the_live_queue_follows_the_starvation_promotion_that_a_fixed_priority_cannot():
+def test_the_live_queue_follows_the_starvation_promotion_that_a_fixed_priority_cannot(tmp_path):
     # GET /v1/queue's order is the simulator's queue key at the moment it is asked. A program with
     # 40 s of service and a new one wait on the coder: plas puts the new one first, and the fixed
     # priorities say so for good. Once both have waited past their starvation allowance (30 s + 2 x
     # service level), they go FCFS: the older call first, which only the live order shows.
     from statebudget.models.load import load_catalog, load_cluster
+    from statebudget.planner.ledger import Store
     from statebudget.planner.live import Invalid, LivePlanner
     from statebudget.planner.programs import STARVE_RATIO, STARVE_S, service_level
 
     clock = Clock()
-    p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock, queue="plas")
+    p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"), clock=clock, queue="plas")
 
     def send(prog, kind, call, **kw):
         return p.event("a", {"type": kind, "program": prog, "call": call, **kw})
@@ -555,6 +556,10 @@ def test_the_live_queue_follows_the_starvation_promotion_that_a_fixed_priority_c
     assert waited == {"old": pytest.approx(starve_old - 40.0), "new": pytest.approx(starve_old - 41.0)}
     send("old", "call_started", "c2")  # a started call leaves the queue
     assert order(model="coder") == [("new", "c1", True)]
+    p.event("a", {"type": "program_finished", "program": "other"})  # ... and so do an ended program's
+    assert [c["program"] for c in p.waiting_calls()["calls"]] == ["new"]
+    again = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"), clock=clock, queue="plas")
+    assert again.waiting_calls() == p.waiting_calls()  # a restart rebuilds the queue from the ledger
     with pytest.raises(Invalid, match="unknown model"):
         p.waiting_calls(model="nope")
     fcfs = LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock)

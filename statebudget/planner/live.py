@@ -176,7 +176,8 @@ class LivePlanner(ResidencyView):
         self.running_models: Counter = Counter()
         self.policy = StateBudgetLease(self.config)
         self.policy.plan_on_events = False
-        self.programs: dict[str, ProgramRec] = {}
+        self.programs: dict[str, ProgramRec] = {}  # every program seen (an ended one refuses late events)
+        self.running: dict[str, ProgramRec] = {}   # ... those still running
         self.tenant_service: Counter = Counter()  # seconds the calls of each tenant ran (attained service)
         self.ops: dict[str, OpRec] = {}          # open ops
         self.backlog: dict[str, float] = {}      # link -> bytes the open ops still put on it
@@ -250,7 +251,7 @@ class LivePlanner(ResidencyView):
             if rec.tenant != tenant:
                 raise Forbidden(f"program {program!r} belongs to another tenant")
             return {"program": program, "epoch": rec.epoch, "status": rec.status}  # a retried start
-        rec = self.programs[program] = ProgramRec(program, tenant)
+        rec = self.programs[program] = self.running[program] = ProgramRec(program, tenant)
         self.policy.on_program_start(self, _Prog(program, tenant))
         self._save_program(rec)
         return {"program": program, "epoch": 0, "status": "running"}
@@ -340,9 +341,7 @@ class LivePlanner(ResidencyView):
         if model is not None and model not in self.catalog.by_name:
             raise Invalid(f"unknown model {model!r}; the catalog has {sorted(self.catalog.by_name)}")
         now, rows = self.now, []
-        for rec in self.programs.values():
-            if rec.status != "running":
-                continue
+        for rec in self.running.values():
             for cid, call in rec.calls.items():
                 if call["status"] != "arrived" or model not in (None, call["model"]):
                     continue
@@ -570,6 +569,7 @@ class LivePlanner(ResidencyView):
         if status == "cancelled":
             rec.epoch += 1
         rec.status = status
+        self.running.pop(rec.program, None)
         stopped = []
         for lease in list(self.ledger.leases.values()):
             if lease.request.program == rec.program and lease.state.live:
@@ -782,7 +782,7 @@ class LivePlanner(ResidencyView):
             raise Invalid(f"{where}: {what}") from None
         except InputError as e:
             raise Invalid(str(e)) from None
-        running = sorted(p for p, r in self.programs.items() if r.status == "running")
+        running = sorted(self.running)
         held = len(self.tiers.gpu) + len(self.tiers.host)
         if running or held or self.ops:
             raise Conflict(f"the planner holds state ({len(running)} running programs, {held} copies, "
@@ -1148,6 +1148,7 @@ class LivePlanner(ResidencyView):
             rec = self.programs[body["program"]] = ProgramRec(**body)
             self.tenant_service[rec.tenant] += rec.service_s
             if rec.status == "running":
+                self.running[rec.program] = rec
                 self.policy.on_program_start(self, _Prog(rec.program, rec.tenant))
         for row in s.copies():
             key, tier = row["key"], row["tier"]

@@ -554,12 +554,13 @@ def test_the_live_queue_follows_the_starvation_promotion_that_a_fixed_priority_c
     assert order(model="coder") == [("old", "c2", True), ("new", "c1", True)]  # FCFS among the promoted
     waited = {c["program"]: c["waited_s"] for c in p.waiting_calls(model="coder")["calls"]}
     assert waited == {"old": pytest.approx(starve_old - 40.0), "new": pytest.approx(starve_old - 41.0)}
+    again = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"), clock=clock, queue="plas")
+    assert [c["program"] for c in again.waiting_calls()["calls"]] == ["old", "new", "other"]  # all promoted
+    assert again.waiting_calls() == p.waiting_calls()  # a restart rebuilds the queue from the ledger
     send("old", "call_started", "c2")  # a started call leaves the queue
     assert order(model="coder") == [("new", "c1", True)]
     p.event("a", {"type": "program_finished", "program": "other"})  # ... and so do an ended program's
     assert [c["program"] for c in p.waiting_calls()["calls"]] == ["new"]
-    again = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"), clock=clock, queue="plas")
-    assert again.waiting_calls() == p.waiting_calls()  # a restart rebuilds the queue from the ledger
     with pytest.raises(Invalid, match="unknown model"):
         p.waiting_calls(model="nope")
     fcfs = LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock)

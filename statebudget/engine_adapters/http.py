@@ -49,14 +49,17 @@ def wait_budget_s(op: Op, timeout_s: float) -> float:
     return max(0.0, min(timeout_s, op.deadline - time.time()))
 
 
-def poll_until(probe: Callable[[], bool], budget_s: float, interval_s: float, what: str,
-               seen: Callable[[], str] | None = None) -> None:
-    """Call `probe` until it is true; raise `EngineError` once `budget_s` has passed, with what the
-    last probe saw (`seen`) if given. Probes at least once, so an engine already ready costs no wait."""
+class PollTimeout(EngineError):
+    """`poll_until` gave up: the engine never reached the state it waited for."""
+
+
+def poll_until(probe: Callable[[], bool], budget_s: float, interval_s: float, what: str) -> None:
+    """Call `probe` until it is true; raise `PollTimeout` once `budget_s` has passed. Probes at
+    least once, so an engine already ready costs no wait."""
     give_up = time.monotonic() + budget_s
     while not probe():
         if time.monotonic() >= give_up:
-            raise EngineError(f"timed out after {budget_s:.1f}s waiting for {what}" + (f": {seen()}" if seen else ""))
+            raise PollTimeout(f"timed out after {budget_s:.1f}s waiting for {what}")
         time.sleep(interval_s)
 
 

@@ -25,8 +25,8 @@ call loads it from host; a live lease pins it so eviction cannot undo the promot
 
     promote / demote    /move source -> target location, then /check_finish until "completed",
                         then /lookup until it places the KV at the target (the verify step,
-                        `verify`: LMCache has no checksum, so the copy counts as verified once
-                        the controller shows the target holding at least the tokens moved)
+                        `verify`: LMCache has no checksum; a /lookup that refutes the move
+                        fails it)
     op with a lease_id  then /pin at the target location
     drop                /clear of the source location: the API takes no tokens, so this empties
                         every KV the instance holds there, not only this program's
@@ -46,7 +46,7 @@ import httpx
 
 from ..models.plan import Op
 from .base import Adapter, OpResult, tier_kind
-from .http import EngineError, check, op_result, poll_until, wait_budget_s
+from .http import EngineError, PollTimeout, check, op_result, poll_until, wait_budget_s
 
 log = logging.getLogger("statebudget.adapter.lmcache")
 
@@ -64,16 +64,18 @@ class LMCacheAdapter(Adapter):
                  tokens_of: Callable[[str, str], list[int]], instance_of: dict[str, str],
                  locations: dict[str, str] | None = None, client: httpx.Client | None = None,
                  engine_client: httpx.Client | None = None, timeout_s: float = 120.0,
-                 poll_interval_s: float = 0.05, wait_for_finish: bool = True):
+                 poll_interval_s: float = 0.05, wait_for_finish: bool = True, verify_s: float = 5.0):
         """`wait_for_finish=False` skips /check_finish: in the LMCache source followed, /move
         already answers after every worker moved its chunks, and the executor's `check_finish`
-        still raises NotImplementedError (the endpoint answers 500)."""
+        still raises NotImplementedError (the endpoint answers 500). `verify_s`: how long a
+        move's verify step (`verify`) waits for /lookup to show the KV at its target."""
         super().__init__(planner, node, token, client)
         self.engine = engine_client or httpx.Client(base_url=controller.rstrip("/"),
                                                     timeout=httpx.Timeout(10.0, read=timeout_s))
         self.tokens_of, self.instance_of = tokens_of, dict(instance_of)
         self.locations = {"host": "LocalCPUBackend", "nvme": "LocalDiskBackend", **(locations or {})}
         self.timeout_s, self.poll_interval_s, self.wait_for_finish = timeout_s, poll_interval_s, wait_for_finish
+        self.verify_s = verify_s  # the longest a move's verify step waits for /lookup to show it
         # op id -> (instance, tokens, from location, to location) of a done move, until commit/abort
         self.moved: dict[str, tuple[str, list[int], str, str]] = {}
 
@@ -94,31 +96,56 @@ class LMCacheAdapter(Adapter):
         answer = self._post("/move", {"old_position": [instance, src], "new_position": [instance, dst],
                                       "tokens": tokens, "copy": False})
         event_id, moved = answer["event_id"], int(answer.get("num_tokens", len(tokens)))
+        what = f"move {event_id} ({src} -> {dst})"
         if moved <= 0:
-            raise EngineError(f"LMCache move {event_id} ({src} -> {dst}) moved none of {len(tokens)} tokens")
+            # nothing found at the source: done only if an earlier run of this op already moved it
+            if self._layout(tokens).get(instance, [None])[0] != dst:
+                raise EngineError(f"LMCache {what} moved none of {len(tokens)} tokens")
+            return
         if self.wait_for_finish:
             poll_until(lambda: self._finished(event_id), wait_budget_s(op, self.timeout_s), self.poll_interval_s,
-                       f"LMCache move {event_id} ({src} -> {dst})")
-        self.verify(instance, tokens, dst, moved, op, f"move {event_id} ({src} -> {dst})")
+                       f"LMCache {what}")
+        self.verify(instance, tokens, dst, moved, op, what)
+
+    def _layout(self, tokens: list[int]) -> dict:
+        return self._post("/lookup", {"tokens": tokens})["layout_info"]
 
     def verify(self, instance: str, tokens: list[int], dst: str, moved: int, op: Op, what: str) -> None:
-        """The verify step of allocate -> copy -> verify -> publish (seed 003 §26): LMCache keeps no
-        checksum, so a move counts as verified once the controller's /lookup places the tokens' KV
-        at `dst` on `instance`, covering at least the `moved` tokens the move reported. Polled
-        within the op's wait budget, as a worker's report may reach the controller after /move
-        answers; the error says what /lookup showed last."""
-        last: list = [None]
+        """The verify step of allocate -> copy -> verify -> publish (seed 003 §26). LMCache keeps
+        no checksum; its controller's /lookup names, per instance, a location and how many tokens
+        of the prefix it matched there. So /lookup is polled (for up to `verify_s`, within the op's
+        budget: a worker's report reaches the controller after /move answers) until it places at
+        least the `moved` tokens at `dst` on `instance`. If it never does:
+
+          it shows the instance elsewhere, or fewer tokens   the move is refuted: fail
+          no instance holds the prefix at all                 the KV is lost: fail
+          other instances hold it, this one is not named      not refuted, taken as done: the
+              controller names one holder per chunk, so a prefix that another instance
+              stored first hides this one (logged)
+
+        What it cannot see: the controller reports the location of the last matched chunk
+        only, so earlier chunks are taken on the worker's word (`num_tokens`)."""
+        layout: dict = {}
 
         def placed() -> bool:
-            last[0] = where = self._post("/lookup", {"tokens": tokens})["layout_info"].get(instance)
+            nonlocal layout
+            layout = self._layout(tokens)
+            where = layout.get(instance)
             return where is not None and where[0] == dst and int(where[1]) >= moved
 
-        def shown() -> str:
-            held = "no KV" if last[0] is None else f"{last[0][1]} tokens at {last[0][0]}"
-            return f"/lookup shows {held} on {instance!r}, not {moved} tokens at {dst}"
-
-        poll_until(placed, wait_budget_s(op, self.timeout_s), self.poll_interval_s,
-                   f"LMCache {what} to be verified", shown)
+        try:
+            poll_until(placed, min(self.verify_s, wait_budget_s(op, self.timeout_s)), self.poll_interval_s,
+                       f"LMCache {what} to show at {dst}")
+        except PollTimeout:
+            where = layout.get(instance)
+            if where is not None:
+                raise EngineError(f"LMCache {what} not verified: /lookup shows {where[1]} tokens at {where[0]} on "
+                                  f"{instance!r}, not {moved} tokens at {dst}") from None
+            if not layout:
+                raise EngineError(f"LMCache {what} not verified: /lookup shows no instance holding the "
+                                  f"{len(tokens)} tokens") from None
+            log.warning("LMCache %s: /lookup names %s, not %r, for this prefix; taken as done", what,
+                        sorted(layout), instance)
 
     def _finished(self, event_id: str) -> bool:
         status = str(self._post("/check_finish", {"event_id": event_id})["status"]).lower()

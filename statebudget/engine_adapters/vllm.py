@@ -44,7 +44,7 @@ import httpx
 
 from ..models.plan import Op
 from .base import OpResult, tier_kind
-from .http import EngineError, EngineServersAdapter, check, op_result, poll_until, wait_budget_s
+from .http import EngineError, EngineServersAdapter, PollTimeout, check, op_result, poll_until, wait_budget_s
 from .lmcache import LMCacheAdapter
 
 log = logging.getLogger("statebudget.adapter.vllm")
@@ -66,13 +66,17 @@ class VllmAdapter(EngineServersAdapter):
         self.sleep_level: dict[str, int] = {}  # base URL -> level of the last sleep this adapter asked for
 
     # ---- HTTP --------------------------------------------------------------------------------------
-    def sleep(self, url: str, level: int) -> None:
-        """Put the server to sleep, then verify it: vLLM's /sleep answers once the engine slept,
-        so /is_sleeping must say so at once (the verify step before the op is reported done)."""
+    def sleep(self, url: str, level: int, op: Op) -> None:
+        """Put the server to sleep, then verify it: `GET /is_sleeping` until true, within the op's
+        budget (vLLM V1 answers /sleep once the engine slept; older front ends could answer first)."""
         check(self.engine.post(f"{url}/sleep", params={"level": level}))
-        self.sleep_level[url] = level
-        if not self.is_sleeping(url):
-            raise EngineError(f"vLLM at {url} answered /sleep?level={level} but /is_sleeping is false: not verified")
+        self.sleep_level[url] = level  # asked for: a later wake reloads after level 2 even if this fails
+        try:
+            poll_until(lambda: self.is_sleeping(url), wait_budget_s(op, self.timeout_s), self.poll_interval_s,
+                       f"vLLM at {url} to sleep")
+        except PollTimeout as e:
+            raise EngineError(f"vLLM at {url} answered /sleep?level={level} but /is_sleeping stays false: "
+                              f"not verified ({e})") from None
 
     def wake(self, url: str, reload: bool, op: Op) -> None:
         """Wake the server (re-reading the weights from disk after a level-2 sleep) and wait until
@@ -110,9 +114,9 @@ class VllmAdapter(EngineServersAdapter):
                 reload = tier_kind(op.src) in ("nvme", "none") or self.sleep_level.get(url) == 2
                 self.wake(url, reload, op)
             elif op.kind == "demote" and tier_kind(op.dst) == "host":
-                self.sleep(url, 1)
+                self.sleep(url, 1, op)
             else:  # drop, or demote to nvme: the checkpoint on disk is the copy
-                self.sleep(url, 2)
+                self.sleep(url, 2, op)
             return op_result(op, t0)
         except (EngineError, httpx.HTTPError) as e:
             return op_result(op, t0, str(e) or type(e).__name__)
@@ -126,7 +130,7 @@ class VllmAdapter(EngineServersAdapter):
         try:
             url = self.endpoint(op)
             if op.kind == "promote":
-                self.sleep(url, 1 if tier_kind(op.src) == "host" else 2)
+                self.sleep(url, 1 if tier_kind(op.src) == "host" else 2, op.model_copy(update={"deadline": None}))
             else:
                 self.wake(url, self.sleep_level.get(url) == 2, op.model_copy(update={"deadline": None}))
         except (EngineError, httpx.HTTPError) as e:

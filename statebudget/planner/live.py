@@ -314,25 +314,31 @@ class LivePlanner(ResidencyView):
         predicted prefill on a GPU group that holds the model (none held: no slack boost)."""
         if self.queue == "fcfs":
             return 0
-        return int(round(1000 * arrival_priority(self.queue, self.now, self.epoch_s, *self._key_inputs(rec, call))))
+        now = self.now
+        return int(round(1000 * arrival_priority(self.queue, now, self.epoch_s, *self._key_inputs(rec, call, now))))
 
-    def _key_inputs(self, rec: ProgramRec, call: dict) -> tuple:
-        """(program service, path service, TTFT slack now, tenant excess): what `queue_key` weighs
-        for a waiting call. The slack is the time left to the call's TTFT bound after the predicted
-        prefill on the fastest GPU group that holds its model (None: no bound, or none held)."""
+    def _key_inputs(self, rec: ProgramRec, call: dict, now: float) -> tuple:
+        """(program service, path service, TTFT slack at `now`, tenant excess): what `queue_key`
+        weighs for a waiting call. The slack is the time left to the call's TTFT bound after the
+        predicted prefill of its whole context on the fastest GPU group that holds its model
+        (None: the call named no `ttft_s`, or no group holds the model). The simulator's slack
+        differs in what it knows: every call there has a bound (its SLO class), and the prefill
+        is the one on the call's own group, less the KV it reuses."""
         slack = None
         if call.get("ttft_s") is not None:
             held = [c.group for c in self.copies_of(call["model"]) if c.ready]
             if held:
                 m = self.catalog.by_name[call["model"]]
-                slack = call["arrived_s"] + call["ttft_s"] - self.now - \
+                slack = call["ttft_s"] - (now - call["arrived_s"]) - \
                     min(self.cost.prefill_s(m, call.get("context_tokens", 0), g) for g in held)
         excess = tenant_excess(self.tenant_service, self.tenant_weights, rec.tenant) if self.tenant_service else 0.0
-        return rec.service_s, call["path_in_s"] + call["service_s"], slack, excess
+        # .get: calls in ledgers written before attained service was kept per call
+        return rec.service_s, call.get("path_in_s", 0.0) + call.get("service_s", 0.0), slack, excess
 
     def waiting_calls(self, model: str | None = None, tenant: str | None = None) -> dict:
         """The calls that arrived and have not started, in the order the queue discipline gives
-        them now: the simulator's `queue_key`, evaluated at this instant, so unlike the fixed
+        them now: the simulator's `queue_key` (with the inputs the service knows, `_key_inputs`;
+        ties by program and call, as there), evaluated at this instant, so unlike the fixed
         `priority` of `call_arrived` it follows the starvation promotion, the slack that shrinks
         as a call waits, and service the program attained since (another thread finished). For
         a runtime or gateway that holds calls and picks the next one itself. `model`: only
@@ -345,10 +351,10 @@ class LivePlanner(ResidencyView):
             for cid, call in rec.calls.items():
                 if call["status"] != "arrived" or model not in (None, call["model"]):
                     continue
-                key = queue_key(self.queue, call["arrived_s"], now, *self._key_inputs(rec, call))
+                key = queue_key(self.queue, call["arrived_s"], now, *self._key_inputs(rec, call, now))
                 rows.append((key + (rec.program, cid), rec, cid, call))
         rows.sort(key=lambda r: r[0])
-        out = [{"rank": i, "program": rec.program, "call": cid, "model": call["model"], "attempt": call["attempt"],
+        out = [{"rank": i, "program": rec.program, "call": cid, "model": call["model"], "attempt": call.get("attempt", 0),
                 "waited_s": now - call["arrived_s"],
                 "promoted": self.queue != "fcfs" and key[0] == 0}
                for i, (key, rec, cid, call) in enumerate(rows) if tenant in (None, rec.tenant)]

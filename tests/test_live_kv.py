@@ -221,7 +221,7 @@ def test_adaptive_learns_from_the_service_that_programs_do_not_come_back_to_thei
     clock = Clock()
     p = LivePlanner(cluster(hbm_gb=40.0, tflops=10.0), catalog(("m", 10.0, 1_000_000)), clock=clock,
                     kv_rule="adaptive")
-    for i in range(16):
+    for i in range(12):
         prog = f"q{i}"
         p.event("a", {"type": "program_started", "program": prog})
         p.event("a", {"type": "call_arrived", "program": prog, "call": "c1", "model": "m"})
@@ -235,8 +235,8 @@ def test_adaptive_learns_from_the_service_that_programs_do_not_come_back_to_thei
         clock.t += 40.0
     assert p.kvw.actions["swap"] >= 1
     assert p.kvw.resume.p("build", "m") < 0.3
-    assert p.kvw.actions["discard"] >= 9  # it stopped paying for a swap nobody comes back to
-    assert len(p.kvw.ttl_errors) == 16
+    assert p.kvw.actions["discard"] >= 6  # it stopped paying for a swap nobody comes back to
+    assert len(p.kvw.ttl_errors) == 12
 
 
 def test_a_cancel_during_a_swap_leaves_nothing_behind():

@@ -114,10 +114,10 @@ def test_adaptive_learns_to_discard_kv_its_programs_never_resume():
     # again; the rule starts by swapping it (prior: it resumes) and turns to discarding it.
     cl, cat = cluster(hbm_gb=40.0, tflops=10.0), catalog(("m", 10.0, 1_000_000), ("n", 5.0, 1000))
     progs = [program(f"p{i}", [call("a", "m", ctx=5_000, out=0), tool("t", ["a"], duration=30.0, name="build"),
-                               call("b", "n", ["t"], ctx=100, out=0)], start=40.0 * i) for i in range(16)]
+                               call("b", "n", ["t"], ctx=100, out=0)], start=40.0 * i) for i in range(12)]
     sim = Simulator(cl, cat, trace(*progs), make_policy("lru-keepwarm"), kv_rule="adaptive", check_invariants=True)
     res = sim.run()
-    assert res.kv_actions["swap"] >= 1 and res.kv_actions["discard"] >= 9
+    assert res.kv_actions["swap"] >= 1 and res.kv_actions["discard"] >= 6
     assert sim.kvw.resume.p("build", "m") < 0.3
     assert res.recomputed_tokens == 0  # nothing it dropped was needed
     kv = 5_000 * 1_000_000

@@ -47,10 +47,9 @@ Tool-wait KV rules (at each tool start, for the program's KV in HBM):
               against each foreground load there
     discard   drop it; the next call recomputes it from the committed tokens (§10)
     adaptive  the cheapest plan for this interrupt in expectation over the predicted wait
-              distribution (§12, `adaptive_choice`): act now (swap = the HBM held while the copy
-              out drains at the swap share + P(resume) x the copy back; discard = P(resume) x
-              recompute), or preserve (share of the GPU held x the seconds held) for a TTL and
-              act then if the tool still runs. The TTL is part of
+              distribution (§12, `adaptive_choice`): act now (swap = out + P(resume) x in over
+              PCIe; discard = P(resume) x recompute), or preserve (share of the GPU held x the
+              seconds held) for a TTL and act then if the tool still runs. The TTL is part of
               the plan (§22: per tool class, from its wait distribution) and the KV is judged
               again when it runs out, on the wait still to come. P(resume) is learned per tool
               class and model (`predictor.ResumeModel`), the waits per tool class. A KV it
@@ -204,12 +203,7 @@ def adaptive_choice(kv_bytes: float, hbm_bytes: float, pcie_bps: float, recomput
     F, the cheaper of moving the KV out (and back if the program resumes on it) and recomputing it
     (only if it resumes); `p_resume` is the probability that it does:
 
-        swap = (h / BACKGROUND_SHARE + p_resume) x kv_bytes / pcie_bps     discard = p_resume x recompute_s
-
-    The copy out is a background transfer (§11): it takes no GPU time, but the KV holds its HBM
-    until the copy is verified (§26), and the copy runs at the swap budget's share of the link, so
-    it costs what preserving costs for that long, h x kv_bytes / (pcie_bps x BACKGROUND_SHARE).
-    The copy back, if the program resumes, is priced as a GPU waiting for it (a full link's copy).
+        swap = (1 + p_resume) x kv_bytes / pcie_bps        discard = p_resume x recompute_s
 
     Preserving it for a TTL of tau seconds, then acting if the tool still runs, costs
 
@@ -221,7 +215,7 @@ def adaptive_choice(kv_bytes: float, hbm_bytes: float, pcie_bps: float, recomput
     Preserving pays while the tool is likely to end soon (the wait's hazard above h / F): a median
     alone prices a long-tailed tool's hold at its median, and holds its KV through the tail."""
     h = kv_bytes / max(hbm_bytes, 1.0)
-    act = {"swap": (h / BACKGROUND_SHARE + p_resume) * kv_bytes / pcie_bps, "discard": p_resume * recompute_s}
+    act = {"swap": (1.0 + p_resume) * kv_bytes / pcie_bps, "discard": p_resume * recompute_s}
     fallback = min(act, key=lambda k: (act[k], k))
     cost_now = act[fallback]
     holds = waits.remaining_quantiles(tool, elapsed_s, HOLD_QUANTILES) + [math.inf]

@@ -7,6 +7,7 @@ against each rule and against each seed's best rule (`paired.py`).
 
     python benchmarks/bench_kv_rules.py [--seeds 1,2,3] [--hours 1] [--loads 1,4] [--traces mixed-tenants,mapreduce]
         [--rules preserve,swap,discard,adaptive] [--json out/bench_kv_rules.json]
+    python benchmarks/bench_kv_rules.py --from RUN1.json,RUN2.json [--json OUT]   (tables of earlier runs)
 
 `--rules` runs a subset (e.g. only adaptive, to pair a changed rule against an earlier run's
 JSON with `paired.py`); the paired table then compares adaptive only with the rules it ran.
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paired import fmt, paired_change, save, series
+from paired import fmt, load_rows, paired_change, save, series
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.sim.runner import replay
 from statebudget.traces.generators import generate
@@ -58,15 +59,30 @@ def main():
     ap.add_argument("--traces", default="mixed-tenants,mapreduce")
     ap.add_argument("--rules", default=",".join(RULES))
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--from", dest="from_", metavar="A.json,B.json",
+                    help="run nothing: print the tables for the rows of these runs' JSON; a row of a later file "
+                         "replaces one of an earlier file for the same trace, load, seed and rule (e.g. the rules "
+                         "of one run, adaptive of a newer one); the seeds are those every row group has")
     a = ap.parse_args()
-    traces = a.traces.split(",")
-    rules = a.rules.split(",")
-    unknown = sorted(set(rules) - set(RULES))
-    if unknown or not rules:
-        ap.error(f"--rules: unknown rule(s) {', '.join(unknown)} (known: {', '.join(RULES)})")
-    jobs = [(t, int(s), a.hours, float(l), rules) for t in traces for l in a.loads.split(",") for s in a.seeds.split(",")]
-    with ProcessPoolExecutor() as pool:
-        rows = [r for rs in pool.map(run, jobs) for r in rs]
+    if a.from_:
+        latest = {(r["trace"], r["load"], r["seed"], r["rule"]): r for r in load_rows(a.from_)}
+        rows = list(latest.values())
+        traces = sorted({r["trace"] for r in rows})
+        rules = [r for r in RULES if any(row["rule"] == r for row in rows)]
+        groups = {(r["trace"], r["load"], r["rule"]) for r in rows}
+        seeds = sorted(set.intersection(*({r["seed"] for r in rows if (r["trace"], r["load"], r["rule"]) == g}
+                                          for g in groups)))
+        rows = [r for r in rows if r["seed"] in seeds]
+    else:
+        traces = a.traces.split(",")
+        rules = a.rules.split(",")
+        unknown = sorted(set(rules) - set(RULES))
+        if unknown or not rules:
+            ap.error(f"--rules: unknown rule(s) {', '.join(unknown)} (known: {', '.join(RULES)})")
+        seeds = [int(s) for s in a.seeds.split(",")]
+        jobs = [(t, s, a.hours, float(l), rules) for t in traces for l in a.loads.split(",") for s in seeds]
+        with ProcessPoolExecutor() as pool:
+            rows = [r for rs in pool.map(run, jobs) for r in rs]
     print(f"{'trace':14} {'load':>4} {'rule':9} {'programs/h':>11} {'KV TB*s in HBM':>15} {'recomputed tok':>15} {'latency p95 s':>14}")
     for t in traces:
         for load in sorted({r["load"] for r in rows}):
@@ -75,7 +91,7 @@ def main():
                 print(f"{t:14} {load:>4g} {rule:9} {np.mean([r['programs_per_hour'] for r in sel]):>11.3f} "
                       f"{np.mean([r['kv_hbm_tb_s'] for r in sel]):>15.3f} {np.mean([r['recomputed_tokens'] for r in sel]):>15.0f} "
                       f"{np.mean([r['program_latency_p95'] for r in sel]):>14.1f}")
-    seeds = [int(s) for s in a.seeds.split(",")]
+    print(f"({len(seeds)} seeds: {','.join(map(str, seeds))})")
     paired = {}
     for metric in ("programs_per_hour", "capacity_per_hour"):
         print(f"\nadaptive's {metric} paired against each rule, and against the best rule of each seed")

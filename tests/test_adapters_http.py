@@ -140,6 +140,18 @@ def test_vllm_sleep_is_done_only_once_the_engine_says_it_sleeps(vllm):
     assert vllm.lines() == ["POST /sleep?level=1", "GET /is_sleeping", "GET /is_sleeping"]
 
 
+def test_an_undo_that_meets_an_odd_engine_answer_is_logged_and_the_adapter_goes_on(vllm):
+    # vLLM's /is_sleeping answering without its field raises inside abort (a KeyError, not an
+    # engine error); settling a refused op must not take the adapter's loop down with it.
+    a = vllm_adapter(vllm)
+    o = op("p1", "promote", ["w", "coder"], "host:n0", "gpu:0,1")
+    vllm.asleep = {"weights", "kv_cache"}
+    assert a.execute(o).status == "done"
+    vllm.inject("/is_sleeping", 200, {})
+    a._settle(o, 409)  # the undo sleeps the server again, then fails to read /is_sleeping
+    assert vllm.lines()[-2:] == ["POST /sleep?level=1", "GET /is_sleeping"]
+
+
 def test_vllm_engine_error_fails_the_op_with_the_engines_message(vllm):
     vllm.inject("/sleep", 500, {"error": {"message": "CUDA error: out of memory", "type": "Internal Server Error",
                                           "code": 500}})
@@ -370,6 +382,23 @@ def test_lmcache_move_of_no_tokens_fails_unless_the_kv_is_already_at_the_target(
     lmcache.kv[(1, 2, 3, 4)] = {("inst0", DISK)}  # an earlier run of the op moved it (an adapter restart)
     lmcache.inject("/move", 200, {"event_id": "Move1", "num_tokens": 0})
     assert a.execute(op("k1", "demote", ["kv", "p1", "coder"], "host:n0", "nvme:n0")).status == "done"
+
+
+@pytest.mark.parametrize("answer", [{"event_id": "L"}, {"layout_info": {"inst0": []}}, {"layout_info": {"inst0": None}}])
+def test_lmcache_lookup_of_another_shape_fails_the_op_and_an_undo_does_not_stop_the_loop(lmcache, answer):
+    lmcache.kv[(1, 2, 3, 4)] = {("inst0", CPU)}
+    a = lmcache_adapter(lmcache)
+    lmcache.inject("/move", 200, {"event_id": "Move0", "num_tokens": 0})  # ... then asks /lookup
+    lmcache.inject("/lookup", 200, answer)
+    r = a.execute(op("k1", "demote", ["kv", "p1", "coder"], "host:n0", "nvme:n0"))
+    assert r.status == "failed" and "/lookup answered" in r.error
+    # a refused op whose undo meets the same answer is logged; the adapter goes on
+    o = op("k2", "demote", ["kv", "p1", "coder"], "host:n0", "nvme:n0")
+    assert a.execute(o).status == "done"
+    lmcache.inject("/move", 200, {"event_id": "Move9", "num_tokens": 0})
+    lmcache.inject("/lookup", 200, answer)
+    a._settle(o, 409)  # no exception
+    assert lmcache.lines()[-2:] == ["POST /move", "POST /lookup"]
 
 
 def test_lmcache_abort_moves_the_kv_back(lmcache):

@@ -136,7 +136,7 @@ class Adapter(ABC):
                 status = self.report(op, self.reported[op_id])
                 del self._unsettled[op_id]
                 if self.reported[op_id].status == "done":
-                    self.commit(op) if status == 200 else self.abort(op)
+                    self._settle(op, status)
         for op in run_order(ops):
             result = self.reported.get(op.op_id)
             if result is None:
@@ -155,8 +155,17 @@ class Adapter(ABC):
                          time.perf_counter() - t0)
             status = self.report(op, result)
             if self._unsettled.pop(op.op_id, None) is not None and result.status == "done":
-                self.commit(op) if status == 200 else self.abort(op)
+                self._settle(op, status)
         return n
+
+    def _settle(self, op: Op, status: int) -> None:
+        """Commit a done op the planner took (200), abort one it refused (409). An engine's error
+        while releasing or undoing is logged, not raised: the planner's books already say what
+        happened, and the loop must go on polling."""
+        try:
+            self.commit(op) if status == 200 else self.abort(op)
+        except Exception:
+            log.exception("op %s: %s failed", op.op_id, "commit" if status == 200 else "abort")
 
     def run(self, stop=None, wait_s: float = 10.0, on_step=None) -> None:
         """Poll and execute until `stop()` is true (forever by default); `on_step(n_executed)`

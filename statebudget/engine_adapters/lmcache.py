@@ -85,7 +85,7 @@ class LMCacheAdapter(Adapter):
 
     def where(self, instance: str, tokens: list[int]) -> str:
         """The location LMCache holds these tokens' KV at on `instance` (/lookup)."""
-        layout = self._post("/lookup", {"tokens": tokens})["layout_info"]
+        layout = self._layout(tokens)
         if instance not in layout:
             raise EngineError(f"LMCache holds no KV of these {len(tokens)} tokens on instance {instance!r}")
         return layout[instance][0]
@@ -99,7 +99,8 @@ class LMCacheAdapter(Adapter):
         what = f"move {event_id} ({src} -> {dst})"
         if moved <= 0:
             # nothing found at the source: done only if an earlier run of this op already moved it
-            if self._layout(tokens).get(instance, [None])[0] != dst:
+            where = self._layout(tokens).get(instance)
+            if where is None or where[0] != dst or int(where[1]) <= 0:
                 raise EngineError(f"LMCache {what} moved none of {len(tokens)} tokens")
             return
         if self.wait_for_finish:
@@ -108,7 +109,15 @@ class LMCacheAdapter(Adapter):
         self.verify(instance, tokens, dst, moved, op, what)
 
     def _layout(self, tokens: list[int]) -> dict:
-        return self._post("/lookup", {"tokens": tokens})["layout_info"]
+        """/lookup's `layout_info`: instance -> [location, matched tokens]; an answer of another
+        shape is the engine's error, not a crash."""
+        answer = self._post("/lookup", {"tokens": tokens})
+        layout = answer.get("layout_info") if isinstance(answer, dict) else None
+        if not isinstance(layout, dict) or not all(isinstance(v, (list, tuple)) and len(v) >= 2
+                                                   and isinstance(v[1], (int, float)) for v in layout.values()):
+            raise EngineError(f"LMCache /lookup answered {str(answer)[:200]!r}: expected "
+                              f"{{layout_info: {{instance: [location, tokens]}}}}")
+        return layout
 
     def verify(self, instance: str, tokens: list[int], dst: str, moved: int, op: Op, what: str) -> None:
         """The verify step of allocate -> copy -> verify -> publish (seed 003 §26). LMCache keeps

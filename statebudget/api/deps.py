@@ -40,4 +40,4 @@ ServiceDep = Annotated[object, Depends(get_service)]
 RuntimeDep = Annotated[Principal, Depends(role("runtime"))]
 AdapterDep = Annotated[Principal, Depends(role("adapter"))]
 AdminDep = Annotated[Principal, Depends(role("admin"))]
-AnyRoleDep = Annotated[Principal, Depends(role("runtime", "adapter", "admin"))]
+PrincipalDep = Annotated[Principal, Depends(get_principal)]  # any valid token, whatever its role

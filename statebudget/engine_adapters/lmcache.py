@@ -99,8 +99,7 @@ class LMCacheAdapter(Adapter):
         what = f"move {event_id} ({src} -> {dst})"
         if moved <= 0:
             # nothing found at the source: done only if an earlier run of this op already moved it
-            where = self._layout(tokens).get(instance)
-            if where is None or where[0] != dst or int(where[1]) <= 0:
+            if not self._holds(self._layout(tokens).get(instance), dst, 1):
                 raise EngineError(f"LMCache {what} moved none of {len(tokens)} tokens")
             return
         if self.wait_for_finish:
@@ -118,6 +117,11 @@ class LMCacheAdapter(Adapter):
             raise EngineError(f"LMCache /lookup answered {str(answer)[:200]!r}: expected "
                               f"{{layout_info: {{instance: [location, tokens]}}}}")
         return layout
+
+    @staticmethod
+    def _holds(where: list | None, location: str, tokens: int) -> bool:
+        """An instance's /lookup entry places at least `tokens` tokens at `location`."""
+        return where is not None and where[0] == location and int(where[1]) >= tokens
 
     def verify(self, instance: str, tokens: list[int], dst: str, moved: int, op: Op, what: str) -> None:
         """The verify step of allocate -> copy -> verify -> publish (seed 003 §26). LMCache keeps
@@ -139,8 +143,7 @@ class LMCacheAdapter(Adapter):
         def placed() -> bool:
             nonlocal layout
             layout = self._layout(tokens)
-            where = layout.get(instance)
-            return where is not None and where[0] == dst and int(where[1]) >= moved
+            return self._holds(layout.get(instance), dst, moved)
 
         try:
             poll_until(placed, min(self.verify_s, wait_budget_s(op, self.timeout_s)), self.poll_interval_s,

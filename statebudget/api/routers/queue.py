@@ -5,13 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
-from ..deps import AnyRoleDep, ServiceDep
+from ..deps import PrincipalDep, ServiceDep
 
 router = APIRouter(prefix="/v1/queue", tags=["runtime"])
 
 
 @router.get("")
-async def get_queue(svc: ServiceDep, who: AnyRoleDep, model: str | None = Query(None, description="only calls on this model")):
+async def get_queue(svc: ServiceDep, who: PrincipalDep, model: str | None = Query(None, description="only calls on this model")):
     """`{queue, calls: [{rank, program, call, model, attempt, waited_s, promoted}]}`, first to start
     first: the simulator's queue key at this instant (`serve --queue`), which follows the
     starvation promotion and a shrinking TTFT slack that `call_arrived`'s fixed `priority`

@@ -5,7 +5,8 @@ process pool; prints the means, the largest overtaking window seen, and plas and
 against fcfs seed by seed (mean change with a bootstrap 95 % interval: `paired.py`).
 
     python benchmarks/bench_queues.py [--seeds 1,2,3] [--traces mixed-tenants,mapreduce] [--hours 1] [--load 8]
-        [--prefill-slots 1|none] [--max-batch 32] [--admit-starve 60|none] [--json out/bench_queues.json]
+        [--queues plas,atlas,auto] [--prefill-slots 1|none] [--max-batch 32] [--admit-starve 60|none]
+        [--json out/bench_queues.json]
 """
 
 from __future__ import annotations
@@ -22,16 +23,13 @@ from statebudget.planner.programs import overtaking_window_s, parse_admit_starve
 from statebudget.sim.runner import replay
 from statebudget.traces.generators import generate
 
-SPECS = ["statebudget", "statebudget:plas", "statebudget:atlas"]
-
-
 def run(args) -> list[dict]:
-    trace_name, seed, hours, load, slots, max_batch, starve = args
+    trace_name, seed, hours, load, slots, max_batch, starve, specs = args
     tr = generate(trace_name, seed, hours, load=load)
-    rep = replay(load_cluster("hetero16"), load_catalog("agent-team"), tr, SPECS, prefill_slots=slots, max_batch=max_batch,
+    rep = replay(load_cluster("hetero16"), load_catalog("agent-team"), tr, specs, prefill_slots=slots, max_batch=max_batch,
                  admit_starve_s=starve)
     rows = []
-    for spec in SPECS:
+    for spec in specs:
         b = rep.report.policies[spec]
         res = rep.results[spec]
         service = {}
@@ -64,6 +62,7 @@ def main():
     ap.add_argument("--traces", default="mixed-tenants,mapreduce", help="trace presets, e.g. long-tail")
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--load", type=float, default=8.0)
+    ap.add_argument("--queues", default="plas,atlas", help="disciplines paired against fcfs, e.g. plas,atlas,auto")
     ap.add_argument("--prefill-slots", default="1", help="prefills a GPU runs at once, or 'none' (no limit)")
     ap.add_argument("--max-batch", type=int, default=32, help="calls a GPU runs at once")
     ap.add_argument("--admit-starve", default="60", help="seconds before a call waiting for HBM holds its GPUs, or 'none'")
@@ -72,14 +71,15 @@ def main():
     slots = None if a.prefill_slots == "none" else int(a.prefill_slots)
     starve = parse_admit_starve(a.admit_starve)
     traces = a.traces.split(",")
-    jobs = [(t, int(s), a.hours, a.load, slots, a.max_batch, starve) for t in traces for s in a.seeds.split(",")]
+    specs = ["statebudget"] + [f"statebudget:{q}" for q in a.queues.split(",") if q != "fcfs"]
+    jobs = [(t, int(s), a.hours, a.load, slots, a.max_batch, starve, specs) for t in traces for s in a.seeds.split(",")]
     with ProcessPoolExecutor() as pool:
         rows = [r for rs in pool.map(run, jobs) for r in rs]
     keys = ["program_latency_p50", "program_latency_mean", "program_latency_p95", "slowdown_p99", "slowdown_max", "max_wait_max", "ttft_p95", "programs_per_hour",
             "overtaking_vs_window"]
     print("trace          spec                  " + "  ".join(f"{k:>20}" for k in keys))
     for t in traces:
-        for spec in SPECS:
+        for spec in specs:
             sel = [r for r in rows if r["trace"] == t and r["spec"] == spec]
             means = [np.mean([r[k] for r in sel]) if k != "overtaking_vs_window" else max(r[k] for r in sel) for k in keys]
             print(f"{t:14} {spec:20} " + "  ".join(f"{m:>20.3f}" for m in means))
@@ -87,9 +87,9 @@ def main():
     paired = {}
     print("\npaired against fcfs over the seeds (mean change, bootstrap 95 % interval):")
     for t in traces:
-        for spec in SPECS[1:]:
+        for spec in specs[1:]:
             for key in ("program_latency_p95", "program_latency_mean", "slowdown_max"):
-                c = paired[f"{t} {spec} {key}"] = paired_change(series(rows, seeds, key, trace=t, spec=SPECS[0]),
+                c = paired[f"{t} {spec} {key}"] = paired_change(series(rows, seeds, key, trace=t, spec=specs[0]),
                                                                 series(rows, seeds, key, trace=t, spec=spec))
                 print(f"  {t:14} {spec:20} {key:22} {fmt(c)}")
     save(a.json, rows, paired)

@@ -167,7 +167,7 @@ def replay(
     cluster: ClusterOpt,
     catalog: CatalogOpt,
     trace: TraceOpt,
-    policy: Annotated[str, typer.Option(help="comma-separated POLICY[:QUEUE[:KV]]; queues fcfs|plas|atlas, "
+    policy: Annotated[str, typer.Option(help="comma-separated POLICY[:QUEUE[:KV]]; queues fcfs|plas|atlas|auto, "
                                               "tool-wait KV preserve|swap|discard|adaptive")] = "ondemand",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the §8 report here")] = None,
     plots: Annotated[Optional[Path], typer.Option(help="write plots (PNG) into this folder")] = None,
@@ -226,6 +226,10 @@ def replay(
                   f"{r.lease_lateness_s.p99:.2f}", f"{r.nonlease_ttft_s.p99:.2f}", f"{r.bytes_moved / 1e12:.2f}",
                   f"{r.wasted_bytes / 1e12:.2f}", f"{r.warm_tax:.2f}", f"{r.slo_violations:.1%}")
     console.print(t)
+    for n, r in rep.policies.items():
+        if r.queue_switches:
+            console.print(f"{n}: the auto queue ordered by " + ", then ".join(
+                f"{s['to']} from {s['at_s']:.0f} s ({s['programs']} programs finished)" for s in r.queue_switches))
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(report_json(rep))
@@ -372,8 +376,9 @@ def serve(
     tokens: Annotated[Optional[Path], typer.Option(help="token file (default: <db>.tokens.json, created with an admin token if missing)")] = None,
     profile: Annotated[Optional[Path], typer.Option(help="a `statebudget profile` file: measured bandwidths replace the presets'")] = None,
     tick_s: Annotated[float, typer.Option(help="planning step at least this often (seconds)", min=0.01)] = 5.0,
-    queue: Annotated[str, typer.Option(help="fcfs | plas | atlas: the discipline whose priority call_arrived answers "
-                                            "(pass it to the engine, e.g. vLLM's `priority`)")] = "fcfs",
+    queue: Annotated[str, typer.Option(help="fcfs | plas | atlas | auto (atlas while finished programs are "
+                                            "heavy-tailed, else fcfs): the discipline whose priority call_arrived "
+                                            "answers (pass it to the engine, e.g. vLLM's `priority`)")] = "fcfs",
     kv_rule: Annotated[str, typer.Option(help="preserve | swap | discard | adaptive: what happens to a program's KV "
                                               "in HBM while it waits on a tool (the simulator's rule, as ops)")] = "preserve",
     tenant_weights: Annotated[str, typer.Option(help="TENANT=WEIGHT,...: each tenant's fair share in the plas/atlas "

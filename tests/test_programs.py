@@ -626,3 +626,97 @@ def test_a_failed_attempt_is_retried_keeps_its_service_and_loses_its_kv():
     assert reset.programs["p"].service < clean.programs["p"].service
     with pytest.raises(ValueError, match="call_failure_rate"):
         run(1.0)
+
+
+def test_auto_orders_by_atlas_only_while_finished_programs_are_heavy_tailed():
+    from statebudget.planner.programs import AUTO_LIGHT_CV, AUTO_MIN, ProgramSizes
+
+    rng = np.random.default_rng(3)
+    light = ProgramSizes()
+    for i, s in enumerate(rng.uniform(40.0, 120.0, 300)):  # CV about 0.3, as the presets' programs
+        light.observe(s, float(i))
+        assert light.discipline("auto") == "fcfs"
+    assert light.cv < 0.5 and light.changes == []
+    heavy = ProgramSizes()
+    for s in 10.0 * (rng.pareto(1.2, AUTO_MIN - 1) + 1.0):
+        heavy.observe(s, 1.0)
+    assert heavy.cv is None and heavy.discipline("auto") == "fcfs"  # too few programs to judge
+    heavy.observe(5000.0, 2.0)
+    assert heavy.discipline("auto") == "atlas"
+    assert heavy.changes == [{"at_s": 2.0, "programs": AUTO_MIN, "to": "atlas"}]
+    for q in ("fcfs", "plas", "atlas"):
+        assert heavy.discipline(q) == q and light.discipline(q) == q  # only auto adapts
+    # Hysteresis: a lighter stretch keeps atlas while the CV stays above AUTO_LIGHT_CV; a window of
+    # like-sized programs takes it back to fcfs.
+    while heavy.cv >= AUTO_LIGHT_CV:
+        assert heavy.discipline("auto") == "atlas"
+        heavy.observe(60.0, 3.0)
+    assert heavy.discipline("auto") == "fcfs"
+    assert heavy.changes[-1] == {"at_s": 3.0, "programs": heavy.seen, "to": "fcfs"}
+
+
+def test_auto_in_the_simulator_is_fcfs_on_light_tails_and_switches_on_heavy_ones():
+    from statebudget.models.load import load_catalog, load_cluster
+    from statebudget.planner.programs import AUTO_MIN
+
+    def run(preset, load, q, **kw):
+        sim = Simulator(load_cluster("hetero16"), load_catalog("agent-team"), generate(preset, 2, 0.3, load=load),
+                        make_policy("statebudget"), queue=q, **kw)
+        return sim, [(c.program, c.node, c.start) for c in sim.run().calls]
+
+    light = {q: run("mixed-tenants", 8, q, prefill_slots=1) for q in ("fcfs", "plas", "auto")}
+    assert light["plas"][1] != light["fcfs"][1]  # calls queue: a discipline changes the run
+    assert light["auto"][1] == light["fcfs"][1] and light["auto"][0].sizes.changes == []
+    heavy = {q: run("long-tail", 20, q, prefill_slots=None, max_batch=4) for q in ("fcfs", "auto")}
+    sizes = heavy["auto"][0].sizes
+    assert sizes.changes and sizes.changes[0]["programs"] >= AUTO_MIN and sizes.changes[0]["to"] == "atlas"
+    assert heavy["auto"][1] != heavy["fcfs"][1]
+    assert heavy["fcfs"][0].sizes.changes == []  # only auto judges (and reports `queue_switches`)
+
+
+def test_the_live_queue_under_auto_follows_the_finished_programs_and_survives_a_restart(tmp_path):
+    from statebudget.models.load import load_catalog, load_cluster
+    from statebudget.planner.ledger import Store
+    from statebudget.planner.live import LivePlanner
+    from statebudget.planner.programs import AUTO_MIN
+
+    def planner(db, clock):
+        return LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(db), clock=clock, queue="auto")
+
+    def finish(p, clock, prog, run_s):
+        p.event("a", {"type": "program_started", "program": prog})
+        p.event("a", {"type": "call_arrived", "program": prog, "call": "c1", "model": "planner"})
+        p.event("a", {"type": "call_started", "program": prog, "call": "c1"})
+        clock.t += run_s
+        p.event("a", {"type": "call_finished", "program": prog, "call": "c1", "tokens": 10})
+        p.event("a", {"type": "program_finished", "program": prog})
+
+    def waiting(p):
+        """An old program with 100 s of service and a newer one with none wait on the coder."""
+        p.event("a", {"type": "program_started", "program": "old"})
+        p.event("a", {"type": "call_arrived", "program": "old", "call": "c1", "model": "coder"})
+        p.event("a", {"type": "call_started", "program": "old", "call": "c1"})
+        clock.t += 100.0
+        p.event("a", {"type": "call_finished", "program": "old", "call": "c1", "tokens": 10})
+        old = p.event("a", {"type": "call_arrived", "program": "old", "call": "c2", "model": "coder",
+                            "after": ["c1"]})["priority"]
+        clock.t += 1.0
+        p.event("a", {"type": "program_started", "program": "new"})
+        new = p.event("a", {"type": "call_arrived", "program": "new", "call": "c1", "model": "coder"})["priority"]
+        return old, new
+
+    for kind, sizes in (("light", [50.0, 70.0] * AUTO_MIN), ("heavy", [5.0] * (AUTO_MIN - 1) + [2000.0])):
+        clock = Clock()
+        p = planner(tmp_path / f"{kind}.db", clock)
+        for i, s in enumerate(sizes):
+            finish(p, clock, f"{kind}{i}", s)
+        old, new = waiting(p)
+        q = p.waiting_calls(model="coder")
+        order = [c["program"] for c in q["calls"]]
+        if kind == "light":
+            assert q["ordering_by"] == "fcfs" and order == ["old", "new"] and old == new == 0
+        else:
+            assert q["ordering_by"] == "atlas" and order == ["new", "old"] and new < old
+        assert q["program_service_cv"] == pytest.approx(float(np.std(sizes) / np.mean(sizes)))
+        again = planner(tmp_path / f"{kind}.db", clock)  # the ledger holds what auto judged on
+        assert again.waiting_calls(model="coder") == q and again.sizes.changes == p.sizes.changes

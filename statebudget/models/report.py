@@ -66,6 +66,7 @@ class PolicyReport(BaseModel):
     ttl_error_s: Dist = Field(default_factory=Dist)     # adaptive rule: predicted minus actual tool wait
     failed_attempts: int = 0                            # call attempts that failed and were retried (--call-failure-rate)
     failed_service_s: float = 0.0                       # compute seconds those attempts ran (still attained service)
+    queue_switches: list[dict] = Field(default_factory=list)  # `auto`: {at_s, programs, to} at each switch
 
 
 class TraceSummary(BaseModel):

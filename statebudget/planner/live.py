@@ -43,7 +43,7 @@ from ..sim.policies.ours import StateBudgetLease
 from ..solvers.costs import CostModel
 from .core import PlannerConfig
 from .leases import Lease, LeaseRequest, LeaseState, Quote
-from .programs import QUEUES, ToolWaitKV, arrival_priority, host_link_bps, queue_key, tenant_excess
+from .programs import QUEUES, ProgramSizes, ToolWaitKV, arrival_priority, host_link_bps, queue_key, tenant_excess
 from .ledger import Store
 from .view import ResidencyView
 
@@ -113,6 +113,7 @@ class ProgramRec:
     # A tool's side effect by its idempotency key (§16): {call, thread, state: running | done,
     # result}. A running entry counts only while its tool call still waits on its thread.
     effects: dict = field(default_factory=dict)
+    ended_s: float | None = None  # when it finished or was cancelled
 
 
 @dataclass
@@ -131,7 +132,7 @@ class LivePlanner(ResidencyView):
                  profile: dict | None = None, telemetry: Telemetry | None = None, queue: str = "fcfs",
                  config: PlannerConfig | None = None, kv_rule: str = "preserve",
                  tenant_weights: dict[str, float] | None = None):
-        """`queue`: the discipline whose priority `call_arrived` answers (fcfs, plas, atlas), for
+        """`queue`: the discipline whose priority `call_arrived` answers (fcfs, plas, atlas, auto), for
         the runtime to pass to its engine (vLLM's `priority`, lower first; `arrival_priority`), with
         the fair share of `tenant_weights` (tenant -> weight, 1 if not named). `config`: the planner's
         knobs (e.g. `stage_host=False` for engines that cannot stage weights into host DRAM).
@@ -141,6 +142,7 @@ class LivePlanner(ResidencyView):
         if queue not in QUEUES:
             raise ValueError(f"unknown queue discipline {queue!r} (known: {', '.join(QUEUES)})")
         self.queue = queue
+        self.sizes = ProgramSizes()  # the finished programs' service, for `auto` (rebuilt from the ledger)
         self.tenant_weights = dict(tenant_weights or {})
         self.kvw = ToolWaitKV(kv_rule)  # what it learns outlives a PUT /v1/cluster, not a restart
         self.store = store or Store(":memory:")
@@ -312,10 +314,11 @@ class LivePlanner(ResidencyView):
         simulator's inputs, the program's (plas) or the critical path's (atlas) attained service,
         aging, the tenant's fair-share excess, and with `ttft_s` the TTFT slack left after the
         predicted prefill on a GPU group that holds the model (none held: no slack boost)."""
-        if self.queue == "fcfs":
+        queue = self.sizes.discipline(self.queue)
+        if queue == "fcfs":
             return 0
         now = self.now
-        return int(round(1000 * arrival_priority(self.queue, now, self.epoch_s, *self._key_inputs(rec, call, now))))
+        return int(round(1000 * arrival_priority(queue, now, self.epoch_s, *self._key_inputs(rec, call, now))))
 
     def _key_inputs(self, rec: ProgramRec, call: dict, now: float) -> tuple:
         """(program service, path service, TTFT slack at `now`, tenant excess): what `queue_key`
@@ -346,19 +349,22 @@ class LivePlanner(ResidencyView):
         among every tenant's)."""
         if model is not None and model not in self.catalog.by_name:
             raise Invalid(f"unknown model {model!r}; the catalog has {sorted(self.catalog.by_name)}")
-        now, rows = self.now, []
+        now, rows, queue = self.now, [], self.sizes.discipline(self.queue)
         for rec in self.running.values():
             for cid, call in rec.calls.items():
                 if call["status"] != "arrived" or model not in (None, call["model"]):
                     continue
-                key = queue_key(self.queue, call["arrived_s"], now, *self._key_inputs(rec, call, now))
+                key = queue_key(queue, call["arrived_s"], now, *self._key_inputs(rec, call, now))
                 rows.append((key + (rec.program, cid), rec, cid, call))
         rows.sort(key=lambda r: r[0])
         out = [{"rank": i, "program": rec.program, "call": cid, "model": call["model"], "attempt": call.get("attempt", 0),
                 "waited_s": now - call["arrived_s"],
-                "promoted": self.queue != "fcfs" and key[0] == 0}
+                "promoted": queue != "fcfs" and key[0] == 0}
                for i, (key, rec, cid, call) in enumerate(rows) if tenant in (None, rec.tenant)]
-        return {"queue": self.queue, "calls": out}
+        head = {"queue": self.queue}
+        if self.queue == "auto":
+            head |= {"ordering_by": queue, "program_service_cv": self.sizes.cv}
+        return head | {"calls": out}
 
     def _call_cancelled(self, rec: ProgramRec, ev: dict) -> dict:
         """The runtime abandons a call (a branch it no longer needs: seed 003 §25): its hold on its
@@ -574,8 +580,10 @@ class LivePlanner(ResidencyView):
             return {"program": rec.program, "status": rec.status, "epoch": rec.epoch}
         if status == "cancelled":
             rec.epoch += 1
-        rec.status = status
+        rec.status, rec.ended_s = status, self.now
         self.running.pop(rec.program, None)
+        if status == "finished" and self.queue == "auto":
+            self.sizes.observe(rec.service_s, self.now)
         stopped = []
         for lease in list(self.ledger.leases.values()):
             if lease.request.program == rec.program and lease.state.live:
@@ -1156,6 +1164,9 @@ class LivePlanner(ResidencyView):
             if rec.status == "running":
                 self.running[rec.program] = rec
                 self.policy.on_program_start(self, _Prog(rec.program, rec.tenant))
+        finished = [r for r in self.programs.values() if r.status == "finished"] if self.queue == "auto" else []
+        for rec in sorted(finished, key=lambda r: r.ended_s or 0.0):
+            self.sizes.observe(rec.service_s, rec.ended_s or 0.0)  # in the order they finished, as first seen
         for row in s.copies():
             key, tier = row["key"], row["tier"]
             if key[0] == "e":

@@ -10,6 +10,10 @@ Queue disciplines (a sort key, lowest first):
            counts in doubling levels (`service_level`): like-sized programs stay FCFS
     atlas  the attained service along the call's critical path in the program's DAG, so a thread
            of a wide fork/join program is not penalised for its siblings (§6)
+    auto   atlas while the programs that finished are heavy-tailed in attained service, fcfs
+           while they are not (`ProgramSizes`): least-attained-service order pays only when a
+           program that has run a while is likely to run much longer (decreasing hazard); for
+           light tails FCFS's P95 is lower (BENCHMARKS.md, issue 5)
 
 Both plas and atlas age: every second a call waits takes `aging` seconds off its key; and a call
 that has waited `starve_s + starve_ratio x L(c)` since it arrived, where L(c) is its service level,
@@ -61,12 +65,14 @@ Tool-wait KV rules (at each tool start, for the program's KV in HBM):
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
+
+import numpy as np
 
 from .predictor import ResumeModel, ToolWaitModel
 
-QUEUES = ("fcfs", "plas", "atlas")
+QUEUES = ("fcfs", "plas", "atlas", "auto")
 KV_RULES = ("preserve", "swap", "discard", "adaptive")
 AGING = 0.5     # seconds of key per second waited
 STARVE_S = 30.0  # a call waiting this long, plus STARVE_RATIO x its service level, goes ahead of every call not starving
@@ -78,6 +84,10 @@ BACKGROUND_SHARE = 0.25  # the weight of all background transfers on a link toge
                         # one: tool-wait KV swaps (§11) and speculative promotes (§21, `Policy.speculation_yields`)
 HOLD_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)  # the TTLs the adaptive rule weighs: quantiles of the remaining wait
 SERVICE_QUANTUM_S = 10.0  # attained service counts in levels 0, 10, 20, 40, 80 ... s (`service_level`)
+AUTO_WINDOW = 500   # `auto` judges the tail on the attained service of the last this many finished programs,
+AUTO_MIN = 50       # from this many on (fcfs before),
+AUTO_HEAVY_CV = 0.9  # and goes to atlas once their coefficient of variation reaches this,
+AUTO_LIGHT_CV = 0.8  # back to fcfs once it falls below this
 
 
 def parse_spec(spec: str, known_policies) -> tuple[str, str, str | None]:
@@ -95,6 +105,47 @@ def parse_spec(spec: str, known_policies) -> tuple[str, str, str | None]:
     if kv is not None and kv not in KV_RULES:
         raise ValueError(f"policy spec {spec!r}: unknown tool-wait KV rule {kv!r} (known: {', '.join(KV_RULES)})")
     return policy, queue, kv
+
+
+class ProgramSizes:
+    """What `auto` knows of the workload: the attained service (seconds its calls ran) of the last
+    AUTO_WINDOW programs that finished, and whether they are heavy-tailed. Heavy means a
+    coefficient of variation of at least AUTO_HEAVY_CV (until it falls below AUTO_LIGHT_CV):
+    the exponential, where every order that ignores sizes ties, has 1. The threshold sits below
+    1 because finished programs under-count the long ones, which are still running: on
+    `long-tail` (CV 2.3 over a whole hour) the first 50 to finish show 0.9-1.0, while the
+    light-tailed presets stay within 0.4-0.7 from the first 30 on (BENCHMARKS.md). Both
+    mechanisms feed it the same finished programs, so they switch at the same one."""
+
+    def __init__(self, window: int = AUTO_WINDOW):
+        self.service = deque(maxlen=window)
+        self.heavy = False
+        self.seen = 0
+        self.changes: list[dict] = []  # each switch: {at_s, programs (finished so far), to (what auto orders by)}
+
+    def observe(self, service_s: float, now: float) -> None:
+        """A program finished at `now` with `service_s` of attained service."""
+        self.service.append(service_s)
+        self.seen += 1
+        cv = self.cv
+        if cv is not None and (cv >= AUTO_LIGHT_CV if self.heavy else cv >= AUTO_HEAVY_CV) != self.heavy:
+            self.heavy = not self.heavy
+            self.changes.append({"at_s": round(now, 6), "programs": self.seen, "to": self.discipline("auto")})
+
+    @property
+    def cv(self) -> float | None:
+        """The coefficient of variation of the window, or None below AUTO_MIN programs."""
+        if len(self.service) < AUTO_MIN:
+            return None
+        v = np.fromiter(self.service, float, len(self.service))
+        mean = v.mean()
+        return float(v.std() / mean) if mean > 0 else 0.0
+
+    def discipline(self, queue: str) -> str:
+        """The discipline `queue` orders by now: itself, or for `auto` atlas or fcfs."""
+        if queue != "auto":
+            return queue
+        return "atlas" if self.heavy else "fcfs"
 
 
 def parse_admit_starve(text: str) -> float | None:

@@ -28,7 +28,7 @@ from ..models.catalog import Catalog
 from ..models.cluster import Cluster
 from ..models.state import expert_key, kv_key, weights_key
 from ..models.trace import Program, Trace, ttft_bound
-from ..planner.programs import ADMIT_STARVE_S, BACKGROUND_SHARE, ToolWaitKV, queue_key, tenant_excess
+from ..planner.programs import ADMIT_STARVE_S, BACKGROUND_SHARE, ProgramSizes, ToolWaitKV, queue_key, tenant_excess
 from ..planner.view import ResidencyView
 from ..solvers.costs import CostModel, page_touch_probs
 from ..traces.graph import children_of, descendants, handoff_calls, hinted_calls
@@ -106,6 +106,7 @@ class SimResult:
     ttl_errors: list = field(default_factory=list)
     failed_attempts: int = 0      # call attempts that failed (`call_failure_rate`) and were retried
     failed_service_s: float = 0.0  # compute seconds those attempts had run: lost, yet attained service
+    queue_switches: list = field(default_factory=list)  # `auto`'s switches (`ProgramSizes.changes`)
 
 
 class Transfer:
@@ -143,6 +144,7 @@ class Simulator(ResidencyView):
         self.cost = cost or CostModel(cluster, catalog)
         self.seed, self.check_invariants, self.max_batch, self.sample_dt = seed, check_invariants, max_batch, sample_dt
         self.queue = queue
+        self.sizes = ProgramSizes()  # the finished programs' service, for `auto`
         # The chance that a call attempt fails while it runs (an engine error, a preempted or lost
         # worker: seed 003 §16, §26), at a uniform point of its uncontended run, drawn per (program,
         # node, attempt) from the seed. Its KV on that group is lost; the call is retried at once
@@ -267,7 +269,8 @@ class Simulator(ResidencyView):
             stale_events=self.stale_events, sim_end=end or 0.0,
             hbm_total=sum(self.tiers.hbm_cap), kv_actions=self.kvw.actions, kv_hbm_byte_s=self.kv_hbm_byte_s,
             recomputed_tokens=self.recomputed_tokens, ttl_errors=self.kvw.ttl_errors,
-            failed_attempts=self.failed_attempts, failed_service_s=self.failed_service_s)
+            failed_attempts=self.failed_attempts, failed_service_s=self.failed_service_s,
+            queue_switches=self.sizes.changes)
 
     def _refresh_hbm_metrics(self):
         self._dirty = False
@@ -406,6 +409,8 @@ class Simulator(ResidencyView):
             return
         pr.end = self.now
         self._open_programs -= 1
+        if self.queue == "auto":
+            self.sizes.observe(pr.service, self.now)
         for kvk in sorted(self.kv_of_program.get(pr.prog.program, ())):
             self.kvw.outcome(kvk, False)
         for kvk in sorted(self.kv_of_program.pop(pr.prog.program, ())):
@@ -741,8 +746,10 @@ class Simulator(ResidencyView):
     def _order(self, calls: list) -> list:
         """The queue discipline (`planner/programs.py`): FCFS by arrival; PLAS by the program's
         attained service, ATLAS by the attained service on the call's critical path, both with
-        aging, a bounded TTFT-slack boost, the tenant's fair-share excess and starvation promotion."""
-        if self.queue == "fcfs" or len(calls) < 2:
+        aging, a bounded TTFT-slack boost, the tenant's fair-share excess and starvation promotion;
+        `auto` one of atlas and fcfs by the tail of the finished programs' service (`ProgramSizes`)."""
+        queue = self.sizes.discipline(self.queue)
+        if queue == "fcfs" or len(calls) < 2:
             return calls
         now, slo = self.now, self.trace.header.slo_classes
         weights = self.trace.header.tenant_weights
@@ -751,7 +758,7 @@ class Simulator(ResidencyView):
             m = self.catalog.by_name[c.model]
             slack = c.arrive + ttft_bound(slo, c.slo) - now - \
                 self.cost.prefill_s(m, max(0, c.context_tokens - c.kv_reused_tokens), c.group)
-            return queue_key(self.queue, c.arrive, now, self.programs[c.program].service, c.path_service, slack,
+            return queue_key(queue, c.arrive, now, self.programs[c.program].service, c.path_service, slack,
                              tenant_excess(self.tenant_service, weights, c.tenant)) + (c.program, c.node)
         return sorted(calls, key=key)
 

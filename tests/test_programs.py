@@ -629,7 +629,7 @@ def test_a_failed_attempt_is_retried_keeps_its_service_and_loses_its_kv():
 
 
 def test_auto_orders_by_atlas_only_while_finished_programs_are_heavy_tailed():
-    from statebudget.planner.programs import AUTO_LIGHT_CV, AUTO_MIN, ProgramSizes
+    from statebudget.planner.programs import AUTO_HEAVY_CV, AUTO_LIGHT_CV, AUTO_MIN, AUTO_WINDOW, ProgramSizes
 
     rng = np.random.default_rng(3)
     light = ProgramSizes()
@@ -653,6 +653,21 @@ def test_auto_orders_by_atlas_only_while_finished_programs_are_heavy_tailed():
         heavy.observe(60.0, 3.0)
     assert heavy.discipline("auto") == "fcfs"
     assert heavy.changes[-1] == {"at_s": 3.0, "programs": heavy.seen, "to": "fcfs"}
+    # Inside the band (CV 0.86, between AUTO_LIGHT_CV and AUTO_HEAVY_CV) each keeps what it had.
+    band = [5.0 * (1.0 + 0.86 * (-1) ** i) for i in range(AUTO_WINDOW)]
+    light_start, heavy_start = ProgramSizes(), ProgramSizes()
+    for s in [2000.0] + [5.0] * (AUTO_MIN - 1):
+        heavy_start.observe(s, 0.0)
+    assert heavy_start.heavy
+    for s in band:
+        light_start.observe(s, 1.0)
+        heavy_start.observe(s, 1.0)
+        assert not light_start.heavy and heavy_start.heavy
+    assert AUTO_LIGHT_CV < light_start.cv < AUTO_HEAVY_CV and heavy_start.cv == pytest.approx(light_start.cv)
+    light_start.observe(float("nan"), 2.0)  # a value that is no number is left out
+    assert light_start.seen == AUTO_WINDOW and light_start.cv == pytest.approx(0.86)
+    with pytest.raises(ValueError, match="never reaches"):
+        ProgramSizes(window=AUTO_MIN - 1)
 
 
 def test_auto_in_the_simulator_is_fcfs_on_light_tails_and_switches_on_heavy_ones():
@@ -680,15 +695,21 @@ def test_the_live_queue_under_auto_follows_the_finished_programs_and_survives_a_
     from statebudget.planner.live import LivePlanner
     from statebudget.planner.programs import AUTO_MIN
 
-    def planner(db, clock):
-        return LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(db), clock=clock, queue="auto")
+    from statebudget.api.metrics import ServiceMetrics
 
-    def finish(p, clock, prog, run_s):
+    def planner(db, clock):
+        return LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(db), clock=clock, queue="auto",
+                           telemetry=ServiceMetrics())
+
+    def finish(p, clock, prog, run_s, running=False):
+        """A program of one call that runs `run_s`; `running`: it ends with the call still running,
+        whose time counts as service all the same."""
         p.event("a", {"type": "program_started", "program": prog})
         p.event("a", {"type": "call_arrived", "program": prog, "call": "c1", "model": "planner"})
         p.event("a", {"type": "call_started", "program": prog, "call": "c1"})
         clock.t += run_s
-        p.event("a", {"type": "call_finished", "program": prog, "call": "c1", "tokens": 10})
+        if not running:
+            p.event("a", {"type": "call_finished", "program": prog, "call": "c1", "tokens": 10})
         p.event("a", {"type": "program_finished", "program": prog})
 
     def waiting(p):
@@ -709,14 +730,53 @@ def test_the_live_queue_under_auto_follows_the_finished_programs_and_survives_a_
         clock = Clock()
         p = planner(tmp_path / f"{kind}.db", clock)
         for i, s in enumerate(sizes):
-            finish(p, clock, f"{kind}{i}", s)
+            finish(p, clock, f"{kind}{i}", s, running=s == 2000.0 or i % 10 == 3)
         old, new = waiting(p)
         q = p.waiting_calls(model="coder")
         order = [c["program"] for c in q["calls"]]
         if kind == "light":
-            assert q["ordering_by"] == "fcfs" and order == ["old", "new"] and old == new == 0
+            assert q["ordering_by"] == "fcfs" and order == ["old", "new"] and old < new  # arrival order
         else:
             assert q["ordering_by"] == "atlas" and order == ["new", "old"] and new < old
         assert q["program_service_cv"] == pytest.approx(float(np.std(sizes) / np.mean(sizes)))
         again = planner(tmp_path / f"{kind}.db", clock)  # the ledger holds what auto judged on
         assert again.waiting_calls(model="coder") == q and again.sizes.changes == p.sizes.changes
+        for pl in (p, again):  # and Prometheus says so
+            sample = pl.telemetry.registry.get_sample_value
+            assert sample("statebudget_queue_ordering", {"discipline": q["ordering_by"]}) == 1.0
+            assert sample("statebudget_queue_ordering", {"discipline": "fcfs" if kind == "heavy" else "atlas"}) == 0.0
+            assert sample("statebudget_program_service_cv") == pytest.approx(q["program_service_cv"])
+
+
+def test_auto_priorities_keep_arrival_order_when_it_goes_back_to_fcfs():
+    # A call that waits from atlas time, with a priority of atlas's scale, must not be passed by
+    # the calls that arrive once auto orders by fcfs again (vLLM takes the lower number first).
+    from statebudget.models.load import load_catalog, load_cluster
+    from statebudget.planner.live import LivePlanner
+    from statebudget.planner.programs import AUTO_MIN, ProgramSizes
+
+    clock = Clock(1000.0)
+    p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock, queue="auto")
+    clock.t = 5000.0
+    p.sizes = ProgramSizes(window=AUTO_MIN)  # a short window, so that it can forget the outlier soon
+
+    def finish(prog, run_s):
+        for kind in ("program_started", "call_arrived", "call_started"):
+            p.event("a", {"type": kind, "program": prog, "call": "c1", "model": "planner"})
+        clock.t += run_s
+        p.event("a", {"type": "call_finished", "program": prog, "call": "c1", "tokens": 10})
+        p.event("a", {"type": "program_finished", "program": prog})
+
+    for i, s in enumerate([2000.0] + [5.0] * (AUTO_MIN - 1)):
+        finish(f"a{i}", s)
+    assert p.sizes.discipline("auto") == "atlas"
+    p.event("a", {"type": "program_started", "program": "old"})
+    old = p.event("a", {"type": "call_arrived", "program": "old", "call": "c1", "model": "coder"})["priority"]
+    for i in range(AUTO_MIN):
+        finish(f"b{i}", 5.0)
+    assert p.sizes.discipline("auto") == "fcfs"
+    p.event("a", {"type": "program_started", "program": "new"})
+    new = p.event("a", {"type": "call_arrived", "program": "new", "call": "c1", "model": "coder"})["priority"]
+    assert old < new
+    assert [c["program"] for c in p.waiting_calls(model="coder")["calls"]] == ["old", "new"]
+

@@ -26,6 +26,10 @@ class ServiceMetrics(Telemetry):
                                   ["rule"], registry=r)
         self.open_ops = Gauge("statebudget_open_ops", "ops created and not yet closed", registry=r)
         self.plan_version = Gauge("statebudget_plan_version", "current plan version", registry=r)
+        self.program_service_cv = Gauge("statebudget_program_service_cv", "queue auto: coefficient of variation of "
+                                        "the last finished programs' attained service (NaN until 50)", registry=r)
+        self.queue_ordering = Gauge("statebudget_queue_ordering", "queue auto: 1 for the discipline it orders by now",
+                                    ["discipline"], registry=r)
 
     def decision(self, seconds: float) -> None:
         self.decisions.inc()
@@ -48,3 +52,8 @@ class ServiceMetrics(Telemetry):
 
     def kv_action(self, rule: str) -> None:
         self.kv_actions.labels(rule).inc()
+
+    def program_sizes(self, cv: float | None, ordering: str) -> None:
+        self.program_service_cv.set(float("nan") if cv is None else cv)
+        for d in ("atlas", "fcfs"):
+            self.queue_ordering.labels(d).set(1.0 if d == ordering else 0.0)

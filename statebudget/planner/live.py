@@ -43,7 +43,7 @@ from ..sim.policies.ours import StateBudgetLease
 from ..solvers.costs import CostModel
 from .core import PlannerConfig
 from .leases import Lease, LeaseRequest, LeaseState, Quote
-from .programs import QUEUES, ProgramSizes, ToolWaitKV, arrival_priority, host_link_bps, queue_key, tenant_excess
+from .programs import AGING, QUEUES, ProgramSizes, ToolWaitKV, arrival_priority, host_link_bps, queue_key, tenant_excess
 from .ledger import Store
 from .view import ResidencyView
 
@@ -74,6 +74,7 @@ class Telemetry:
     def event(self, kind: str) -> None: ...
     def op(self, status: str) -> None: ...
     def kv_action(self, rule: str) -> None: ...
+    def program_sizes(self, cv: float | None, ordering: str) -> None: ...
 
 
 def gpu_tier(group) -> str:
@@ -314,10 +315,11 @@ class LivePlanner(ResidencyView):
         simulator's inputs, the program's (plas) or the critical path's (atlas) attained service,
         aging, the tenant's fair-share excess, and with `ttft_s` the TTFT slack left after the
         predicted prefill on a GPU group that holds the model (none held: no slack boost)."""
-        queue = self.sizes.discipline(self.queue)
+        queue, now = self.sizes.discipline(self.queue), self.now
         if queue == "fcfs":
-            return 0
-        now = self.now
+            # auto: arrival order on atlas's scale (a score of 0), so that calls still waiting
+            # from before a switch back to fcfs are not passed by every later arrival (0)
+            return int(round(1000 * AGING * (now - self.epoch_s))) if self.queue == "auto" else 0
         return int(round(1000 * arrival_priority(queue, now, self.epoch_s, *self._key_inputs(rec, call, now))))
 
     def _key_inputs(self, rec: ProgramRec, call: dict, now: float) -> tuple:
@@ -582,8 +584,6 @@ class LivePlanner(ResidencyView):
             rec.epoch += 1
         rec.status, rec.ended_s = status, self.now
         self.running.pop(rec.program, None)
-        if status == "finished" and self.queue == "auto":
-            self.sizes.observe(rec.service_s, self.now)
         stopped = []
         for lease in list(self.ledger.leases.values()):
             if lease.request.program == rec.program and lease.state.live:
@@ -601,10 +601,17 @@ class LivePlanner(ResidencyView):
             decisions += self._drop_all(kvk)
             if self.kv_tokens.pop(kvk, None) is not None:
                 self.store.delete_kv(rec.program, kvk[2])
+        if status == "finished" and self.queue == "auto":
+            self._judge_size(rec)  # once the calls it ended have added their service
         self.policy.on_program_end(self, _Prog(rec.program, rec.tenant))
         self._apply(decisions)
         self._save_program(rec)
         return {"program": rec.program, "status": status, "epoch": rec.epoch}
+
+    def _judge_size(self, rec: ProgramRec) -> None:
+        """`auto`: a finished program's service joins what the queue judges the tail on."""
+        self.sizes.observe(rec.service_s, rec.ended_s or 0.0)
+        self.telemetry.program_sizes(self.sizes.cv, self.sizes.discipline(self.queue))
 
     def _drop_all(self, kvk) -> list:
         """Release every copy of a KV: open ops writing it are cancelled, ready copies dropped."""
@@ -1166,7 +1173,7 @@ class LivePlanner(ResidencyView):
                 self.policy.on_program_start(self, _Prog(rec.program, rec.tenant))
         finished = [r for r in self.programs.values() if r.status == "finished"] if self.queue == "auto" else []
         for rec in sorted(finished, key=lambda r: r.ended_s or 0.0):
-            self.sizes.observe(rec.service_s, rec.ended_s or 0.0)  # in the order they finished, as first seen
+            self._judge_size(rec)  # in the order they finished, as they were first seen
         for row in s.copies():
             key, tier = row["key"], row["tier"]
             if key[0] == "e":

@@ -114,18 +114,26 @@ class ProgramSizes:
     the exponential, where every order that ignores sizes ties, has 1. The threshold sits below
     1 because finished programs under-count the long ones, which are still running: on
     `long-tail` (CV 2.3 over a whole hour) the first 50 to finish show 0.9-1.0, while the
-    light-tailed presets stay within 0.4-0.7 from the first 30 on (BENCHMARKS.md). Both
-    mechanisms feed it the same finished programs, so they switch at the same one."""
+    light-tailed presets stay within 0.37-0.67 from the first 30 on (BENCHMARKS.md). The order
+    feeds back on it: under atlas the long programs finish later still, so the window holds fewer
+    of them and the CV falls, which the hysteresis damps (one of ten long-tail runs went back to
+    fcfs for three minutes). Both mechanisms feed it the same finished programs, so they switch
+    at the same one."""
 
     def __init__(self, window: int = AUTO_WINDOW):
+        if window < AUTO_MIN:
+            raise ValueError(f"ProgramSizes: a window of {window} programs never reaches the {AUTO_MIN} it judges from")
         self.service = deque(maxlen=window)
         self.heavy = False
         self.seen = 0
         self.changes: list[dict] = []  # each switch: {at_s, programs (finished so far), to (what auto orders by)}
 
     def observe(self, service_s: float, now: float) -> None:
-        """A program finished at `now` with `service_s` of attained service."""
-        self.service.append(service_s)
+        """A program finished at `now` with `service_s` of attained service (a value that is not
+        a finite number is left out; a negative one counts as 0)."""
+        if not math.isfinite(service_s):
+            return
+        self.service.append(max(0.0, service_s))
         self.seen += 1
         cv = self.cv
         if cv is not None and (cv >= AUTO_LIGHT_CV if self.heavy else cv >= AUTO_HEAVY_CV) != self.heavy:

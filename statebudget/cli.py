@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from .models.errors import InputError
 
@@ -38,6 +38,17 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
+def _outputs(files=(), folders=()) -> None:
+    """Refuse, before any work, output paths that cannot be written: a file option naming a
+    folder, a folder option naming a file. `files`, `folders`: (option, path or None)."""
+    for option, path in files:
+        if path is not None and path.is_dir():
+            raise InputError(str(path), "", f"is a folder; {option} takes a file path")
+    for option, path in folders:
+        if path is not None and path.exists() and not path.is_dir():
+            raise InputError(str(path), "", f"is a file; {option} takes a folder")
+
+
 def _write_json(path: Path, obj) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=1) + "\n")
@@ -49,12 +60,21 @@ def _guard(fn):
 
     @functools.wraps(fn)
     def wrapper(*a, **kw):
+        import httpx
+
         try:
             return fn(*a, **kw)
-        except InputError as e:
+        except (InputError, ValueError, PermissionError) as e:
             _fail(str(e))
-        except ValueError as e:
-            _fail(str(e))
+        except OSError as e:  # an output path that cannot be written
+            _fail(f"{e.filename or ''}: {e.strerror or e}")
+        except httpx.HTTPError as e:  # a planner URL that is wrong, or a server that is down
+            try:
+                where = f" at {e.request.url}"
+            except RuntimeError:  # an error raised before any request was made
+                where = ""
+            _fail(f"cannot reach the planner{where}: {e or type(e).__name__} (is the URL right, with http://, "
+                  f"and the server up?)")
     return wrapper
 
 
@@ -70,6 +90,7 @@ def trace_gen(
                                                 "tenant (written to the header; 1 for a tenant not named)")] = "",
 ):
     """Generate a deterministic trace (same preset, seed, hours and load: same bytes)."""
+    _outputs(files=[("--out", out)])
     from .models.load import write_trace
     from .planner.programs import parse_tenant_weights
     from .traces.generators import generate
@@ -186,6 +207,7 @@ def replay(
                                                      min=0.0, max=0.99)] = 0.0,
 ):
     """Replay a trace against policies; print a table, write the report and plots."""
+    _outputs(files=[("--json", json_out)], folders=[("--plots", plots)])
     from .models.load import check_compatible, load_catalog, load_cluster, load_trace
     from .planner.programs import parse_admit_starve
     from .sim.runner import replay as run_replay
@@ -217,13 +239,14 @@ def replay(
             prog.update(tasks[n], completed=horizon)
     wall = time.perf_counter() - t0
     rep = result.report
-    t = Table("policy", "handoff stall p50/p95/p99 s", "stall mean s", "TTFT p95 s", "lease late p99 s",
-              "non-lease TTFT p99 s", "moved TB", "wasted TB", "warm tax", "SLO viol.",
+    t = Table(Column("policy", no_wrap=True), "handoff stall p50/p95/p99 s", "stall mean s", "TTFT p95 s",
+              "lease late p99 s", "non-lease TTFT p99 s", "program p95 s", "moved TB", "wasted TB", "warm tax", "SLO viol.",
               title=f"{tr.n_calls} calls, {rep.trace.handoffs} handoffs on {cl.name} + {cat.name} ({wall:.1f} s wall)")
     for n, r in rep.policies.items():
         h = r.handoff_stall_s
         t.add_row(n, f"{h.p50:.2f} / {h.p95:.2f} / {h.p99:.2f}", f"{r.stall_s.mean:.2f}", f"{r.ttft_s.p95:.2f}",
-                  f"{r.lease_lateness_s.p99:.2f}", f"{r.nonlease_ttft_s.p99:.2f}", f"{r.bytes_moved / 1e12:.2f}",
+                  f"{r.lease_lateness_s.p99:.2f}", f"{r.nonlease_ttft_s.p99:.2f}", f"{r.program_latency_s.p95:.1f}",
+                  f"{r.bytes_moved / 1e12:.2f}",
                   f"{r.wasted_bytes / 1e12:.2f}", f"{r.warm_tax:.2f}", f"{r.slo_violations:.1%}")
     console.print(t)
     for n, r in rep.policies.items():
@@ -247,7 +270,7 @@ def oracle(
     cluster: ClusterOpt,
     catalog: CatalogOpt,
     trace: TraceOpt,
-    time_limit: Annotated[float, typer.Option(help="seconds per rolling-horizon window")] = 10.0,
+    time_limit: Annotated[float, typer.Option(help="seconds per rolling-horizon window", min=0.1)] = 10.0,
     backend: Annotated[str, typer.Option(help="scip | cp-sat | highs | cbc")] = "scip",
     window: Annotated[int, typer.Option(help="slots per window", min=2)] = 24,
     overlap: Annotated[int, typer.Option(help="slots re-planned by the next window", min=0)] = 8,
@@ -258,6 +281,7 @@ def oracle(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the oracle block and windows here")] = None,
 ):
     """Solve the offline MILP (full future knowledge) over a trace, window by window."""
+    _outputs(files=[("--json", json_out)])
     from .models.load import check_compatible, load_catalog, load_cluster, load_trace
     from .solvers.costs import CostModel
     from .solvers.milp import oracle_summary
@@ -280,7 +304,10 @@ def oracle(
                              warm_start=warm_start, replicas=replicas, guide_from=guide_from)
     block = out["oracle"]
     bound = f"{block['bound']:.3f}" if block["bound"] is not None else "none (rolling horizon)"
-    console.print(f"{block['status']}: objective {block['objective']:.3f}, bound {bound}, max window gap "
+    n_opt = sum(1 for w in out["windows"] if w["status"] == "OPTIMAL")
+    status = block["status"] + (f" (stitched; {n_opt}/{len(out['windows'])} windows OPTIMAL)"
+                                if block["bound"] is None and out["windows"] else "")
+    console.print(f"{status}: objective {block['objective']:.3f}, bound {bound}, max window gap "
                   f"{block['gap']:.2e}, {len(out['windows'])} windows, {block['solve_s']:.1f} s solving; {out['waits']} of "
                   f"{out['calls']} calls wait"
                   + (f" ({out['trace_calls'] - out['calls']} calls the trace cancels are left out)"
@@ -308,6 +335,7 @@ def sweep(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write all rows here")] = None,
 ):
     """Replay a grid (clusters x traces x seeds x policies) into one table."""
+    _outputs(files=[("--json", json_out)])
     from .models.load import load_catalog, load_cluster
     from .sim import sweep as sw
     from .traces.generators import PRESETS
@@ -427,6 +455,10 @@ def serve(
 
     planner = LivePlanner(cl, cat, Store(db), profile=prof, queue=queue, config=lease_config(stage_host=stage_host),
                           kv_rule=kv_rule, tenant_weights=weights)
+    if (planner.cluster.name, planner.catalog.name) != (cl.name, cat.name):
+        err.print(f"[yellow]warning:[/] {db} was started with cluster {planner.cluster.name} and catalog "
+                  f"{planner.catalog.name}; they win over --cluster {cl.name} --catalog {cat.name} (serve a fresh --db, or "
+                  f"PUT /v1/cluster while the planner holds no state)", highlight=False)
     err.print(f"planner on http://{host}:{port}: cluster {planner.cluster.name}, catalog {planner.catalog.name}, "
               f"queue {queue}, tool-wait KV {kv_rule}, ledger {db} (plan version {planner.plan_version}, {len(planner.ops)} open ops)")
     uvicorn.run(create_app(planner, auth, tick_s=tick_s), host=host, port=port, log_level="warning")
@@ -506,15 +538,22 @@ def drive(
     and whether each lease was ready when its call came."""
     import asyncio
 
+    import httpx
+
     from .api.driver import Driver
     from .models.load import load_trace
 
+    tr = load_trace(trace)
+    httpx.get(planner.rstrip("/") + "/healthz", timeout=5.0)  # once, so a wrong URL fails now, not after 60 s of retries
     try:
-        out = asyncio.run(Driver(planner, token, speed, call_s).replay(load_trace(trace)))
+        out = asyncio.run(Driver(planner, token, speed, call_s).replay(tr))
     except PermissionError as e:
         _fail(f"the planner refused the token ({e}); a runtime token comes from "
               f"`statebudget token add --tokens FILE --role runtime --tenant NAME`")
-    console.print(f"{out['events']} events; leases {out['leases']}; ready when the quote promised: "
+    late = out["rejected_quoted_after_deadline"]
+    why = (f" ({late} rejected because the quote's P95 came after the deadline: deadlines shrink with "
+           f"--speed, transfers do not)") if late else ""
+    console.print(f"{out['events']} events; leases {out['leases']}{why}; ready when the quote promised: "
                   f"{out['ready_when_promised']}/{out['promised_by_quote']}; request p99 {out['request_ms']['p99']} ms; "
                   f"{out['n_errors']} errors")
     if json_out:
@@ -569,7 +608,7 @@ def token_add(
     tenant: Annotated[Optional[str], typer.Option(help="runtime: the tenant the token speaks for")] = None,
     node: Annotated[Optional[str], typer.Option(help="adapter: the node the token serves")] = None,
 ):
-    """Add a token to a token file and print it (restart `serve` to load it)."""
+    """Add a token to a token file and print it (a running `serve` takes it on its next request)."""
     from pydantic import ValidationError
 
     from .api.auth import add_token

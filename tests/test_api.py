@@ -315,3 +315,9 @@ def test_the_driver_replays_a_traces_branch_cancels_and_parallel_tools(client):
     assert {c: v["status"] for c, v in rec.calls.items()} == {"root": "finished", "a": "finished", "join": "finished"}
     assert sorted(rec.tools_done) == ["s1", "s2"] and not rec.tools  # both waits ran, each timed on its own
     assert {k: e["state"] for k, e in rec.effects.items()} == {"s1": "done", "s2": "done"}  # keyed by node
+    # The same trace again on the same ledger: its program ids are taken. One error says so, and
+    # the program is not replayed into a run of refused events.
+    again = Driver("http://planner", TOK["a"], speed=100, call_s=0.0, transport=httpx.ASGITransport(app=client.app))
+    out = asyncio.run(again.replay(trace))
+    assert out["n_errors"] == 1 and "p1: already finished in the planner's ledger" in out["errors"][0]
+    assert out["events"] == 1  # its program_started only

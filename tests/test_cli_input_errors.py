@@ -214,3 +214,30 @@ def test_an_input_error_in_a_worker_process_reaches_the_parent_whole(tmp_path):
         with pytest.raises(InputError) as e:
             pool.submit(_load_cluster_in_worker, str(tmp_path / "c.yaml")).result()
     assert e.value.source.endswith("c.yaml") and "H900" in str(e.value)
+
+
+def test_output_paths_that_cannot_be_written_are_refused_before_the_work(tmp_path):
+    write(tmp_path)
+    (tmp_path / "d").mkdir()
+    base = ["replay", "--cluster", str(tmp_path / "c.yaml"), "--catalog", str(tmp_path / "k.json"),
+            "--trace", str(tmp_path / "t.jsonl")]
+    assert_clean_error(runner.invoke(app, base + ["--json", str(tmp_path / "d")]), "is a folder; --json takes a file")
+    assert_clean_error(runner.invoke(app, base + ["--plots", str(tmp_path / "t.jsonl")]), "is a file; --plots takes a folder")
+    res = runner.invoke(app, ["trace", "gen", "--preset", "swe-team", "--hours", "0.1", "--out", str(tmp_path / "d")])
+    assert_clean_error(res, "is a folder; --out takes a file")
+    assert list((tmp_path / "d").iterdir()) == []
+
+
+def test_a_planner_that_cannot_be_reached_is_one_line(tmp_path):
+    import socket
+
+    write(tmp_path)
+    with socket.socket() as s:  # bound, not listening: a connection is refused at once
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        res = runner.invoke(app, ["residency", "--planner", url, "--token", "x"])
+        assert_clean_error(res, "cannot reach the planner at", url, "/v1/residency")
+        res = runner.invoke(app, ["drive", "--planner", url, "--token", "x", "--trace", str(tmp_path / "t.jsonl")])
+        assert_clean_error(res, "cannot reach the planner at", "/healthz")  # at once, not after the driver's retries
+    assert_clean_error(runner.invoke(app, ["residency", "--planner", "127.0.0.1:1", "--token", "x"]),
+                       "cannot reach the planner", "http://")

@@ -298,3 +298,20 @@ def test_stocking_a_store_larger_than_the_free_disk_refuses_before_writing(tmp_p
     assert not any(plane.nvme_dir.rglob("*.safetensors"))  # nothing written
     small = LocalDataPlane(tmp_path / "n1", node="n1", bytes_scale=1e-4)  # 44 MB: fits
     assert small.stock(cat) == sum(1 + (m.moe.pages if m.moe else 0) for m in cat.models)
+
+
+def test_an_adapter_whose_token_the_planner_refuses_stops_and_says_why(tmp_path):
+    # 401/403 would come back on every poll: the adapter stops with what to do, instead of
+    # retrying forever as it does while the planner is away (a restart answers 5xx or nothing).
+    answers = iter([httpx.Response(503, json={}), httpx.Response(403, json={"detail": "token is for node n1"})])
+    seen = []
+
+    def planner(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        return next(answers)
+
+    client = httpx.Client(base_url="http://planner", transport=httpx.MockTransport(planner))
+    ad = LocalAdapter("http://planner", "n0", "t", client=client, root=tmp_path, use_cuda=False)
+    with pytest.raises(PermissionError, match=r"refused node n0's token \(403: .*token is for node n1.*--role adapter --node n0"):
+        ad.run(wait_s=0)
+    assert seen == ["/v1/plan", "/v1/plan"]  # the 503 was retried, the 403 was not

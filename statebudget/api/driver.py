@@ -70,7 +70,11 @@ class Driver:
 
     async def _program(self, client, p, t0: float, slo_classes: dict[str, float]) -> None:
         await asyncio.sleep(max(0.0, t0 + p.start / self.speed - time.monotonic()))
-        await self._event(client, type="program_started", program=p.program)
+        started = await self._event(client, type="program_started", program=p.program)
+        if started is not None and started.get("status") != "running":
+            self.errors.append(f"program {p.program}: already {started.get('status')} in the planner's ledger (program "
+                               f"ids must be new: another trace seed, or serve with a fresh --db); not replayed")
+            return
         done = {n.id: asyncio.Event() for n in p.nodes}
         by_id = {n.id: n for n in p.nodes}
         hints_at: dict[str, list] = {}
@@ -172,6 +176,9 @@ class Driver:
         late = [{"lease_id": r["lease_id"], "model": r["asked_model"], "deadline_s": r["deadline_s"],
                  "p95_s": r["quote"]["p95_s"], "at_use": {k: (r.get("at_use") or {}).get(k) for k in ("state", "reason", "objects")}}
                 for r in promised if not r["ready_at_use"]]
-        return {"events": self.events, "leases": by, "unanswered": self.unanswered,
+        # a deadline is the trace's wait divided by --speed, while a quote is the transfer's real time
+        quoted_late = sum(1 for r in self.leases if r["decision"] == "rejected" and r["quote"]["p95_s"] > r["deadline_s"])
+        return {"events": self.events, "leases": by, "rejected_quoted_after_deadline": quoted_late,
+                "unanswered": self.unanswered,
                 "promised_by_quote": len(promised), "ready_when_promised": len(kept), "late": late[:10],
                 "request_ms": {"p50": q(0.5), "p99": q(0.99)}, "errors": self.errors[:20], "n_errors": len(self.errors)}

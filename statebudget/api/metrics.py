@@ -28,6 +28,7 @@ class ServiceMetrics(Telemetry):
         self.plan_version = Gauge("statebudget_plan_version", "current plan version", registry=r)
         self.program_service_cv = Gauge("statebudget_program_service_cv", "queue auto: coefficient of variation of "
                                         "the last finished programs' attained service (NaN until 50)", registry=r)
+        self.program_service_cv.set(float("nan"))  # not judged (yet, or not under auto)
         self.queue_ordering = Gauge("statebudget_queue_ordering", "queue auto: 1 for the discipline it orders by now",
                                     ["discipline"], registry=r)
 

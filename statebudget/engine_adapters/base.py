@@ -173,6 +173,15 @@ class Adapter(ABC):
         while stop is None or not stop():
             try:
                 n = self.step(wait_s)
+            except httpx.HTTPStatusError as e:
+                if e.response.status_code in (401, 403):  # every later poll would be refused the same way
+                    raise PermissionError(
+                        f"the planner refused node {self.node}'s token ({e.response.status_code}: {e.response.text[:200]}); "
+                        f"an adapter token comes from `statebudget token add --tokens FILE --role adapter "
+                        f"--node {self.node}`") from None
+                log.warning("planner answered %s; retrying", e)
+                time.sleep(1.0)
+                continue
             except httpx.HTTPError as e:
                 log.warning("planner unreachable (%s); retrying", e)
                 time.sleep(1.0)

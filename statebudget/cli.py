@@ -435,6 +435,14 @@ def serve(
     except ValueError as e:
         _fail(str(e))
     setup_logging(log_level)
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:  # before anything is written
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            _fail(f"cannot listen on {host}:{port}: {e.strerror or e} (another server there? pick --port)")
     cl, cat = load_cluster(cluster), load_catalog(catalog)  # bad input fails before anything is written
     check_compatible(cl, cat)
     prof = None

@@ -221,6 +221,8 @@ def test_oracle_run_in_the_background(client):
     assert body["result"]["replicas"] == 1 and body["result"]["violations"] == []
     bad = client.post("/v1/oracle/runs", json={"preset": "swe-team", "trace_jsonl": "{}"}, headers=H("admin"))
     assert bad.status_code == 422
+    bad = client.post("/v1/oracle/runs", json={"preset": "swe-tem"}, headers=H("admin"))  # refused now, not failed later
+    assert bad.status_code == 422 and "unknown trace preset 'swe-tem'" in bad.text
     r = client.post("/v1/oracle/runs", json={"preset": "swe-team", "hours": 0.05}, headers=H("admin"))
     body = _finished(client, r.json()["run_id"])
     assert body["status"] == "failed" and "unknown model" in body["error"]  # swe-team names models toy lacks

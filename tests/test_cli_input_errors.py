@@ -241,3 +241,16 @@ def test_a_planner_that_cannot_be_reached_is_one_line(tmp_path):
         assert_clean_error(res, "cannot reach the planner at", "/healthz")  # at once, not after the driver's retries
     assert_clean_error(runner.invoke(app, ["residency", "--planner", "127.0.0.1:1", "--token", "x"]),
                        "cannot reach the planner", "http://")
+
+
+def test_serve_on_a_port_in_use_says_so_before_writing_anything(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = runner.invoke(app, ["serve", "--db", str(tmp_path / "sb.db"), "--cluster", "toy2", "--catalog", "toy",
+                                  "--port", str(port)])
+    assert_clean_error(res, f"cannot listen on 127.0.0.1:{port}", "in use")
+    assert list(tmp_path.iterdir()) == []  # no ledger, no token file

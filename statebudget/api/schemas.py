@@ -137,6 +137,9 @@ class OracleRunCreate(BaseModel):
     def _one_trace(self):
         if (self.preset is None) == (self.trace_jsonl is None):
             raise ValueError("give exactly one of preset and trace_jsonl")
+        from ..traces.generators import PRESETS
+        if self.preset is not None and self.preset not in PRESETS:
+            raise ValueError(f"unknown trace preset {self.preset!r} (known: {', '.join(PRESETS)})")
         if self.overlap >= self.window:
             raise ValueError("overlap must be smaller than window")
         return self

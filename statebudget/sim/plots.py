@@ -38,7 +38,9 @@ def _grouped_bars(ax, groups: list[str], series: dict[str, list[float]], tick_fo
     width = 0.8 / max(len(series), 1)
     for k, (label, values) in enumerate(series.items()):
         ax.bar(np.arange(len(groups)) + k * width, values, width, label=label)
-    ax.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, groups, fontsize=tick_fontsize)
+    many = len(groups) > 4  # long policy specs side by side overlap: slant them
+    ax.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, groups, fontsize=tick_fontsize,
+                  rotation=30 if many else 0, ha="right" if many else "center")
     ax.legend(fontsize=8)
 
 
@@ -78,7 +80,7 @@ def write_plots(results: dict[str, SimResult], out_dir: str | Path) -> list[Path
     paths.append(_save(fig, out / "program_latency_cdf.png"))
 
     # Tool-wait KV: what each policy's rule did, and the suspended KV it held in HBM meanwhile.
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.5 * len(results)), 5))
     _grouped_bars(ax, [f"{n}\n{res.kv_hbm_byte_s / 1e12:.2f} TB·s held" for n, res in results.items()],
                   {rule: [res.kv_actions.get(rule, 0) for res in results.values()]
                    for rule in ("preserve", "swap", "discard")}, tick_fontsize=8)

@@ -41,12 +41,37 @@ def _fail(msg: str) -> None:
 def _outputs(files=(), folders=()) -> None:
     """Refuse, before any work, output paths that cannot be written: a file option naming a
     folder, a folder option naming a file. `files`, `folders`: (option, path or None)."""
-    for option, path in files:
-        if path is not None and path.is_dir():
+    for option, path in [*files, *folders]:
+        if path is None:
+            continue
+        if (option, path) in files and path.is_dir():
             raise InputError(str(path), "", f"is a folder; {option} takes a file path")
-    for option, path in folders:
-        if path is not None and path.exists() and not path.is_dir():
+        if (option, path) in folders and path.exists() and not path.is_dir():
             raise InputError(str(path), "", f"is a file; {option} takes a folder")
+        parent = next((p for p in path.parents if p.exists()), None)
+        if parent is not None and not parent.is_dir():
+            raise InputError(str(path), "", f"{parent} is a file, so {option} cannot be written there")
+
+
+PLANNER_WAIT_S = 10.0  # how long `drive` waits for a planner that refuses connections (still starting)
+
+
+def _check_planner(url: str, wait_s: float | None = None) -> None:
+    """GET /healthz before a long run, so that a wrong URL fails now: a refused connection is
+    retried for `wait_s` (a planner still starting), any answer but 200 means it is not one."""
+    import httpx
+
+    deadline = time.monotonic() + (PLANNER_WAIT_S if wait_s is None else wait_s)
+    while True:
+        try:
+            r = httpx.get(url.rstrip("/") + "/healthz", timeout=5.0)
+            break
+        except httpx.ConnectError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    if r.status_code != 200:
+        raise InputError(url, "", f"GET /healthz answered {r.status_code}: not a StateBudget planner's base URL")
 
 
 def _write_json(path: Path, obj) -> None:
@@ -66,8 +91,10 @@ def _guard(fn):
             return fn(*a, **kw)
         except (InputError, ValueError, PermissionError) as e:
             _fail(str(e))
-        except OSError as e:  # an output path that cannot be written
-            _fail(f"{e.filename or ''}: {e.strerror or e}")
+        except OSError as e:  # a path that cannot be written; any other OSError keeps its traceback
+            if e.filename is None:
+                raise
+            _fail(f"{e.filename}: {e.strerror or e}")
         except httpx.HTTPError as e:  # a planner URL that is wrong, or a server that is down
             try:
                 where = f" at {e.request.url}"
@@ -437,12 +464,20 @@ def serve(
     setup_logging(log_level)
     import socket
 
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:  # before anything is written
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as e:
-            _fail(f"cannot listen on {host}:{port}: {e.strerror or e} (another server there? pick --port)")
+    import errno
+
+    try:  # before anything is written; each address the host names, as uvicorn binds it
+        addrs = {a[4]: a[0] for a in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)}
+    except socket.gaierror as e:
+        _fail(f"--host {host}: {e.strerror}")
+    for addr, family in addrs.items():
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(addr)
+            except OSError as e:
+                hint = " (another server there? pick --port)" if e.errno == errno.EADDRINUSE else ""
+                _fail(f"cannot listen on {host}:{port}: {e.strerror or e}{hint}")
     cl, cat = load_cluster(cluster), load_catalog(catalog)  # bad input fails before anything is written
     check_compatible(cl, cat)
     prof = None
@@ -552,7 +587,7 @@ def drive(
     from .models.load import load_trace
 
     tr = load_trace(trace)
-    httpx.get(planner.rstrip("/") + "/healthz", timeout=5.0)  # once, so a wrong URL fails now, not after 60 s of retries
+    _check_planner(planner)
     try:
         out = asyncio.run(Driver(planner, token, speed, call_s).replay(tr))
     except PermissionError as e:

@@ -323,3 +323,7 @@ def test_the_driver_replays_a_traces_branch_cancels_and_parallel_tools(client):
     out = asyncio.run(again.replay(trace))
     assert out["n_errors"] == 1 and "p1: already finished in the planner's ledger" in out["errors"][0]
     assert out["events"] == 1  # its program_started only
+    # ... and under another tenant's token the program is that tenant's error, not the token's.
+    other = Driver("http://planner", TOK["b"], speed=100, call_s=0.0, transport=httpx.ASGITransport(app=client.app))
+    out = asyncio.run(other.replay(trace))
+    assert out["n_errors"] == 1 and "403" in out["errors"][0] and "belongs to another tenant" in out["errors"][0]

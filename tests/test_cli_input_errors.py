@@ -226,11 +226,18 @@ def test_output_paths_that_cannot_be_written_are_refused_before_the_work(tmp_pat
     res = runner.invoke(app, ["trace", "gen", "--preset", "swe-team", "--hours", "0.1", "--out", str(tmp_path / "d")])
     assert_clean_error(res, "is a folder; --out takes a file")
     assert list((tmp_path / "d").iterdir()) == []
+    assert_clean_error(runner.invoke(app, base + ["--json", str(tmp_path / "t.jsonl" / "r.json")]),
+                       "t.jsonl is a file, so --json cannot be written there")
 
 
-def test_a_planner_that_cannot_be_reached_is_one_line(tmp_path):
+def test_a_planner_that_cannot_be_reached_is_one_line(tmp_path, monkeypatch):
     import socket
 
+    import httpx
+
+    from statebudget import cli
+
+    monkeypatch.setattr(cli, "PLANNER_WAIT_S", 0.0)  # drive would wait 10 s for a planner still starting
     write(tmp_path)
     with socket.socket() as s:  # bound, not listening: a connection is refused at once
         s.bind(("127.0.0.1", 0))
@@ -240,7 +247,26 @@ def test_a_planner_that_cannot_be_reached_is_one_line(tmp_path):
         res = runner.invoke(app, ["drive", "--planner", url, "--token", "x", "--trace", str(tmp_path / "t.jsonl")])
         assert_clean_error(res, "cannot reach the planner at", "/healthz")  # at once, not after the driver's retries
     assert_clean_error(runner.invoke(app, ["residency", "--planner", "127.0.0.1:1", "--token", "x"]),
-                       "cannot reach the planner", "http://")
+                       "cannot reach the planner", "is missing")
+    # Something answers, but not a planner (a base URL with a path, another service): drive says so.
+    monkeypatch.setattr(httpx, "get", lambda url, **kw: httpx.Response(404, request=httpx.Request("GET", url)))
+    res = runner.invoke(app, ["drive", "--planner", "http://127.0.0.1:9/v1", "--token", "x", "--trace", str(tmp_path / "t.jsonl")])
+    assert_clean_error(res, "GET /healthz answered 404: not a StateBudget planner")
+
+
+def test_an_os_error_without_a_path_keeps_its_traceback(tmp_path, monkeypatch):
+    # Only a path that cannot be written is the user's input; any other OSError is a bug or the
+    # machine's, and a one-line "error:" would hide it.
+    from statebudget.sim import runner as sim_runner
+
+    write(tmp_path)
+
+    def boom(*a, **kw):
+        raise TimeoutError("the simulator hung")
+
+    monkeypatch.setattr(sim_runner, "replay", boom)
+    res = replay(tmp_path)
+    assert res.exit_code == 1 and isinstance(res.exception, TimeoutError)
 
 
 def test_serve_on_a_port_in_use_says_so_before_writing_anything(tmp_path):

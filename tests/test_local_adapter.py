@@ -300,18 +300,26 @@ def test_stocking_a_store_larger_than_the_free_disk_refuses_before_writing(tmp_p
     assert small.stock(cat) == sum(1 + (m.moe.pages if m.moe else 0) for m in cat.models)
 
 
-def test_an_adapter_whose_token_the_planner_refuses_stops_and_says_why(tmp_path):
-    # 401/403 would come back on every poll: the adapter stops with what to do, instead of
-    # retrying forever as it does while the planner is away (a restart answers 5xx or nothing).
-    answers = iter([httpx.Response(503, json={}), httpx.Response(403, json={"detail": "token is for node n1"})])
+def test_an_adapter_whose_token_the_planner_keeps_refusing_stops_and_says_why(tmp_path, monkeypatch):
+    # 401/403 that last REFUSED_GRACE_S stop the adapter with what to do, instead of retrying
+    # forever as it does while the planner is away; a shorter refusal (a token file being
+    # rewritten, a planner restarting) is retried. A fake clock: sleeping moves it.
+    from statebudget.engine_adapters import base
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(base.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(base.time, "sleep", lambda s: clock.__setitem__("t", clock["t"] + s))
+    answers = [httpx.Response(401, json={"detail": "unknown bearer token"}), httpx.Response(503, json={}),
+               httpx.Response(200, json={"version": 0, "ops": []})]
     seen = []
 
     def planner(request: httpx.Request) -> httpx.Response:
-        seen.append(request.url.path)
-        return next(answers)
+        seen.append(clock["t"])
+        return answers.pop(0) if answers else httpx.Response(403, json={"detail": "token is for node n1"})
 
     client = httpx.Client(base_url="http://planner", transport=httpx.MockTransport(planner))
     ad = LocalAdapter("http://planner", "n0", "t", client=client, root=tmp_path, use_cuda=False)
     with pytest.raises(PermissionError, match=r"refused node n0's token \(403: .*token is for node n1.*--role adapter --node n0"):
         ad.run(wait_s=0)
-    assert seen == ["/v1/plan", "/v1/plan"]  # the 503 was retried, the 403 was not
+    first_403 = seen[3]  # after the 401, the 503 and the poll that went through
+    assert seen[-1] - first_403 >= base.REFUSED_GRACE_S > seen[-2] - first_403  # stopped once the grace ran out

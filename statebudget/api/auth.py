@@ -113,12 +113,21 @@ class Auth:
         raise InputError("tokens", "file", "no token file given and STATEBUDGET_TOKENS is not set")
 
 
+def _write_tokens(path: Path, data: dict) -> None:
+    """Replace the token file at once (mode 600): a server that re-reads it meanwhile sees the old
+    file or the new one, never an empty or half-written one that would refuse a valid token."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
 def create_token_file(path: Path) -> str:
     """A new token file holding one admin token (mode 600); returns the token."""
     token = secrets.token_urlsafe(32)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"tokens": [{"token": token, "role": "admin"}]}, indent=1) + "\n")
-    path.chmod(0o600)
+    _write_tokens(path, {"tokens": [{"token": token, "role": "admin"}]})
     return token
 
 
@@ -127,7 +136,5 @@ def add_token(path: Path, role: str, tenant: str | None = None, node: str | None
     data = json.loads(path.read_text()) if path.exists() else {"tokens": []}
     entry = TokenEntry(token=secrets.token_urlsafe(32), role=role, tenant=tenant, node=node)
     data["tokens"].append(entry.model_dump(exclude_none=True))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n")
-    path.chmod(0o600)
+    _write_tokens(path, data)
     return entry.token

@@ -45,7 +45,8 @@ class Driver:
                 r = await client.request(method, path, json=body)
                 if r.status_code >= 500 and time.monotonic() < deadline:
                     raise httpx.RemoteProtocolError(f"{r.status_code}")
-                if r.status_code in (401, 403):  # every later request would fail the same way
+                if r.status_code == 401 or (r.status_code == 403 and "another tenant" not in r.text):
+                    # every later request would fail the same way (a program of another tenant is that program's error)
                     raise PermissionError(f"{method} {path}: {r.status_code} {r.text[:200]}")
                 self.latency_s.append(time.perf_counter() - t0)
                 return r
@@ -71,7 +72,9 @@ class Driver:
     async def _program(self, client, p, t0: float, slo_classes: dict[str, float]) -> None:
         await asyncio.sleep(max(0.0, t0 + p.start / self.speed - time.monotonic()))
         started = await self._event(client, type="program_started", program=p.program)
-        if started is not None and started.get("status") != "running":
+        if started is None:  # refused (its error is counted) or unanswered: nothing of it can follow
+            return
+        if started.get("status") != "running":
             self.errors.append(f"program {p.program}: already {started.get('status')} in the planner's ledger (program "
                                f"ids must be new: another trace seed, or serve with a fresh --db); not replayed")
             return

@@ -30,6 +30,8 @@ from pydantic import BaseModel, Field
 from ..models.plan import Op
 
 log = logging.getLogger("statebudget.adapter")
+REFUSED_GRACE_S = 10.0  # a planner refusing the token (401/403) this long stops the adapter; shorter, it is
+                        # retried (a token file being rewritten, a planner restarting with new tokens)
 
 
 class OpResult(BaseModel):
@@ -170,16 +172,21 @@ class Adapter(ABC):
     def run(self, stop=None, wait_s: float = 10.0, on_step=None) -> None:
         """Poll and execute until `stop()` is true (forever by default); `on_step(n_executed)`
         after each poll. An unreachable planner (a restart) is retried every second."""
+        refused_since = None
         while stop is None or not stop():
             try:
                 n = self.step(wait_s)
+                refused_since = None
             except httpx.HTTPStatusError as e:
-                if e.response.status_code in (401, 403):  # every later poll would be refused the same way
+                refused = e.response.status_code in (401, 403)
+                if refused and refused_since is None:
+                    refused_since = time.monotonic()
+                if refused and time.monotonic() - refused_since >= REFUSED_GRACE_S:  # not a passing state
                     raise PermissionError(
                         f"the planner refused node {self.node}'s token ({e.response.status_code}: {e.response.text[:200]}); "
                         f"an adapter token comes from `statebudget token add --tokens FILE --role adapter "
                         f"--node {self.node}`") from None
-                log.warning("planner answered %s; retrying", e)
+                log.warning("planner answered %s; retrying", e)  # a refusal too, for REFUSED_GRACE_S
                 time.sleep(1.0)
                 continue
             except httpx.HTTPError as e:

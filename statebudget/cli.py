@@ -517,7 +517,7 @@ def adapter(
     root: Annotated[Path, typer.Option(help="local: data directory (NVMe tier = safetensors files under ROOT/NODE/nvme)")] = Path("statebudget-data"),
     arena_mb: Annotated[Optional[float], typer.Option(help="local: device arena per GPU in MB (1e6 B) when there is no CUDA (default 1 GiB)")] = None,
     inventory: Annotated[Optional[Path], typer.Option(help="local: after each poll, write the ops executed and the copies held here (JSON)")] = None,
-    engines: Annotated[Optional[Path], typer.Option(help="vllm, sglang: JSON file {endpoints: {MODEL@gpu:I: URL}, model_paths, cpu_backup}")] = None,
+    engines: Annotated[Optional[Path], typer.Option(help="vllm, sglang: JSON file {endpoints: {MODEL@gpu:I: URL}, model_paths, cpu_backup, api_key}")] = None,
     catalog: Annotated[Optional[str], typer.Option(help="local: create this catalog's model store under ROOT first")] = None,
     bytes_scale: Annotated[float, typer.Option(help="local: objects get this fraction of their real size (e.g. 0.001 "
                                                     "to run a real catalog's plan on a laptop)")] = 1.0,
@@ -540,7 +540,7 @@ def adapter(
             _fail(f"adapter {kind} needs --engines FILE: where each (model, GPU group) server listens")
         cfg = load_engine_file(engines)
         extra = {"model_paths": cfg.model_paths, "cpu_backup": cfg.cpu_backup} if kind == "sglang" else {}
-        a = cls(planner, node, token, cfg.endpoint_map(), **extra)
+        a = cls(planner, node, token, cfg.endpoint_map(), engine_client=cfg.engine_client(), **extra)
         err.print(f"{kind} adapter of {node} polling {planner}; {len(cfg.endpoints)} engine servers")
         a.run(wait_s=wait_s)
         return

@@ -63,6 +63,9 @@ def vllm_adapter(fake, **kw) -> VllmAdapter:
 
 
 def lmcache_adapter(fake, **kw) -> LMCacheAdapter:
+    """With /check_finish and pins on (the fake's moves finish over a few checks, as an
+    asynchronous LMCache would); `test_lmcache_defaults_*` covers the defaults."""
+    kw = {"wait_for_finish": True, "pin_leased": True, **kw}
     return LMCacheAdapter(PLANNER, "n0", "tok", fake.url, tokens_of=lambda p, m: TOKENS[(p, m)],
                           instance_of={"coder": "inst0"}, poll_interval_s=0.001, **kw)
 
@@ -257,13 +260,31 @@ def test_sglang_without_cpu_backup_rereads_weights_after_a_demote():
 
 
 def test_sglang_engine_errors_fail_the_op_with_the_engines_message(sglang):
-    r = sglang_adapter(sglang).execute(op("p1", "promote", ["w", "coder"], "host:n0", "gpu:0"))
-    assert r.status == "failed" and "cannot resume ['weights']: not released" in r.error
+    sglang.inject("/release_memory_occupation", 400, {"error": {"message": "the memory saver is not enabled"}})
+    r = sglang_adapter(sglang).execute(op("d1", "demote", ["w", "coder"], "gpu:0", "host:n0"))
+    assert r.status == "failed" and "the memory saver is not enabled" in r.error
 
     wrong = SglangAdapter(PLANNER, "n0", "tok", {("coder", "gpu:0"): sglang.url}, model_paths={"coder": "/nowhere"})
     wrong.execute(op("d1", "drop", ["w", "coder"], "gpu:0", "none"))
     r = wrong.execute(op("p2", "promote", ["w", "coder"], "nvme:n0", "gpu:0"))
     assert r.status == "failed" and "Failed to get weights iterator" in r.error
+
+
+def test_sglang_never_releases_twice_or_resumes_what_it_did_not_release(sglang):
+    # Either kills SGLang's scheduler; and /health (a one-token generation) is not sent to a
+    # server with a region released.
+    a = sglang_adapter(sglang)
+    assert a.execute(op("p1", "promote", ["w", "coder"], "host:n0", "gpu:0")).status == "done"
+    assert sglang.lines() == ["GET /health"]  # held already: nothing to resume
+    sglang.calls.clear()
+    for i in range(2):
+        assert a.execute(op(f"d{i}", "demote", ["w", "coder"], "gpu:0", "host:n0")).status == "done"
+    assert sglang.lines() == ["POST /release_memory_occupation"]
+    h = a.health()
+    assert h["ok"] and h["servers"][sglang.url] == {"model": "coder", "gpus": [0], "ok": True, "released": ["weights"]}
+    assert sglang.lines() == ["POST /release_memory_occupation"]  # not probed
+    assert a.execute(op("p2", "promote", ["w", "coder"], "host:n0", "gpu:0")).status == "done"
+    assert a.health()["servers"][sglang.url]["status"] == 200 and "GET /health" in sglang.lines()
 
 
 def test_sglang_kv_pool_release_and_resume_without_lmcache(sglang):
@@ -279,7 +300,7 @@ def test_sglang_kv_pool_release_and_resume_without_lmcache(sglang):
 
 # ---- LMCache ------------------------------------------------------------------------------------------
 
-def test_lmcache_move_waits_for_check_finish(lmcache):
+def test_lmcache_move_waits_for_check_finish_when_asked(lmcache):
     lmcache.kv[(1, 2, 3, 4)] = {("inst0", CPU)}
     r = lmcache_adapter(lmcache).execute(op("k1", "demote", ["kv", "p1", "coder"], "host:n0", "nvme:n0"))
     assert r.status == "done" and r.bytes == 2 * GB
@@ -412,16 +433,27 @@ def test_lmcache_abort_moves_the_kv_back(lmcache):
     assert lmcache.lines().count("POST /move") == 2
 
 
-def test_lmcache_blocking_move_without_check_finish():
+def test_lmcache_defaults_a_blocking_move_no_check_finish_and_no_pins():
+    # The LMCache source followed answers /move once moved, raises in /check_finish, and has no
+    # route to unpin: by default the adapter moves, verifies with /lookup, and pins nothing.
     fake = FakeLMCache(finish_polls=0)
     fake.kv[(1, 2, 3, 4)] = {("inst0", CPU)}
     with serve(fake.app) as url:
         fake.url = url
-        a = lmcache_adapter(fake, wait_for_finish=False)
+        a = LMCacheAdapter(PLANNER, "n0", "tok", url, tokens_of=lambda p, m: TOKENS[(p, m)],
+                           instance_of={"coder": "inst0"}, poll_interval_s=0.001)
         assert a.execute(op("k1", "demote", ["kv", "p1", "coder"], "host:n0", "nvme:n0")).status == "done"
         assert fake.lines() == ["POST /move", "POST /lookup"] and fake.kv[(1, 2, 3, 4)] == {("inst0", DISK)}
+        fake.calls.clear()
+        leased = op("k2", "promote", ["kv", "p1", "coder"], "nvme:n0", "gpu:0", lease_id="L1")
+        assert a.execute(leased).status == "done" and "POST /pin" not in fake.lines() and not fake.pinned
         assert a.health() == {"kind": "lmcache", "ok": True,
                               "instances": {"inst0": {"ok": True, "error_codes": {"0": 0}}}}
+        fake.inject("/health", 200, {"event_id": "e", "error_code": 0})  # the other versions' answer
+        assert a.health()["instances"]["inst0"] == {"ok": True, "error_codes": {"all": 0}}
+        fake.inject("/health", 200, {"event_id": "e"})
+        h = a.health()
+        assert not h["ok"] and "no error_codes or error_code" in h["instances"]["inst0"]["error"]
 
 
 # ---- Adapter.step against a fake planner --------------------------------------------------------------
@@ -466,6 +498,24 @@ def test_step_refused_kv_move_is_moved_back(lmcache):
     planner = FakePlanner([[as_offer(demote)]], refuse={"k1"})
     with serve(planner.app) as planner_url:
         a = LMCacheAdapter(planner_url, "n0", "tok", lmcache.url, tokens_of=lambda p, m: TOKENS[(p, m)],
-                           instance_of={"coder": "inst0"}, poll_interval_s=0.001)
+                           instance_of={"coder": "inst0"}, poll_interval_s=0.001, wait_for_finish=True)
         assert a.step(wait_s=0) == 1
     assert lmcache.lines().count("POST /move") == 2 and lmcache.kv[(1, 2, 3, 4)] == {("inst0", CPU)}
+
+
+def test_an_engine_file_with_an_api_key_sends_it_to_the_engine_servers(sglang, tmp_path):
+    # Servers run with --api-key answer 401 to a request without it.
+    import json
+
+    from statebudget.engine_adapters.http import load_engine_file
+
+    path = tmp_path / "engines.json"
+    path.write_text(json.dumps({"endpoints": {"coder@gpu:0": sglang.url}, "api_key": "sk-local"}))
+    cfg = load_engine_file(path)
+    seen = []
+    sglang.app.middleware("http")(lambda request, call_next: (seen.append(request.headers.get("authorization")),
+                                                              call_next(request))[1])
+    a = SglangAdapter(PLANNER, "n0", "tok", cfg.endpoint_map(), model_paths={}, engine_client=cfg.engine_client())
+    assert a.health()["ok"] and seen == ["Bearer sk-local"]
+    path.write_text(json.dumps({"endpoints": {"coder@gpu:0": sglang.url}}))
+    assert load_engine_file(path).engine_client() is None  # the adapter's own client, no header

@@ -11,6 +11,7 @@ Source followed: LMCache `lmcache/v1/api_server/__main__.py` (the controller's F
     POST /clear         {instance_id, location}         -> {event_id, num_tokens}
     POST /pin           {instance_id, location, tokens} -> {event_id, num_tokens}
     POST /health        {instance_id}                   -> {event_id, error_codes: {worker: code}}
+                                                           (other versions: {event_id, error_code})
 
 Every failure is HTTP 500 with FastAPI's `{"detail": "..."}`.
 
@@ -21,15 +22,27 @@ LMCache has no location for the engine's own paged GPU KV: the connector stores 
 into LMCache after its prefill and loads it back on the program's next call. So, unless a "gpu"
 location is configured, a KV op whose GPU end has no location uses where LMCache holds the KV
 (found with /lookup) as its source, and the host location as its target (staged there, the next
-call loads it from host; a live lease pins it so eviction cannot undo the promote).
+call loads it from host; with `pin_leased`, a live lease pins it so eviction cannot undo the
+promote).
 
     promote / demote    /move source -> target location, then /check_finish until "completed",
                         then /lookup until it places the KV at the target (the verify step,
                         `verify`: LMCache has no checksum; a /lookup that refutes the move
                         fails it)
-    op with a lease_id  then /pin at the target location
+    op with a lease_id  then /pin at the target location, if `pin_leased` (off by default: the
+                        controller has no route to unpin, so pins would pile up and stop eviction)
     drop                /clear of the source location: the API takes no tokens, so this empties
                         every KV the instance holds there, not only this program's
+
+What the LMCache side must provide (not checked here, no LMCache in CI):
+- /move is a push between instances: the controller sends the chunks to the destination
+  instance's P2P ("distributed") URL, so the instances need LMCache's P2P transfer configured,
+  also for a move between two locations of one instance (an intra-instance move through the
+  controller is not verified against a real LMCache);
+- /lookup hashes the token ids the controller's way (default chunking; the LMCache docs run the
+  controller and the engines with the same PYTHONHASHSEED, e.g. 123): else it finds nothing and
+  every verify step fails;
+- /check_finish raises NotImplementedError in the source followed, hence `wait_for_finish` off.
 
 Why /move (copy=False) and not copy-then-release: /clear takes no tokens (it empties a whole
 location of an instance), so a per-program source can only be released by the move itself. A
@@ -64,11 +77,13 @@ class LMCacheAdapter(Adapter):
                  tokens_of: Callable[[str, str], list[int]], instance_of: dict[str, str],
                  locations: dict[str, str] | None = None, client: httpx.Client | None = None,
                  engine_client: httpx.Client | None = None, timeout_s: float = 120.0,
-                 poll_interval_s: float = 0.05, wait_for_finish: bool = True, verify_s: float = 5.0):
-        """`wait_for_finish=False` skips /check_finish: in the LMCache source followed, /move
-        already answers after every worker moved its chunks, and the executor's `check_finish`
-        still raises NotImplementedError (the endpoint answers 500). `verify_s`: how long a
-        move's verify step (`verify`) waits for /lookup to show the KV at its target."""
+                 poll_interval_s: float = 0.05, wait_for_finish: bool = False, verify_s: float = 5.0,
+                 pin_leased: bool = False):
+        """`wait_for_finish=True` polls /check_finish after a move: off by default, because in the
+        LMCache source followed /move already answers after every worker moved its chunks, and the
+        executor's `check_finish` still raises NotImplementedError (the endpoint answers 500).
+        `verify_s`: how long a move's verify step (`verify`) waits for /lookup to show the KV at its
+        target. `pin_leased`: /pin the KV a leased op moved (there is no unpin route)."""
         super().__init__(planner, node, token, client)
         self.engine = engine_client or httpx.Client(base_url=controller.rstrip("/"),
                                                     timeout=httpx.Timeout(10.0, read=timeout_s))
@@ -76,6 +91,7 @@ class LMCacheAdapter(Adapter):
         self.locations = {"host": "LocalCPUBackend", "nvme": "LocalDiskBackend", **(locations or {})}
         self.timeout_s, self.poll_interval_s, self.wait_for_finish = timeout_s, poll_interval_s, wait_for_finish
         self.verify_s = verify_s  # the longest a move's verify step waits for /lookup to show it
+        self.pin_leased = pin_leased
         # op id -> (instance, tokens, from location, to location) of a done move, until commit/abort
         self.moved: dict[str, tuple[str, list[int], str, str]] = {}
 
@@ -190,7 +206,7 @@ class LMCacheAdapter(Adapter):
             if src != dst:
                 self.move(instance, tokens, src, dst, op)
                 self.moved[op.op_id] = (instance, tokens, src, dst)
-            if op.lease_id:
+            if op.lease_id and self.pin_leased:
                 self.pin(instance, tokens, dst)
             return op_result(op, t0)
         except (EngineError, httpx.HTTPError) as e:
@@ -214,8 +230,11 @@ class LMCacheAdapter(Adapter):
         instances = {}
         for instance in sorted(set(self.instance_of.values())):
             try:
-                codes = self._post("/health", {"instance_id": instance})["error_codes"]
+                body = self._post("/health", {"instance_id": instance})
+                codes = body.get("error_codes", {"all": body["error_code"]} if "error_code" in body else None)
+                if not isinstance(codes, dict):
+                    raise EngineError(f"/health answered {str(body)[:200]}: no error_codes or error_code")
                 instances[instance] = {"ok": all(int(c) == 0 for c in codes.values()), "error_codes": codes}
-            except (EngineError, httpx.HTTPError) as e:
+            except (EngineError, httpx.HTTPError, ValueError, TypeError) as e:
                 instances[instance] = {"ok": False, "error": str(e)}
         return {"kind": self.kind, "ok": all(v["ok"] for v in instances.values()), "instances": instances}

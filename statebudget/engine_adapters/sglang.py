@@ -23,7 +23,17 @@ One SGLang server serves one model on one GPU group, so endpoints are keyed by (
              KV pool: demote/drop release ["kv_cache"], promote resume ["kv_cache"]
     experts  fail: SGLang has no HTTP route to page one MoE expert.
 
-Then `GET /health` 200 before a promote is reported done. A released region keeps its contents
+Then `GET /health` 200 before a promote is reported done (SGLang's /health generates one token).
+
+SGLang's scheduler does not refuse what it cannot do, it fails: releasing a region already
+released, or resuming one not released, raises in the scheduler subprocess, and a release while
+requests are in flight fails its assertion that none are. So:
+- the adapter keeps the regions it released per server (`released`) and never releases one twice
+  or resumes one it did not release (servers start with none released: restart the adapter only
+  while its servers hold all their regions, or restart them too);
+- the planner releases a model's regions only when none of its calls runs; the runtime must not
+  send requests to a server whose model the planner moved elsewhere;
+- `health()` does not probe a server with a region released (a generation there fails or hangs). A released region keeps its contents
 only when the server runs with `--enable-weights-cpu-backup` (weights); without it a demote to
 host loses the weights just as a drop does; set `cpu_backup=False` and every promote re-reads
 them from disk. Released KV is always lost (the engine recomputes it; only the planner's cost
@@ -61,13 +71,23 @@ class SglangAdapter(EngineServersAdapter):
         super().__init__(planner, node, token, endpoints, lmcache, client, engine_client, timeout_s)
         self.model_paths, self.cpu_backup = dict(model_paths), cpu_backup
         self.weights_lost: set[str] = set()  # base URLs whose released weights must be re-read from disk
+        self.released: dict[str, set[str]] = {}  # base URL -> the regions this adapter released there
 
     # ---- HTTP --------------------------------------------------------------------------------------
     def release(self, url: str, tag: str) -> None:
+        if tag in self.released.get(url, ()):  # already released: a second release fails the scheduler
+            return
         check(self.engine.post(f"{url}/release_memory_occupation", json={"tags": [tag]}))
+        self.released.setdefault(url, set()).add(tag)
 
     def resume(self, url: str, tag: str) -> None:
+        if tag not in self.released.get(url, ()):  # held: resuming a region not released fails the scheduler
+            return
         check(self.engine.post(f"{url}/resume_memory_occupation", json={"tags": [tag]}))
+        self.released[url].discard(tag)
+
+    def unprobed(self, url: str) -> list[str]:
+        return sorted(self.released.get(url, ()))
 
     def reload_weights(self, url: str, model: str) -> None:
         """Re-read the weights from the checkpoint into the resumed (empty) weight memory."""

@@ -47,6 +47,7 @@ class Fake:
     def __init__(self):
         self.app = FastAPI()
         self.calls: list[tuple[str, object]] = []
+        self.engine_auth: list[str | None] = []  # each call's Authorization header
         self.injected: dict[str, tuple[int, object]] = {}
 
     def lines(self) -> list[str]:
@@ -61,6 +62,7 @@ class Fake:
         """Record the call; return the injected answer for its route, if any."""
         query = f"?{request.url.query}" if request.url.query else ""
         self.calls.append((f"{request.method} {request.url.path}{query}", body))
+        self.engine_auth.append(request.headers.get("authorization"))
         if request.url.path in self.injected:
             status, answer = self.injected.pop(request.url.path)
             return JSONResponse(answer, status_code=status)

@@ -111,15 +111,15 @@ class EngineServersAdapter(Adapter):
     def health(self) -> dict:
         servers = {}
         for (model, gpus), url in sorted(self.endpoints.items()):
-            if released := self.unprobed(url):
-                servers[url] = {"model": model, "gpus": list(gpus), "ok": True, "released": released}
+            if released := self.unprobed(url):  # not probed, so neither ok nor failed
+                servers[url] = {"model": model, "gpus": list(gpus), "ok": None, "probed": False, "released": released}
                 continue
             try:
                 r = self.engine.get(f"{url}/health")
                 servers[url] = {"model": model, "gpus": list(gpus), "ok": r.is_success, "status": r.status_code}
             except httpx.HTTPError as e:
                 servers[url] = {"model": model, "gpus": list(gpus), "ok": False, "error": f"{type(e).__name__}: {e}"}
-        out = {"kind": self.kind, "ok": all(s["ok"] for s in servers.values()), "servers": servers}
+        out = {"kind": self.kind, "ok": all(s["ok"] for s in servers.values() if s["ok"] is not None), "servers": servers}
         if self.lmcache is not None:
             out["lmcache"] = self.lmcache.health()
             out["ok"] = out["ok"] and out["lmcache"]["ok"]

@@ -25,10 +25,10 @@ location is configured, a KV op whose GPU end has no location uses where LMCache
 call loads it from host; with `pin_leased`, a live lease pins it so eviction cannot undo the
 promote).
 
-    promote / demote    /move source -> target location, then /check_finish until "completed",
-                        then /lookup until it places the KV at the target (the verify step,
-                        `verify`: LMCache has no checksum; a /lookup that refutes the move
-                        fails it)
+    promote / demote    /move source -> target location (with `wait_for_finish`, then
+                        /check_finish until "completed"), then /lookup until it places the KV
+                        at the target (the verify step, `verify`: LMCache has no checksum; a
+                        /lookup that refutes the move fails it)
     op with a lease_id  then /pin at the target location, if `pin_leased` (off by default: the
                         controller has no route to unpin, so pins would pile up and stop eviction)
     drop                /clear of the source location: the API takes no tokens, so this empties
@@ -231,8 +231,9 @@ class LMCacheAdapter(Adapter):
         for instance in sorted(set(self.instance_of.values())):
             try:
                 body = self._post("/health", {"instance_id": instance})
-                codes = body.get("error_codes", {"all": body["error_code"]} if "error_code" in body else None)
-                if not isinstance(codes, dict):
+                codes = (body.get("error_codes", {"all": body["error_code"]} if "error_code" in body else None)
+                         if isinstance(body, dict) else None)
+                if not isinstance(codes, dict) or not codes:
                     raise EngineError(f"/health answered {str(body)[:200]}: no error_codes or error_code")
                 instances[instance] = {"ok": all(int(c) == 0 for c in codes.values()), "error_codes": codes}
             except (EngineError, httpx.HTTPError, ValueError, TypeError) as e:

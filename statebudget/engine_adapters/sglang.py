@@ -27,13 +27,12 @@ Then `GET /health` 200 before a promote is reported done (SGLang's /health gener
 
 SGLang's scheduler does not refuse what it cannot do, it fails: releasing a region already
 released, or resuming one not released, raises in the scheduler subprocess, and a release while
-requests are in flight fails its assertion that none are. So:
-- the adapter keeps the regions it released per server (`released`) and never releases one twice
-  or resumes one it did not release (servers start with none released: restart the adapter only
-  while its servers hold all their regions, or restart them too);
-- the planner releases a model's regions only when none of its calls runs; the runtime must not
-  send requests to a server whose model the planner moved elsewhere;
-- `health()` does not probe a server with a region released (a generation there fails or hangs). A released region keeps its contents
+requests are in flight fails its assertion that none are. The adapter follows the op (a demote
+releases, a promote from off the GPU resumes), which the planner's books keep consistent with
+the server as long as nothing else releases or resumes it; the planner releases a model's
+regions only when none of its calls runs, and the runtime must not send requests to a server
+whose model the planner moved elsewhere. `health()` does not probe a server with a region this
+adapter released (a generation there fails or hangs): it reports it `probed: false`. A released region keeps its contents
 only when the server runs with `--enable-weights-cpu-backup` (weights); without it a demote to
 host loses the weights just as a drop does; set `cpu_backup=False` and every promote re-reads
 them from disk. Released KV is always lost (the engine recomputes it; only the planner's cost
@@ -71,20 +70,16 @@ class SglangAdapter(EngineServersAdapter):
         super().__init__(planner, node, token, endpoints, lmcache, client, engine_client, timeout_s)
         self.model_paths, self.cpu_backup = dict(model_paths), cpu_backup
         self.weights_lost: set[str] = set()  # base URLs whose released weights must be re-read from disk
-        self.released: dict[str, set[str]] = {}  # base URL -> the regions this adapter released there
+        self.released: dict[str, set[str]] = {}  # base URL -> the regions this adapter released there (for health)
 
     # ---- HTTP --------------------------------------------------------------------------------------
     def release(self, url: str, tag: str) -> None:
-        if tag in self.released.get(url, ()):  # already released: a second release fails the scheduler
-            return
         check(self.engine.post(f"{url}/release_memory_occupation", json={"tags": [tag]}))
         self.released.setdefault(url, set()).add(tag)
 
     def resume(self, url: str, tag: str) -> None:
-        if tag not in self.released.get(url, ()):  # held: resuming a region not released fails the scheduler
-            return
         check(self.engine.post(f"{url}/resume_memory_occupation", json={"tags": [tag]}))
-        self.released[url].discard(tag)
+        self.released.get(url, set()).discard(tag)
 
     def unprobed(self, url: str) -> list[str]:
         return sorted(self.released.get(url, ()))

@@ -25,6 +25,8 @@ Weights (`["w", model]`):
                                   POST /wake_up?tags=weights, POST /collective_rpc reload_weights,
                                   POST /wake_up?tags=kv_cache  (the order sleep_mode.md gives)
 
+(the reload needs a vLLM whose workers have `reload_weights`; older v1 workers lack it and
+`/collective_rpc` answers 500, which fails the op),
 then `GET /is_sleeping` until false and `GET /health` 200 before the promote is reported done;
 a demote or drop is reported done once `GET /is_sleeping` is true (the verify step).
 Any sleep discards the engine's whole KV cache, not one program's (vLLM has no finer control).

@@ -115,15 +115,22 @@ def trace_gen(
     load: Annotated[float, typer.Option(help="multiply the preset's program arrival rate", min=0.01)] = 1.0,
     tenant_weights: Annotated[str, typer.Option(help="TENANT=WEIGHT,...: the fair share plas and atlas give each "
                                                 "tenant (written to the header; 1 for a tenant not named)")] = "",
+    catalog: Annotated[Optional[str], typer.Option(help="write the calls for this catalog (preset or file): a model "
+                                                   "it lacks becomes its model nearest in size (e.g. toy, for a "
+                                                   "toy2 service on a laptop)")] = None,
 ):
     """Generate a deterministic trace (same preset, seed, hours and load: same bytes)."""
     _outputs(files=[("--out", out)])
-    from .models.load import write_trace
+    from .models.load import load_catalog, write_trace
     from .planner.programs import parse_tenant_weights
-    from .traces.generators import generate
+    from .traces.generators import for_catalog, generate
 
     weights = parse_tenant_weights(tenant_weights)
     trace = generate(preset, seed, hours, load)
+    if catalog is not None:
+        trace, renames = for_catalog(trace, load_catalog("agent-team"), load_catalog(catalog))
+        if renames:
+            console.print("models renamed for the catalog: " + ", ".join(f"{a} -> {b}" for a, b in sorted(renames.items())))
     if weights:
         tenants = sorted({p.tenant for p in trace.programs})
         unknown = sorted(set(weights) - set(tenants))

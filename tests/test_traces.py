@@ -142,3 +142,26 @@ def test_catalog_plus_kv_does_not_fit_hetero16():
     weights = sum(m.total_bytes for m in cat.models)
     usable = sum(cl.usable_hbm_bytes(g) for g in cl.gpus)
     assert weights + peak > usable
+
+
+def test_a_preset_trace_for_a_small_catalog_replays_there(tmp_path):
+    # `trace gen --catalog toy`: the models toy lacks become toy's at the same rank by size, in
+    # calls and hints; the ones it has keep their names. Without it, toy2 + toy refuse the trace.
+    runner = CliRunner()
+    plain, toy = tmp_path / "plain.jsonl", tmp_path / "toy.jsonl"
+    for path, extra in ((plain, []), (toy, ["--catalog", "toy"])):
+        res = runner.invoke(app, ["trace", "gen", "--preset", "mapreduce", "--hours", "0.1", "--out", str(path), *extra])
+        assert res.exit_code == 0, res.output
+    assert "reasoner -> coder" in res.output and "summarizer -> reviewer" in res.output  # largest, smallest
+    a, b = load_trace(plain), load_trace(toy)
+    names = {m.name for m in load_catalog("toy").models}
+    for pa, pb in zip(a.programs, b.programs, strict=True):
+        for na, nb in zip(pa.nodes, pb.nodes, strict=True):
+            assert (na.id, na.kind, na.after) == (nb.id, nb.kind, nb.after)
+            if na.model:
+                assert nb.model in names and (na.model not in names or nb.model == na.model)
+        assert all(h.model in names for h in pb.hints) and len(pa.hints) == len(pb.hints)
+    base = ["replay", "--cluster", "toy2", "--catalog", "toy", "--policy", "statebudget-lease"]
+    assert runner.invoke(app, base + ["--trace", str(plain)]).exit_code == 2  # unknown models, one line
+    res = runner.invoke(app, base + ["--trace", str(toy)])
+    assert res.exit_code == 0, res.output

@@ -291,3 +291,26 @@ def generate(preset: str, seed: int, hours: float, load: float = 1.0) -> Trace:
     progs.sort(key=lambda p: (p.start, p.program))
     header = TraceHeader(preset=preset, seed=seed, hours=hours, **({"load": load} if load != 1.0 else {}))
     return Trace(header=header, programs=progs)
+
+
+def for_catalog(trace: Trace, source: "Catalog", target: "Catalog") -> tuple[Trace, dict[str, str]]:
+    """`trace` with each model that `target` lacks renamed, in calls and hints alike, so a preset
+    trace (written for `source`, agent-team) runs on a small catalog such as `toy`: to the
+    `target` model at the same rank by size (total bytes; the smallest to the smallest, the
+    largest to the largest), since a small catalog's sizes are not the source's. Returns the
+    trace and the renames made."""
+    have = {m.name for m in target.models}
+    by_size = sorted(target.models, key=lambda m: (m.total_bytes, m.name))
+    ranked = sorted(source.models, key=lambda m: (m.total_bytes, m.name))
+    renames = {}
+    for i, m in enumerate(ranked):
+        if m.name not in have:
+            renames[m.name] = by_size[round(i * (len(by_size) - 1) / max(len(ranked) - 1, 1))].name
+    if not renames:
+        return trace, {}
+    progs = []
+    for p in trace.programs:
+        nodes = [n.model_copy(update={"model": renames.get(n.model, n.model)}) if n.model else n for n in p.nodes]
+        hints = [h.model_copy(update={"model": renames.get(h.model, h.model)}) for h in p.hints]
+        progs.append(p.model_copy(update={"nodes": nodes, "hints": hints}))
+    return trace.model_copy(update={"programs": progs}), renames

@@ -415,6 +415,7 @@ def bench_planner_cmd(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the result here")] = None,
 ):
     """Wall time of one online planning decision with N live programs."""
+    _outputs(files=[("--json", json_out)])
     from .models.load import check_compatible, load_catalog, load_cluster
     from .planner.bench import bench_planner
 
@@ -480,9 +481,13 @@ def serve(
     for addr, family in addrs.items():
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio binds it
             try:
                 probe.bind(addr)
             except OSError as e:
+                if e.errno == errno.EADDRNOTAVAIL:  # an address family the machine lacks: asyncio skips it too
+                    continue
                 hint = " (another server there? pick --port)" if e.errno == errno.EADDRINUSE else ""
                 _fail(f"cannot listen on {host}:{port}: {e.strerror or e}{hint}")
     cl, cat = load_cluster(cluster), load_catalog(catalog)  # bad input fails before anything is written
@@ -586,6 +591,7 @@ def drive(
 ):
     """Replay a trace against a live planner as an agent runtime: events, leases from the hints,
     and whether each lease was ready when its call came."""
+    _outputs(files=[("--json", json_out)])
     import asyncio
 
     import httpx
@@ -621,6 +627,7 @@ def residency(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the raw answer here")] = None,
 ):
     """What a live planner holds: every copy per tier (ready or in flight), open ops, leases."""
+    _outputs(files=[("--json", json_out)])
     import httpx
 
     r = httpx.get(planner.rstrip("/") + "/v1/residency", headers={"Authorization": f"Bearer {token}"}, timeout=10)
@@ -679,6 +686,7 @@ def profile_cmd(
     repeats: Annotated[int, typer.Option(help="probes per figure (the median is kept)", min=1)] = 3,
 ):
     """Measure this machine's file, host<->device and prefill rates into a cost-model profile."""
+    _outputs(files=[("--out", out)])
     from .models.load import load_catalog, load_cluster
     from .profile import measure_profile, nominal_links
 

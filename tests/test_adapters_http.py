@@ -281,6 +281,12 @@ def test_sglang_health_does_not_probe_a_server_with_a_region_released(sglang):
     assert sglang.lines() == []  # not probed
     assert a.execute(op("p1", "promote", ["w", "coder"], "host:n0", "gpu:0")).status == "done"
     assert a.health()["servers"][sglang.url]["status"] == 200 and sglang.lines()[-1] == "GET /health"
+    # Weights come back while the KV pool is still released: the promote takes the engine's word.
+    assert a.execute(op("k1", "drop", ["kv", "p1", "coder"], "gpu:0", "none")).status == "done"
+    assert a.execute(op("d2", "demote", ["w", "coder"], "gpu:0", "host:n0")).status == "done"
+    sglang.calls.clear()
+    assert a.execute(op("p2", "promote", ["w", "coder"], "host:n0", "gpu:0")).status == "done"
+    assert sglang.lines() == ["POST /resume_memory_occupation"]  # no /health with kv_cache released
 
 
 def test_sglang_kv_pool_release_and_resume_without_lmcache(sglang):

@@ -327,3 +327,44 @@ def test_the_driver_replays_a_traces_branch_cancels_and_parallel_tools(client):
     other = Driver("http://planner", TOK["b"], speed=100, call_s=0.0, transport=httpx.ASGITransport(app=client.app))
     out = asyncio.run(other.replay(trace))
     assert out["n_errors"] == 1 and "403" in out["errors"][0] and "belongs to another tenant" in out["errors"][0]
+
+
+def test_the_auto_queue_gauges_are_set_from_the_start_and_after_a_restart(tmp_path):
+    # create_app plugs Prometheus in after the planner rebuilt what auto judges from the ledger:
+    # the gauges must say it from the first scrape, not only after the next finished program.
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from helpers import Clock
+    from statebudget.api.app import create_app
+    from statebudget.planner.programs import AUTO_MIN
+
+    clock = Clock()
+    auth = Auth.from_json(json.dumps({"tokens": [{"token": TOK["admin"], "role": "admin"}]}), "tokens")
+
+    def start():
+        p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"), clock=clock, queue="auto")
+        return p, TestClient(create_app(p, auth, planning_loop=False))
+
+    def gauges(client):
+        text = client.get("/metrics", headers={"Authorization": f"Bearer {TOK['admin']}"}).text
+        return {line.split(" ")[0]: line.split(" ")[1] for line in text.splitlines()
+                if line.startswith(("statebudget_queue_ordering", "statebudget_program_service_cv"))}
+
+    p, client = start()
+    with client:
+        assert gauges(client) == {'statebudget_queue_ordering{discipline="atlas"}': "0.0",
+                                  'statebudget_queue_ordering{discipline="fcfs"}': "1.0",
+                                  "statebudget_program_service_cv": "NaN"}
+        for i, run_s in enumerate([2000.0] + [5.0] * (AUTO_MIN - 1)):
+            for kind in ("program_started", "call_arrived", "call_started"):
+                p.event("a", {"type": kind, "program": f"p{i}", "call": "c", "model": "planner"})
+            clock.t += run_s
+            p.event("a", {"type": "call_finished", "program": f"p{i}", "call": "c", "tokens": 10})
+            p.event("a", {"type": "program_finished", "program": f"p{i}"})
+        assert gauges(client)['statebudget_queue_ordering{discipline="atlas"}'] == "1.0"
+    _, client = start()  # a restart: the same ledger
+    with client:
+        g = gauges(client)
+        assert g['statebudget_queue_ordering{discipline="atlas"}'] == "1.0" and g["statebudget_program_service_cv"] != "NaN"

@@ -780,3 +780,18 @@ def test_auto_priorities_keep_arrival_order_when_it_goes_back_to_fcfs():
     assert old < new
     assert [c["program"] for c in p.waiting_calls(model="coder")["calls"]] == ["old", "new"]
 
+
+
+def test_auto_back_on_fcfs_restores_the_order_the_calls_joined_in():
+    # Atlas reorders the simulator's waiting lists in place; once auto is back on fcfs, the calls
+    # still waiting go by when they joined again, as the live queue does (by arrival).
+    from types import SimpleNamespace
+
+    from statebudget.models.load import load_catalog, load_cluster
+
+    sims = {q: Simulator(load_cluster("toy2"), load_catalog("toy"), trace(program("p", [call("a", "coder")])),
+                         make_policy("statebudget"), queue=q) for q in ("fcfs", "auto")}
+    left_by_atlas = [SimpleNamespace(seq=s) for s in (3, 1, 4, 2)]
+    assert sims["fcfs"]._order(list(left_by_atlas)) == left_by_atlas  # plain fcfs lists stay as they are kept
+    assert sims["auto"].sizes.discipline("auto") == "fcfs"
+    assert [c.seq for c in sims["auto"]._order(list(left_by_atlas))] == [1, 2, 3, 4]

@@ -127,6 +127,8 @@ def create_app(planner: LivePlanner, auth: Auth, tick_s: float = 5.0, coalesce_s
     leases' own ops still go out, which is what deterministic tests want."""
     metrics = ServiceMetrics()
     planner.telemetry = metrics
+    if planner.queue == "auto":  # what it judged before (a restart rebuilds it from the ledger)
+        metrics.program_sizes(planner.sizes.cv, planner.sizes.discipline(planner.queue))
     svc = Service(planner, auth, metrics, tick_s, coalesce_s)
 
     @asynccontextmanager

@@ -125,7 +125,7 @@ class OracleRunCreate(BaseModel):
     seed: int = Field(1, ge=0, le=2**31)
     hours: float = Field(0.25, gt=0, le=24)
     trace_jsonl: str | None = Field(None, max_length=50_000_000, description="a v1 trace, one program per line")
-    time_limit_s: float = Field(10.0, gt=0, le=3600, description="per rolling-horizon window")
+    time_limit_s: float = Field(10.0, ge=0.1, le=3600, description="per rolling-horizon window")
     backend: Literal["scip", "cp-sat", "highs", "cbc"] = "scip"
     window: int = Field(24, ge=2, le=500)
     overlap: int = Field(8, ge=0, le=499)

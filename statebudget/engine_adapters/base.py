@@ -179,7 +179,9 @@ class Adapter(ABC):
                 refused_since = None
             except httpx.HTTPStatusError as e:
                 refused = e.response.status_code in (401, 403)
-                if refused and refused_since is None:
+                if not refused:
+                    refused_since = None  # only refusals in a row count
+                elif refused_since is None:
                     refused_since = time.monotonic()
                 if refused and time.monotonic() - refused_since >= REFUSED_GRACE_S:  # not a passing state
                     raise PermissionError(
@@ -190,6 +192,7 @@ class Adapter(ABC):
                 time.sleep(1.0)
                 continue
             except httpx.HTTPError as e:
+                refused_since = None
                 log.warning("planner unreachable (%s); retrying", e)
                 time.sleep(1.0)
                 continue

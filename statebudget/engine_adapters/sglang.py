@@ -116,7 +116,8 @@ class SglangAdapter(EngineServersAdapter):
                     if tier_kind(op.src) in ("nvme", "none") or url in self.weights_lost or not self.cpu_backup:
                         self.reload_weights(url, op.object[1])
                     self.weights_lost.discard(url)
-                self.ready(url)
+                if not self.unprobed(url):  # a region still released (the KV pool): /health would fail or hang
+                    self.ready(url)
             else:
                 self.release(url, tag)
                 keeps = kind == "w" and op.kind == "demote" and tier_kind(op.dst) == "host" and self.cpu_backup

@@ -64,6 +64,7 @@ class CallRec:
     path_service: float = 0.0  # attained service along the DAG path that leads to this call
     prefilling: bool = False   # holds a prefill slot on its GPUs
     attempt: int = 0           # retries after a failed attempt (`call_failure_rate`) count up
+    seq: int = 0               # when it joined the list it waits in (admission or compute): FCFS's order
 
 
 @dataclass(slots=True, eq=False)
@@ -145,6 +146,7 @@ class Simulator(ResidencyView):
         self.seed, self.check_invariants, self.max_batch, self.sample_dt = seed, check_invariants, max_batch, sample_dt
         self.queue = queue
         self.sizes = ProgramSizes()  # the finished programs' service, for `auto`
+        self._seq = 0  # counts the calls that joined a waiting list (`CallRec.seq`)
         # The chance that a call attempt fails while it runs (an engine error, a preempted or lost
         # worker: seed 003 §16, §26), at a uniform point of its uncontended run, drawn per (program,
         # node, attempt) from the seed. Its KV on that group is lost; the call is retried at once
@@ -431,6 +433,8 @@ class Simulator(ResidencyView):
             return self._unplaceable(c)
         self._reserve()
         if not self._admit(c):
+            self._seq += 1
+            c.seq = self._seq
             self.waiting.append(c)
         return None
 
@@ -740,6 +744,8 @@ class Simulator(ResidencyView):
         for copy in c.pins:
             copy.used = True
             copy.last_use = self.now
+        self._seq += 1
+        c.seq = self._seq
         self.queued.append(c)
         return self._start_queued() if start else []
 
@@ -749,8 +755,10 @@ class Simulator(ResidencyView):
         aging, a bounded TTFT-slack boost, the tenant's fair-share excess and starvation promotion;
         `auto` one of atlas and fcfs by the tail of the finished programs' service (`ProgramSizes`)."""
         queue = self.sizes.discipline(self.queue)
-        if queue == "fcfs" or len(calls) < 2:
-            return calls
+        if self.queue == "fcfs" or len(calls) < 2:
+            return calls  # the lists are kept in FCFS order
+        if queue == "fcfs":  # auto, after a spell of atlas: back to the order the calls joined in
+            return sorted(calls, key=lambda c: c.seq)
         now, slo = self.now, self.trace.header.slo_classes
         weights = self.trace.header.tenant_weights
 

@@ -23,6 +23,7 @@ from statebudget.planner.programs import overtaking_window_s, parse_admit_starve
 from statebudget.sim.runner import replay
 from statebudget.traces.generators import generate
 
+
 def run(args) -> list[dict]:
     trace_name, seed, hours, load, slots, max_batch, starve, specs = args
     tr = generate(trace_name, seed, hours, load=load)

@@ -41,27 +41,27 @@ def _fail(msg: str) -> None:
 def _outputs(files=(), folders=()) -> None:
     """Refuse, before any work, output paths that cannot be written: a file option naming a
     folder, a folder option naming a file. `files`, `folders`: (option, path or None)."""
-    for option, path in [*files, *folders]:
-        if path is None:
-            continue
-        if (option, path) in files and path.is_dir():
-            raise InputError(str(path), "", f"is a folder; {option} takes a file path")
-        if (option, path) in folders and path.exists() and not path.is_dir():
-            raise InputError(str(path), "", f"is a file; {option} takes a folder")
-        parent = next((p for p in path.parents if p.exists()), None)
-        if parent is not None and not parent.is_dir():
-            raise InputError(str(path), "", f"{parent} is a file, so {option} cannot be written there")
+    for want_folder, pairs in ((False, files), (True, folders)):
+        for option, path in pairs:
+            if path is None:
+                continue
+            if path.exists() and path.is_dir() != want_folder:
+                raise InputError(str(path), "", f"is a folder; {option} takes a file path" if path.is_dir()
+                                 else f"is a file; {option} takes a folder")
+            parent = next((p for p in path.parents if p.exists()), None)
+            if parent is not None and not parent.is_dir():
+                raise InputError(str(path), "", f"{parent} is a file, so {option} cannot be written there")
 
 
 PLANNER_WAIT_S = 10.0  # how long `drive` waits for a planner that refuses connections (still starting)
 
 
-def _check_planner(url: str, wait_s: float | None = None) -> None:
+def _check_planner(url: str) -> None:
     """GET /healthz before a long run, so that a wrong URL fails now: a refused connection is
-    retried for `wait_s` (a planner still starting), any answer but 200 means it is not one."""
+    retried for PLANNER_WAIT_S (a planner still starting), any answer but 200 means it is not one."""
     import httpx
 
-    deadline = time.monotonic() + (PLANNER_WAIT_S if wait_s is None else wait_s)
+    deadline = time.monotonic() + PLANNER_WAIT_S
     while True:
         try:
             r = httpx.get(url.rstrip("/") + "/healthz", timeout=5.0)
@@ -72,6 +72,30 @@ def _check_planner(url: str, wait_s: float | None = None) -> None:
             time.sleep(0.5)
     if r.status_code != 200:
         raise InputError(url, "", f"GET /healthz answered {r.status_code}: not a StateBudget planner's base URL")
+
+
+def _check_port(host: str, port: int) -> None:
+    """Bind each address `host` names, as uvicorn's asyncio server will (IPv6 v6-only, address
+    families the machine lacks skipped), and fail in one line if one is taken or refused."""
+    import errno
+    import socket
+
+    try:
+        addrs = {a[4]: a[0] for a in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)}
+    except socket.gaierror as e:
+        _fail(f"--host {host}: {e.strerror}")
+    for addr, family in addrs.items():
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(addr)
+            except OSError as e:
+                if e.errno == errno.EADDRNOTAVAIL:
+                    continue
+                hint = " (another server there? pick --port)" if e.errno == errno.EADDRINUSE else ""
+                _fail(f"cannot listen on {host}:{port}: {e.strerror or e}{hint}")
 
 
 def _write_json(path: Path, obj) -> None:
@@ -116,8 +140,8 @@ def trace_gen(
     tenant_weights: Annotated[str, typer.Option(help="TENANT=WEIGHT,...: the fair share plas and atlas give each "
                                                 "tenant (written to the header; 1 for a tenant not named)")] = "",
     catalog: Annotated[Optional[str], typer.Option(help="write the calls for this catalog (preset or file): a model "
-                                                   "it lacks becomes its model nearest in size (e.g. toy, for a "
-                                                   "toy2 service on a laptop)")] = None,
+                                                   "it lacks becomes its model at the same rank by size (e.g. toy, "
+                                                   "for a toy2 service on a laptop)")] = None,
 ):
     """Generate a deterministic trace (same preset, seed, hours and load: same bytes)."""
     _outputs(files=[("--out", out)])
@@ -470,26 +494,7 @@ def serve(
     except ValueError as e:
         _fail(str(e))
     setup_logging(log_level)
-    import socket
-
-    import errno
-
-    try:  # before anything is written; each address the host names, as uvicorn binds it
-        addrs = {a[4]: a[0] for a in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)}
-    except socket.gaierror as e:
-        _fail(f"--host {host}: {e.strerror}")
-    for addr, family in addrs.items():
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
-                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio binds it
-            try:
-                probe.bind(addr)
-            except OSError as e:
-                if e.errno == errno.EADDRNOTAVAIL:  # an address family the machine lacks: asyncio skips it too
-                    continue
-                hint = " (another server there? pick --port)" if e.errno == errno.EADDRINUSE else ""
-                _fail(f"cannot listen on {host}:{port}: {e.strerror or e}{hint}")
+    _check_port(host, port)  # before anything is written
     cl, cat = load_cluster(cluster), load_catalog(catalog)  # bad input fails before anything is written
     check_compatible(cl, cat)
     prof = None
@@ -593,8 +598,6 @@ def drive(
     and whether each lease was ready when its call came."""
     _outputs(files=[("--json", json_out)])
     import asyncio
-
-    import httpx
 
     from .api.driver import Driver
     from .models.load import load_trace

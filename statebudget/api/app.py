@@ -128,7 +128,7 @@ def create_app(planner: LivePlanner, auth: Auth, tick_s: float = 5.0, coalesce_s
     metrics = ServiceMetrics()
     planner.telemetry = metrics
     if planner.queue == "auto":  # what it judged before (a restart rebuilds it from the ledger)
-        metrics.program_sizes(planner.sizes.cv, planner.sizes.discipline(planner.queue))
+        planner.publish_sizes()
     svc = Service(planner, auth, metrics, tick_s, coalesce_s)
 
     @asynccontextmanager

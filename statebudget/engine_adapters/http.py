@@ -49,6 +49,13 @@ def wait_budget_s(op: Op, timeout_s: float) -> float:
     return max(0.0, min(timeout_s, op.deadline - time.time()))
 
 
+def engine_http_client(timeout_s: float, api_key: str | None = None) -> httpx.Client:
+    """The HTTP client an adapter talks to its engine servers with: 10 s to connect, `timeout_s`
+    to read (a wake or a reload answers when done), `api_key` as a bearer token if given."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    return httpx.Client(timeout=httpx.Timeout(10.0, read=timeout_s), headers=headers)
+
+
 class PollTimeout(EngineError):
     """`poll_until` gave up: the engine never reached the state it waited for."""
 
@@ -87,7 +94,7 @@ class EngineServersAdapter(Adapter):
         super().__init__(planner, node, token, client)
         self.endpoints = {(m, gpu_group(t)): url.rstrip("/") for (m, t), url in endpoints.items()}
         self.lmcache = lmcache
-        self.engine = engine_client or httpx.Client(timeout=httpx.Timeout(10.0, read=timeout_s))
+        self.engine = engine_client or engine_http_client(timeout_s)
         self.timeout_s = timeout_s
 
     def endpoint(self, op: Op) -> str:
@@ -142,9 +149,7 @@ class EngineFile(BaseModel):
 
     def engine_client(self, timeout_s: float = 300.0) -> httpx.Client | None:
         """The client for the engine servers: with `api_key` as a bearer token, else the adapter's own."""
-        if self.api_key is None:
-            return None
-        return httpx.Client(timeout=httpx.Timeout(10.0, read=timeout_s), headers={"Authorization": f"Bearer {self.api_key}"})
+        return engine_http_client(timeout_s, self.api_key) if self.api_key is not None else None
 
     @field_validator("endpoints")
     @classmethod

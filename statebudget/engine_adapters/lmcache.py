@@ -231,8 +231,10 @@ class LMCacheAdapter(Adapter):
         for instance in sorted(set(self.instance_of.values())):
             try:
                 body = self._post("/health", {"instance_id": instance})
-                codes = (body.get("error_codes", {"all": body["error_code"]} if "error_code" in body else None)
-                         if isinstance(body, dict) else None)
+                codes = None
+                if isinstance(body, dict):  # {error_codes: {worker: code}}, or in other versions {error_code}
+                    codes = body["error_codes"] if "error_codes" in body else \
+                        {"all": body["error_code"]} if "error_code" in body else None
                 if not isinstance(codes, dict) or not codes:
                     raise EngineError(f"/health answered {str(body)[:200]}: no error_codes or error_code")
                 instances[instance] = {"ok": all(int(c) == 0 for c in codes.values()), "error_codes": codes}

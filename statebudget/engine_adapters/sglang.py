@@ -32,9 +32,10 @@ releases, a promote from off the GPU resumes), which the planner's books keep co
 the server as long as nothing else releases or resumes it; the planner releases a model's
 regions only when none of its calls runs, and the runtime must not send requests to a server
 whose model the planner moved elsewhere. `health()` does not probe a server with a region this
-adapter released (a generation there fails or hangs): it reports it `probed: false`. A released region keeps its contents
-only when the server runs with `--enable-weights-cpu-backup` (weights); without it a demote to
-host loses the weights just as a drop does; set `cpu_backup=False` and every promote re-reads
+adapter released (a generation there fails or hangs): it reports it `probed: false`.
+
+A released region keeps its contents only when the server runs with `--enable-weights-cpu-backup`
+(weights); without it a demote to host loses the weights just as a drop does; set `cpu_backup=False` and every promote re-reads
 them from disk. Released KV is always lost (the engine recomputes it; only the planner's cost
 model is off). Release and resume are moves; `abort` restores the state from before the op.
 """

@@ -611,6 +611,10 @@ class LivePlanner(ResidencyView):
     def _judge_size(self, rec: ProgramRec) -> None:
         """`auto`: a finished program's service joins what the queue judges the tail on."""
         self.sizes.observe(rec.service_s, rec.ended_s or 0.0)
+        self.publish_sizes()
+
+    def publish_sizes(self) -> None:
+        """Tell the telemetry what `auto` judges now (its CV, the discipline it orders by)."""
         self.telemetry.program_sizes(self.sizes.cv, self.sizes.discipline(self.queue))
 
     def _drop_all(self, kvk) -> list:

@@ -433,9 +433,7 @@ class Simulator(ResidencyView):
             return self._unplaceable(c)
         self._reserve()
         if not self._admit(c):
-            self._seq += 1
-            c.seq = self._seq
-            self.waiting.append(c)
+            self._join(self.waiting, c)
         return None
 
     def _reserve(self) -> None:
@@ -744,10 +742,14 @@ class Simulator(ResidencyView):
         for copy in c.pins:
             copy.used = True
             copy.last_use = self.now
+        self._join(self.queued, c)
+        return self._start_queued() if start else []
+
+    def _join(self, waiting: list, c: CallRec) -> None:
+        """`c` joins a list it waits in (admission or compute), last: FCFS's order (`CallRec.seq`)."""
         self._seq += 1
         c.seq = self._seq
-        self.queued.append(c)
-        return self._start_queued() if start else []
+        waiting.append(c)
 
     def _order(self, calls: list) -> list:
         """The queue discipline (`planner/programs.py`): FCFS by arrival; PLAS by the program's

@@ -1,6 +1,7 @@
 """The service's tool-wait KV decisions (seed 003 §10-§12, §21-§22): the simulator's `ToolWaitKV`,
 carried out by the live planner as ops. A fake clock drives its timers."""
 
+import json
 import time
 
 import pytest
@@ -293,6 +294,13 @@ def test_run_order_defers_only_swap_ins_that_nothing_after_them_depends_on():
            op(5, ("kv", "p3", "coder"), "demote"),
            op(6, ("w", "a"))]
     assert [o.op_id for o in run_order(ops)] == ["op2", "op3", "op4", "op5", "op6", "op1"]
+    # drops go first, unless an earlier op reads or writes the copy they drop
+    drops = [op(1, ("w", "a")),
+             Op(op_id="op2", kind="drop", object=list(KV), src="gpu:0", dst="none", bytes=1.0),
+             Op(op_id="op3", kind="demote", object=["w", "b"], src="gpu:0", dst="host:n0", bytes=1.0),
+             Op(op_id="op4", kind="drop", object=["w", "b"], src="host:n0", dst="none", bytes=1.0),
+             Op(op_id="op5", kind="drop", object=list(KV), src="host:n0", dst="none", bytes=1.0)]
+    assert [o.op_id for o in run_order(drops)] == ["op2", "op5", "op1", "op3", "op4"]
     fg = [op(1, ("w", "a")), op(2, ("w", "b"))]
     assert run_order(fg) == fg
 
@@ -422,3 +430,74 @@ def test_a_kv_stays_suspended_while_another_thread_still_waits():
     assert p.residency()["tool_wait_kv"]["suspended"] == [list(KV)]
     p.event("a", {"type": "tool_finished", "program": "p1", "tool": "search", "call": "tb"})
     assert p.residency()["tool_wait_kv"]["suspended"] == []
+
+
+def test_a_swap_out_that_does_not_land_frees_its_room_before_the_promotes_planned_into_it(tmp_path):
+    # A real data plane behind the live planner. A tool-wait swap-out frees room in the books, two
+    # weight promotes are planned into it, and the returning call grows the KV in place while the
+    # move runs: the move is refused, and the books, out of room, drop the KV. The data plane must
+    # run that drop before the promotes, or the second finds the arena full (a CI run saw that).
+    import httpx
+
+    from statebudget.engine_adapters.local import LocalAdapter
+    from statebudget.planner.live import Conflict
+
+    p, clock = planner("swap")
+    during_report = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            q = request.url.params
+            return httpx.Response(200, json=p.plan_for(q["node"], int(q["after"])))
+        op_id = request.url.path.rsplit("/", 1)[1]
+        during_report.pop(op_id, lambda: None)()
+        try:
+            return httpx.Response(200, json=p.report(node, op_id, json.loads(request.content)))
+        except Conflict as e:
+            return httpx.Response(409, json={"detail": str(e)})
+
+    def drain():
+        while ad.step(0):
+            pass
+
+    node = "n0"
+    ad = LocalAdapter("http://planner", node, "t", root=tmp_path, use_cuda=False, arena_bytes=400_000_000,
+                      client=httpx.Client(base_url="http://planner", transport=httpx.MockTransport(handler)))
+    with p.store.tx():                                    # the planner's weights, from the model store
+        p._apply([("promote", ("w", "planner"), (0,))])
+    drain()
+    p.event("a", {"type": "program_started", "program": "p1"})
+    p.event("a", {"type": "call_arrived", "program": "p1", "call": "c1", "model": "planner"})
+    p.event("a", {"type": "call_started", "program": "p1", "call": "c1"})
+    p.event("a", {"type": "call_finished", "program": "p1", "call": "c1", "tokens": TOKENS})
+    (group,) = p.tiers.groups_of[KV]
+    start_tool(p)
+    drain()                                               # out to host DRAM ...
+    with p.store.tx():
+        p._apply([("promote", KV, group)])
+    drain()                                               # ... and back: the arena holds the KV now
+    p.event("a", {"type": "tool_finished", "program": "p1", "tool": "build", "call": "t1"})
+    p.event("a", {"type": "call_arrived", "program": "p1", "call": "c2", "model": "planner"})
+    p.event("a", {"type": "call_started", "program": "p1", "call": "c2"})
+    p.event("a", {"type": "call_finished", "program": "p1", "call": "c2", "tokens": TOKENS})
+    gpu = ad.plane.gpu_pools[group[0]]
+    assert gpu.used == 120_000_000 + KV_BYTES
+    start_tool(p, tid="t2")
+    (out,) = kv_ops(p)
+    with p.store.tx():                                     # the room the swap-out frees, taken
+        p._apply([("promote", ("w", m), group) for m in ("coder", "reviewer")])
+
+    def the_call_comes_back_and_grows_the_kv():
+        p.event("a", {"type": "tool_finished", "program": "p1", "tool": "build", "call": "t2"})
+        p.event("a", {"type": "call_arrived", "program": "p1", "call": "c3", "model": "planner"})
+        p.event("a", {"type": "call_started", "program": "p1", "call": "c3"})
+        p.event("a", {"type": "call_finished", "program": "p1", "call": "c3", "tokens": TOKENS + 1000})
+
+    during_report[out.op.op_id] = the_call_comes_back_and_grows_the_kv
+    drain()
+    rows = {r["op_id"]: r for r in p.store.ops()}
+    assert rows[out.op.op_id]["status"] == "cancelled"
+    assert [r["reason"] for r in rows.values() if r["status"] == "failed"] == []
+    assert all(r["status"] == "done" for r in rows.values() if r["op"]["object"][0] == "w")
+    assert (KV, group) not in p.tiers.gpu and gpu.used == 120_000_000 + 160_000_000 + 100_000_000
+    p.tiers.check()

@@ -467,12 +467,12 @@ class LivePlanner(ResidencyView):
             # The engine left the call's KV (a new version) on the group it ran on, growing the copy
             # it had there: only the books change for that one. Copies elsewhere are stale and go.
             same = self.tiers.gpu.get((kvk, group)) if group is not None else None
-            in_place = same is not None and same.ready
+            in_place = same.nbytes if same is not None and same.ready else None  # the bytes it held
             for mv in self._moves_out(kvk, group) if group is not None else ():
                 # The call ran on the very copy that op was moving out, and the engine grew it in
                 # place: the move stops, and its source is the copy the books take up below.
                 self._close(mv, "cancelled", "the call grew this KV in place", undo_source=False)
-                in_place = True
+                in_place = mv.op.bytes
             if same is not None and same.ready:
                 self.tiers.remove_gpu_copy(same)
                 self.store.delete_copy(kvk, gpu_tier(group))
@@ -485,8 +485,8 @@ class LivePlanner(ResidencyView):
                     c = GpuCopy(kvk, group, per_gpu, True, self.now, self.now, used=True)
                     self.tiers.add_gpu_copy(c)
                     self._save_gpu(c)
-                elif in_place:  # the books have no room for it: the engine must let it go
-                    self._new_op("drop", kvk, gpu_tier(group), "none", same.nbytes, self.gpus[group[0]].node)
+                elif in_place is not None:  # the books have no room for it: the engine must let it go
+                    self._new_op("drop", kvk, gpu_tier(group), "none", in_place, self.gpus[group[0]].node)
         self._apply(self.policy.on_call_end(self, _Call(rec.program, ev["call"], model)))
         self._save_program(rec)
         return {"call": ev["call"], "status": "finished", "kv_version": self.kv_tokens.get(kvk, 0)}

@@ -294,13 +294,6 @@ def test_run_order_defers_only_swap_ins_that_nothing_after_them_depends_on():
            op(5, ("kv", "p3", "coder"), "demote"),
            op(6, ("w", "a"))]
     assert [o.op_id for o in run_order(ops)] == ["op2", "op3", "op4", "op5", "op6", "op1"]
-    # drops go first, unless an earlier op reads or writes the copy they drop
-    drops = [op(1, ("w", "a")),
-             Op(op_id="op2", kind="drop", object=list(KV), src="gpu:0", dst="none", bytes=1.0),
-             Op(op_id="op3", kind="demote", object=["w", "b"], src="gpu:0", dst="host:n0", bytes=1.0),
-             Op(op_id="op4", kind="drop", object=["w", "b"], src="host:n0", dst="none", bytes=1.0),
-             Op(op_id="op5", kind="drop", object=list(KV), src="host:n0", dst="none", bytes=1.0)]
-    assert [o.op_id for o in run_order(drops)] == ["op2", "op5", "op1", "op3", "op4"]
     fg = [op(1, ("w", "a")), op(2, ("w", "b"))]
     assert run_order(fg) == fg
 
@@ -432,50 +425,68 @@ def test_a_kv_stays_suspended_while_another_thread_still_waits():
     assert p.residency()["tool_wait_kv"]["suspended"] == []
 
 
-def test_a_swap_out_that_does_not_land_frees_its_room_before_the_promotes_planned_into_it(tmp_path):
-    # A real data plane behind the live planner. A tool-wait swap-out frees room in the books, two
-    # weight promotes are planned into it, and the returning call grows the KV in place while the
-    # move runs: the move is refused, and the books, out of room, drop the KV. The data plane must
-    # run that drop before the promotes, or the second finds the arena full (a CI run saw that).
+def bridged(p, tmp_path, fail=lambda op: None, during_report=None):
+    """A local adapter (a real data plane, 0.4 GB arena on gpu:0) whose planner is `p` itself;
+    `fail(op)` may return an error the data plane reports instead of running the op;
+    `during_report[op_id]()` runs as that op's report arrives, before the planner reads it."""
     import httpx
 
+    from statebudget.engine_adapters.base import OpResult
     from statebudget.engine_adapters.local import LocalAdapter
     from statebudget.planner.live import Conflict
-
-    p, clock = planner("swap")
-    during_report = {}
 
     def handler(request: httpx.Request) -> httpx.Response:
         if request.method == "GET":
             q = request.url.params
             return httpx.Response(200, json=p.plan_for(q["node"], int(q["after"])))
         op_id = request.url.path.rsplit("/", 1)[1]
-        during_report.pop(op_id, lambda: None)()
+        (during_report or {}).pop(op_id, lambda: None)()
         try:
-            return httpx.Response(200, json=p.report(node, op_id, json.loads(request.content)))
+            return httpx.Response(200, json=p.report("n0", op_id, json.loads(request.content)))
         except Conflict as e:
             return httpx.Response(409, json={"detail": str(e)})
 
-    def drain():
-        while ad.step(0):
-            pass
+    class Adapter(LocalAdapter):
+        def execute(self, op):
+            error = fail(op)
+            if error:
+                return OpResult(status="failed", error=error, version=op.version, epoch=op.epoch)
+            return super().execute(op)
 
-    node = "n0"
-    ad = LocalAdapter("http://planner", node, "t", root=tmp_path, use_cuda=False, arena_bytes=400_000_000,
-                      client=httpx.Client(base_url="http://planner", transport=httpx.MockTransport(handler)))
+    return Adapter("http://planner", "n0", "t", root=tmp_path, use_cuda=False, arena_bytes=400_000_000,
+                   client=httpx.Client(base_url="http://planner", transport=httpx.MockTransport(handler)))
+
+
+def drain(ad, most=20):
+    """Steps until one executes nothing; how many executed something."""
+    for i in range(most):
+        if not ad.step(0):
+            return i
+    raise AssertionError(f"still executing ops after {most} polls")
+
+
+@pytest.mark.parametrize("how", ["the call grows the KV in place", "the data plane fails the move"])
+def test_a_swap_out_that_does_not_land_frees_its_room_before_the_promotes_planned_into_it(tmp_path, how):
+    # A real data plane behind the live planner. A tool-wait swap-out frees room in the books and
+    # two weight promotes are planned into it; then the move does not land, and the books, out of
+    # room, drop the KV instead. The data plane must run that drop before the promotes, or the
+    # second finds the arena still holding the KV (a CI run saw "gpu:1 full" so).
+    p, clock = planner("swap")
+    during_report, failing = {}, set()
+    ad = bridged(p, tmp_path, lambda op: "host DRAM is gone" if op.op_id in failing else None, during_report)
     with p.store.tx():                                    # the planner's weights, from the model store
         p._apply([("promote", ("w", "planner"), (0,))])
-    drain()
+    drain(ad)
     p.event("a", {"type": "program_started", "program": "p1"})
     p.event("a", {"type": "call_arrived", "program": "p1", "call": "c1", "model": "planner"})
     p.event("a", {"type": "call_started", "program": "p1", "call": "c1"})
     p.event("a", {"type": "call_finished", "program": "p1", "call": "c1", "tokens": TOKENS})
     (group,) = p.tiers.groups_of[KV]
     start_tool(p)
-    drain()                                               # out to host DRAM ...
+    drain(ad)                                             # out to host DRAM ...
     with p.store.tx():
         p._apply([("promote", KV, group)])
-    drain()                                               # ... and back: the arena holds the KV now
+    drain(ad)                                             # ... and back: the arena holds the KV now
     p.event("a", {"type": "tool_finished", "program": "p1", "tool": "build", "call": "t1"})
     p.event("a", {"type": "call_arrived", "program": "p1", "call": "c2", "model": "planner"})
     p.event("a", {"type": "call_started", "program": "p1", "call": "c2"})
@@ -486,18 +497,69 @@ def test_a_swap_out_that_does_not_land_frees_its_room_before_the_promotes_planne
     (out,) = kv_ops(p)
     with p.store.tx():                                     # the room the swap-out frees, taken
         p._apply([("promote", ("w", m), group) for m in ("coder", "reviewer")])
-
-    def the_call_comes_back_and_grows_the_kv():
-        p.event("a", {"type": "tool_finished", "program": "p1", "tool": "build", "call": "t2"})
-        p.event("a", {"type": "call_arrived", "program": "p1", "call": "c3", "model": "planner"})
-        p.event("a", {"type": "call_started", "program": "p1", "call": "c3"})
-        p.event("a", {"type": "call_finished", "program": "p1", "call": "c3", "tokens": TOKENS + 1000})
-
-    during_report[out.op.op_id] = the_call_comes_back_and_grows_the_kv
-    drain()
+    if how == "the data plane fails the move":
+        failing.add(out.op.op_id)
+    else:
+        def the_call_comes_back_and_grows_the_kv():
+            p.event("a", {"type": "tool_finished", "program": "p1", "tool": "build", "call": "t2"})
+            p.event("a", {"type": "call_arrived", "program": "p1", "call": "c3", "model": "planner"})
+            p.event("a", {"type": "call_started", "program": "p1", "call": "c3"})
+            p.event("a", {"type": "call_finished", "program": "p1", "call": "c3", "tokens": TOKENS + 1000})
+        during_report[out.op.op_id] = the_call_comes_back_and_grows_the_kv
+    drain(ad)
     rows = {r["op_id"]: r for r in p.store.ops()}
-    assert rows[out.op.op_id]["status"] == "cancelled"
-    assert [r["reason"] for r in rows.values() if r["status"] == "failed"] == []
+    assert rows[out.op.op_id]["status"] == ("failed" if failing else "cancelled")
+    assert [r["reason"] for r in rows.values() if r["status"] == "failed" and r["op_id"] not in failing] == []
     assert all(r["status"] == "done" for r in rows.values() if r["op"]["object"][0] == "w")
     assert (KV, group) not in p.tiers.gpu and gpu.used == 120_000_000 + 160_000_000 + 100_000_000
     p.tiers.check()
+
+
+def test_a_drop_the_engine_cannot_do_is_not_sent_again_and_holds_up_nothing(tmp_path):
+    # As an engine without per-program KV control: every KV op fails. The KV of a finished program
+    # is dropped once; the failure is not answered with the same drop at every poll, and the ops
+    # behind it run.
+    p, clock = planner("preserve")
+    ad = bridged(p, tmp_path, lambda op: "no per-program KV control" if op.object[0] == "kv" else None)
+    with p.store.tx():
+        p._apply([("promote", ("w", "planner"), (0,))])
+    drain(ad)
+    p.event("a", {"type": "program_started", "program": "p1"})
+    p.event("a", {"type": "call_arrived", "program": "p1", "call": "c1", "model": "planner"})
+    p.event("a", {"type": "call_started", "program": "p1", "call": "c1"})
+    p.event("a", {"type": "call_finished", "program": "p1", "call": "c1", "tokens": TOKENS})
+    p.event("a", {"type": "program_finished", "program": "p1"})
+    with p.store.tx():
+        p._apply([("promote", ("w", "coder"), (0,))])
+    drain(ad)
+    kv_rows = [r for r in p.store.ops() if r["op"]["object"][0] == "kv"]
+    assert [(r["op"]["kind"], r["status"]) for r in kv_rows] == [("drop", "failed")]
+    assert not p.ops and ad.plane.ready(["w", "coder"], "gpu:0")
+    p.tiers.check()
+
+
+def test_a_drop_in_place_of_a_failed_move_keeps_its_place_in_the_plan_across_a_restart(tmp_path):
+    import sqlite3
+
+    from statebudget.planner.ledger import Store
+
+    cl, cat = load_cluster("toy2"), load_catalog("toy")
+    old = tmp_path / "old.db"  # a ledger written before ops had a place: it opens, and is migrated
+    with sqlite3.connect(old) as db:
+        db.execute("CREATE TABLE ops (op_id TEXT PRIMARY KEY, node TEXT NOT NULL, status TEXT NOT NULL, "
+                   "plan_version INTEGER NOT NULL, offered INTEGER NOT NULL, op TEXT NOT NULL, result TEXT, reason TEXT)")
+    clock = Clock()
+    p = LivePlanner(cl, cat, Store(old), clock=clock, kv_rule="swap")
+    group = after_a_call(p, clock)
+    start_tool(p)
+    (out,) = kv_ops(p)
+    with p.store.tx():
+        p._apply([("promote", ("w", m), group) for m in ("coder", "reviewer", "planner")])
+    node = out.node
+    report_op(p, out.op, status="failed", error="host DRAM is gone")
+    (drop,) = [r.op.op_id for r in p.ops.values() if r.op.kind == "drop" and tuple(r.op.object) == KV]
+    promotes = [r.op.op_id for r in p.ops.values() if r.op.kind == "promote"]
+    p.store.close()
+    q = LivePlanner(cl, cat, Store(old), clock=clock, kv_rule="swap")
+    # ahead of the promotes planned into its room, though it was made after them
+    assert [o["op_id"] for o in q.plan_for(node, 0)["ops"]] == [drop, *promotes]

@@ -46,23 +46,11 @@ class OpResult(BaseModel):
 
 
 def run_order(ops: list[Op]) -> list[Op]:
-    """The order to run one poll's ops in: the plan's, except that
-      * drops go first: they only free room, and a drop the planner made because a move out of
-        HBM did not land (refused, failed, or stopped by a call that grew the KV in place) frees
-        the room that promotes made before it were planned into;
-      * background promotes (tool-wait KV swap-ins, which take only free HBM, and speculative
-        promotes, whose evictions come before them in the plan) go last: they must not delay
-        the rest.
-    A drop stays behind an earlier op that reads or writes the copy it drops (same object, same
-    tier); a swap-in stays ahead of a later op of the same object; no other op moves: a demote
-    (background or not) may free the room a later promote was planned into."""
-    touched: set = set()
-    first = []
-    for op in ops:
-        key = tuple(op.object)
-        if op.kind == "drop" and (key, op.src) not in touched:
-            first.append(op)
-        touched |= {(key, op.src), (key, op.dst)}
+    """The order to run one poll's ops in: the plan's, except that background promotes (tool-wait
+    KV swap-ins, which take only free HBM, and speculative promotes, whose evictions come before
+    them in the plan) go after the rest, which they must not delay. A swap-in
+    that a later op of the same object must follow stays in place, and no other op moves: a
+    demote (background or not) may free the room a later promote was planned into."""
     later: set = set()
     deferred = []
     for op in reversed(ops):
@@ -70,8 +58,8 @@ def run_order(ops: list[Op]) -> list[Op]:
         if op.background and op.kind == "promote" and key not in later:
             deferred.append(op)
         later.add(key)
-    moved = {op.op_id for op in first} | {op.op_id for op in deferred}
-    return first + [op for op in ops if op.op_id not in moved] + deferred[::-1]
+    moved = {op.op_id for op in deferred}
+    return [op for op in ops if op.op_id not in moved] + deferred[::-1]
 
 
 def tier_kind(tier: str) -> str:
@@ -170,9 +158,9 @@ class Adapter(ABC):
             status = self.report(op, result)
             if self._unsettled.pop(op.op_id, None) is not None and result.status == "done":
                 self._settle(op, status)
-            if status == 409 or result.status != "done":
-                # The planner's books changed under this poll (a move that did not land may have
-                # become a drop the rest of this list was planned around): poll again first.
+            if op.kind == "demote" and (status == 409 or result.status != "done"):
+                # A move out that did not land: the planner drops the copy instead, ahead of the
+                # ops it had planned into the room the move was to free. Poll for that drop first.
                 break
         return n
 

@@ -4,7 +4,8 @@
     residency   one row per copy: (state key, tier) -> bytes, ready, version, epoch, op
     kv          one row per program KV: (program, model) -> tokens (the KV's version)
     leases      every lease: request, quote, state, objects, the GPU group it prepares
-    ops         every op: the op itself, its node, status, how often it was offered, its result
+    ops         every op: the op itself, its node, status, how often it was offered, its result,
+                its place in the node's plan
     programs    program state: tenant, epoch, status, its calls
     oracle_runs background oracle jobs and their results
 
@@ -33,7 +34,8 @@ CREATE TABLE IF NOT EXISTS kv (program TEXT NOT NULL, model TEXT NOT NULL, token
 CREATE TABLE IF NOT EXISTS leases (lease_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, program TEXT NOT NULL,
   state TEXT NOT NULL, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS ops (op_id TEXT PRIMARY KEY, node TEXT NOT NULL, status TEXT NOT NULL,
-  plan_version INTEGER NOT NULL, offered INTEGER NOT NULL, op TEXT NOT NULL, result TEXT, reason TEXT);
+  plan_version INTEGER NOT NULL, offered INTEGER NOT NULL, op TEXT NOT NULL, result TEXT, reason TEXT,
+  ord INTEGER);
 CREATE INDEX IF NOT EXISTS ops_open ON ops (status, node);
 CREATE TABLE IF NOT EXISTS programs (program TEXT PRIMARY KEY, tenant TEXT NOT NULL, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS oracle_runs (run_id TEXT PRIMARY KEY, status TEXT NOT NULL, body TEXT NOT NULL);
@@ -52,6 +54,8 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
+        if "ord" not in {r[1] for r in self.db.execute("PRAGMA table_info(ops)")}:  # a ledger from before it
+            self.db.execute("ALTER TABLE ops ADD COLUMN ord INTEGER")
         self.lock = threading.RLock()
         self._depth = 0
 
@@ -117,18 +121,19 @@ class Store:
         return [json.loads(b) for (b,) in self.db.execute("SELECT body FROM leases ORDER BY rowid")]
 
     def put_op(self, op_id: str, node: str, status: str, plan_version: int, offered: int, op: dict,
-               result: dict | None, reason: str) -> None:
-        self.db.execute("INSERT OR REPLACE INTO ops VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+               result: dict | None, reason: str, order: int) -> None:
+        self.db.execute("INSERT OR REPLACE INTO ops (op_id, node, status, plan_version, offered, op, result, "
+                        "reason, ord) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (op_id, node, status, plan_version, offered, json.dumps(op),
-                         json.dumps(result) if result is not None else None, reason))
+                         json.dumps(result) if result is not None else None, reason, order))
 
     def get_op(self, op_id: str) -> dict | None:
-        row = self.db.execute("SELECT op_id, node, status, plan_version, offered, op, result, reason FROM ops "
+        row = self.db.execute("SELECT op_id, node, status, plan_version, offered, op, result, reason, ord FROM ops "
                               "WHERE op_id = ?", (op_id,)).fetchone()
         return _op_row(row) if row else None
 
     def ops(self, status: str | None = None) -> list[dict]:
-        q = "SELECT op_id, node, status, plan_version, offered, op, result, reason FROM ops"
+        q = "SELECT op_id, node, status, plan_version, offered, op, result, reason, ord FROM ops"
         rows = self.db.execute(q + " WHERE status = ? ORDER BY rowid" if status else q + " ORDER BY rowid",
                                (status,) if status else ()).fetchall()
         return [_op_row(r) for r in rows]
@@ -158,6 +163,10 @@ class Store:
 
 
 def _op_row(row) -> dict:
-    op_id, node, status, pv, offered, op, result, reason = row
+    op_id, node, status, pv, offered, op, result, reason, order = row
+    if order is None:  # written before ops had a place of their own: the place they were made in
+        digits = "".join(ch for ch in op_id if ch.isdigit())
+        order = int(digits) if digits else 0
     return {"op_id": op_id, "node": node, "status": status, "plan_version": pv, "offered": offered,
-            "op": json.loads(op), "result": json.loads(result) if result else None, "reason": reason or ""}
+            "op": json.loads(op), "result": json.loads(result) if result else None, "reason": reason or "",
+            "order": order}

@@ -126,6 +126,8 @@ class OpRec:
     plan_version: int = 0
     result: dict | None = None
     reason: str = ""
+    order: int = 0            # its place in the node's plan (`plan_for`): its number, or the
+                              # place of the move out it replaces (`_demote_undone`)
 
 
 class LivePlanner(ResidencyView):
@@ -468,11 +470,12 @@ class LivePlanner(ResidencyView):
             # it had there: only the books change for that one. Copies elsewhere are stale and go.
             same = self.tiers.gpu.get((kvk, group)) if group is not None else None
             in_place = same.nbytes if same is not None and same.ready else None  # the bytes it held
+            place = None  # where a drop of it goes in the plan: in the place of a move it stops
             for mv in self._moves_out(kvk, group) if group is not None else ():
                 # The call ran on the very copy that op was moving out, and the engine grew it in
                 # place: the move stops, and its source is the copy the books take up below.
                 self._close(mv, "cancelled", "the call grew this KV in place", undo_source=False)
-                in_place = mv.op.bytes
+                in_place, place = mv.op.bytes, mv.order
             if same is not None and same.ready:
                 self.tiers.remove_gpu_copy(same)
                 self.store.delete_copy(kvk, gpu_tier(group))
@@ -486,7 +489,8 @@ class LivePlanner(ResidencyView):
                     self.tiers.add_gpu_copy(c)
                     self._save_gpu(c)
                 elif in_place is not None:  # the books have no room for it: the engine must let it go
-                    self._new_op("drop", kvk, gpu_tier(group), "none", in_place, self.gpus[group[0]].node)
+                    self._new_op("drop", kvk, gpu_tier(group), "none", in_place, self.gpus[group[0]].node,
+                                 order=place)
         self._apply(self.policy.on_call_end(self, _Call(rec.program, ev["call"], model)))
         self._save_program(rec)
         return {"call": ev["call"], "status": "finished", "kv_version": self.kv_tokens.get(kvk, 0)}
@@ -932,14 +936,15 @@ class LivePlanner(ResidencyView):
                 self._save_host(hc, op.op_id)
 
     def _new_op(self, kind: str, key, src: str, dst: str, nbytes: float, node: str, lease: Lease | None = None,
-                background: bool = False) -> Op:
+                background: bool = False, order: int | None = None) -> Op:
         self._op_seq += 1
         op = Op(op_id=f"op{self._op_seq}", kind=kind, object=[str(x) for x in key], src=src, dst=dst, bytes=nbytes,
                 epoch=self.epoch_of(key), version=self.version_of(key),
                 deadline=lease.request.deadline_s if lease else None, lease_id=lease.lease_id if lease else None,
                 background=background)
         self._bump()  # an adapter long-polling the plan must see it
-        rec = self.ops[op.op_id] = OpRec(op, node, plan_version=self.plan_version)
+        rec = self.ops[op.op_id] = OpRec(op, node, plan_version=self.plan_version,
+                                         order=self._op_seq if order is None else order)
         self._on_link(op, +1)
         if kind == "promote":
             self.writer[(key, dst)] = op.op_id
@@ -952,10 +957,12 @@ class LivePlanner(ResidencyView):
 
     # ---- adapters ---------------------------------------------------------------------------------
     def plan_for(self, node: str, after: int) -> dict:
-        """The open ops of one node, in the order they were made (which is the order to run them)."""
+        """The open ops of one node, in the order to run them: the order they were made, except
+        that a drop in place of a move out of HBM that did not land takes that move's place, ahead
+        of the promotes planned into the room the move was to free."""
         if node not in self.cluster.node_by_name:
             raise NotFound(f"no node {node!r} in cluster {self.cluster.name!r}")
-        ops = [r for r in self.ops.values() if r.node == node]
+        ops = sorted((r for r in self.ops.values() if r.node == node), key=lambda r: r.order)
         if ops:
             with self.store.tx():
                 for r in ops:
@@ -1052,11 +1059,16 @@ class LivePlanner(ResidencyView):
     def _demote_undone(self, rec: OpRec) -> None:
         """A demotion failed or was cancelled (or a drop failed), so its source is still in HBM (a
         move releases it only on commit): back into the books if it still fits and is still
-        wanted, else dropped (again)."""
+        wanted, else dropped, in the move's place in the plan (ahead of the promotes planned into
+        the room it was to free). A drop that failed is not sent again: an engine that cannot
+        drop a copy would fail it at every poll; where the copy no longer fits the books, the
+        books let it go (the engine keeps it, and a promote it leaves no room for fails)."""
         op, key, group = rec.op, _key(rec.op.object), _group(rec.op.src)
         per_gpu = op.bytes / len(group)
+        again = op.kind != "drop"
         if key[0] == "kv" and key not in self.kv_tokens:  # its program ended: it must go
-            self._new_op("drop", key, op.src, "none", op.bytes, rec.node)
+            if again:
+                self._new_op("drop", key, op.src, "none", op.bytes, rec.node, order=rec.order)
             return
         back = self.tiers.gpu.get((key, group))
         if back is not None and not back.ready:
@@ -1072,8 +1084,8 @@ class LivePlanner(ResidencyView):
             c = GpuCopy(key, group, per_gpu, True, self.now, self.now)
             self.tiers.add_gpu_copy(c)
             self._save_gpu(c)
-        else:
-            self._new_op("drop", key, op.src, "none", op.bytes, rec.node)
+        elif again:
+            self._new_op("drop", key, op.src, "none", op.bytes, rec.node, order=rec.order)
 
     def _finish_as(self, rec: OpRec, status: str, reason: str) -> None:
         """Close an op whose target is already settled in the books (nothing to undo)."""
@@ -1143,7 +1155,7 @@ class LivePlanner(ResidencyView):
 
     def _save_op(self, rec: OpRec) -> None:
         self.store.put_op(rec.op.op_id, rec.node, rec.status, rec.plan_version, rec.offered, rec.op.model_dump(),
-                          rec.result, rec.reason)
+                          rec.result, rec.reason, rec.order)
 
     def _save_program(self, rec: ProgramRec) -> None:
         self.store.put_program(rec.program, rec.tenant, dict(rec.__dict__))  # json copies it; no deepcopy
@@ -1216,7 +1228,8 @@ class LivePlanner(ResidencyView):
         with s.tx():
             for row in s.ops("open"):
                 op = Op(**row["op"])
-                rec = self.ops[op.op_id] = OpRec(op, row["node"], "open", row["offered"], row["plan_version"])
+                rec = self.ops[op.op_id] = OpRec(op, row["node"], "open", row["offered"], row["plan_version"],
+                                                 order=row["order"])
                 self._on_link(op, +1)
                 key = _key(op.object)
                 if op.kind == "promote":

@@ -465,6 +465,18 @@ def drain(ad, most=20):
     raise AssertionError(f"still executing ops after {most} polls")
 
 
+def a_call_on_gpu0(p, ad):
+    """The planner's weights promoted onto gpu:0 through `ad`, then one call of program p1 there,
+    which leaves its KV in HBM (the engine's; the data plane does not count it)."""
+    with p.store.tx():
+        p._apply([("promote", ("w", "planner"), (0,))])
+    drain(ad)
+    p.event("a", {"type": "program_started", "program": "p1"})
+    p.event("a", {"type": "call_arrived", "program": "p1", "call": "c1", "model": "planner"})
+    p.event("a", {"type": "call_started", "program": "p1", "call": "c1"})
+    p.event("a", {"type": "call_finished", "program": "p1", "call": "c1", "tokens": TOKENS})
+
+
 @pytest.mark.parametrize("how", ["the call grows the KV in place", "the data plane fails the move"])
 def test_a_swap_out_that_does_not_land_frees_its_room_before_the_promotes_planned_into_it(tmp_path, how):
     # A real data plane behind the live planner. A tool-wait swap-out frees room in the books and
@@ -474,13 +486,7 @@ def test_a_swap_out_that_does_not_land_frees_its_room_before_the_promotes_planne
     p, clock = planner("swap")
     during_report, failing = {}, set()
     ad = bridged(p, tmp_path, lambda op: "host DRAM is gone" if op.op_id in failing else None, during_report)
-    with p.store.tx():                                    # the planner's weights, from the model store
-        p._apply([("promote", ("w", "planner"), (0,))])
-    drain(ad)
-    p.event("a", {"type": "program_started", "program": "p1"})
-    p.event("a", {"type": "call_arrived", "program": "p1", "call": "c1", "model": "planner"})
-    p.event("a", {"type": "call_started", "program": "p1", "call": "c1"})
-    p.event("a", {"type": "call_finished", "program": "p1", "call": "c1", "tokens": TOKENS})
+    a_call_on_gpu0(p, ad)
     (group,) = p.tiers.groups_of[KV]
     start_tool(p)
     drain(ad)                                             # out to host DRAM ...
@@ -521,13 +527,7 @@ def test_a_drop_the_engine_cannot_do_is_not_sent_again_and_holds_up_nothing(tmp_
     # behind it run.
     p, clock = planner("preserve")
     ad = bridged(p, tmp_path, lambda op: "no per-program KV control" if op.object[0] == "kv" else None)
-    with p.store.tx():
-        p._apply([("promote", ("w", "planner"), (0,))])
-    drain(ad)
-    p.event("a", {"type": "program_started", "program": "p1"})
-    p.event("a", {"type": "call_arrived", "program": "p1", "call": "c1", "model": "planner"})
-    p.event("a", {"type": "call_started", "program": "p1", "call": "c1"})
-    p.event("a", {"type": "call_finished", "program": "p1", "call": "c1", "tokens": TOKENS})
+    a_call_on_gpu0(p, ad)
     p.event("a", {"type": "program_finished", "program": "p1"})
     with p.store.tx():
         p._apply([("promote", ("w", "coder"), (0,))])

@@ -521,20 +521,37 @@ def test_a_swap_out_that_does_not_land_frees_its_room_before_the_promotes_planne
     p.tiers.check()
 
 
-def test_a_drop_the_engine_cannot_do_is_not_sent_again_and_holds_up_nothing(tmp_path):
-    # As an engine without per-program KV control: every KV op fails. The KV of a finished program
-    # is dropped once; the failure is not answered with the same drop at every poll, and the ops
-    # behind it run.
+@pytest.mark.parametrize("fails", [1, 99])
+def test_a_drop_the_engine_fails_is_sent_again_a_few_times_later_and_holds_up_nothing(tmp_path, fails):
+    # The KV of a finished program is dropped; the engine fails the drop once (busy), or always (no
+    # per-program KV control). It is sent again 1 s, 2 s, 4 s later, not at every poll, and the
+    # ops behind it run meanwhile.
     p, clock = planner("preserve")
-    ad = bridged(p, tmp_path, lambda op: "no per-program KV control" if op.object[0] == "kv" else None)
+    failed = []
+
+    def fail(op):
+        if op.object[0] == "kv" and len(failed) < fails:
+            failed.append(clock.t)
+            return "no per-program KV control"
+
+    ad = bridged(p, tmp_path, fail)
     a_call_on_gpu0(p, ad)
     p.event("a", {"type": "program_finished", "program": "p1"})
     with p.store.tx():
         p._apply([("promote", ("w", "coder"), (0,))])
     drain(ad)
-    kv_rows = [r for r in p.store.ops() if r["op"]["object"][0] == "kv"]
-    assert [(r["op"]["kind"], r["status"]) for r in kv_rows] == [("drop", "failed")]
-    assert not p.ops and ad.plane.ready(["w", "coder"], "gpu:0")
+    assert ad.plane.ready(["w", "coder"], "gpu:0") and not p.ops  # the failed drop held up nothing
+    t0 = clock.t
+    while p.due_in() is not None:
+        clock.t += p.due_in()
+        p.tick()
+        drain(ad)
+    drops = [r["status"] for r in p.store.ops() if r["op"]["object"][0] == "kv"]
+    if fails == 1:
+        assert drops == ["failed", "done"] and failed == [t0]
+    else:
+        assert drops == ["failed"] * 4 and [t - t0 for t in failed] == [0.0, 1.0, 3.0, 7.0]
+    assert not p.ops and not p.drop_tries
     p.tiers.check()
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -46,6 +47,10 @@ from .leases import Lease, LeaseRequest, LeaseState, Quote
 from .programs import AGING, QUEUES, ProgramSizes, ToolWaitKV, arrival_priority, host_link_bps, queue_key, tenant_excess
 from .ledger import Store
 from .view import ResidencyView
+
+log = logging.getLogger("statebudget.planner")
+DROP_TRIES = 3       # a drop the engine failed is sent again this many times, ...
+DROP_RETRY_S = 1.0   # ... 1 s, 2 s, then 4 s after the failure before it
 
 
 
@@ -194,6 +199,8 @@ class LivePlanner(ResidencyView):
         # Tool-wait KV timers (not kept on disk: a restart takes each tool wait up again, _resume_tool_wait):
         # A tool wait is named (thread, since): a timer acts only while that same wait goes on.
         self.kv_timers: list = []   # heap of (at, seq, "recheck" | "swap_in", program, wait, key, group)
+                                    # and (at, seq, "drop", None, (order, bytes, node), key, tier)
+        self.drop_tries: dict = {}  # (key, GPU tier) -> failed drops sent again (`_drop_instead`)
         self.kv_waits: dict[tuple, float | None] = {}  # (program, thread) -> the predicted wait of its tool
         self.swap_in_after: dict[tuple, tuple] = {}  # KV key -> (program, wait, group): swap in once written
         self._timer_seq = itertools.count()
@@ -695,15 +702,21 @@ class LivePlanner(ResidencyView):
         heapq.heappush(self.kv_timers, (at, next(self._timer_seq), kind, rec.program, wait, kvk, group))
 
     def due_in(self) -> float | None:
-        """Seconds until the next tool-wait KV timer (the service's loop wakes for it), or None."""
+        """Seconds until the next timer (tool-wait KV, a drop sent again; the service's loop wakes
+        for it), or None."""
         return self.kv_timers[0][0] - self.now if self.kv_timers else None
 
     def _kv_due(self) -> None:
         """Timers that are due: a preserved KV whose TTL ran out is judged again on the wait still
-        expected; a swapped-out KV comes back before the predicted return. Both only while the
-        same tool wait goes on."""
+        expected; a swapped-out KV comes back before the predicted return (both only while the
+        same tool wait goes on); a failed drop is sent again."""
         while self.kv_timers and self.kv_timers[0][0] <= self.now:
             _, _, kind, program, wait, kvk, group = heapq.heappop(self.kv_timers)
+            if kind == "drop":  # a failed drop sent again (`_drop_instead`); `group` is its tier
+                order, nbytes, node = wait
+                if (kvk, _group(group)) not in self.tiers.gpu:
+                    self._new_op("drop", kvk, group, "none", nbytes, node, order=order)
+                continue
             w = self._awaited(program, wait)
             if w is None:
                 continue
@@ -1013,6 +1026,8 @@ class LivePlanner(ResidencyView):
 
     def _commit(self, rec: OpRec, result: dict) -> None:
         op, key = rec.op, _key(rec.op.object)
+        if op.kind == "drop":
+            self.drop_tries.pop((key, op.src), None)
         if op.kind == "promote" and op.dst.startswith("gpu:"):
             c = self.tiers.gpu[(key, _group(op.dst))]
             c.ready = True
@@ -1059,16 +1074,11 @@ class LivePlanner(ResidencyView):
     def _demote_undone(self, rec: OpRec) -> None:
         """A demotion failed or was cancelled (or a drop failed), so its source is still in HBM (a
         move releases it only on commit): back into the books if it still fits and is still
-        wanted, else dropped, in the move's place in the plan (ahead of the promotes planned into
-        the room it was to free). A drop that failed is not sent again: an engine that cannot
-        drop a copy would fail it at every poll; where the copy no longer fits the books, the
-        books let it go (the engine keeps it, and a promote it leaves no room for fails)."""
+        wanted, else dropped (`_drop_instead`)."""
         op, key, group = rec.op, _key(rec.op.object), _group(rec.op.src)
         per_gpu = op.bytes / len(group)
-        again = op.kind != "drop"
         if key[0] == "kv" and key not in self.kv_tokens:  # its program ended: it must go
-            if again:
-                self._new_op("drop", key, op.src, "none", op.bytes, rec.node, order=rec.order)
+            self._drop_instead(rec)
             return
         back = self.tiers.gpu.get((key, group))
         if back is not None and not back.ready:
@@ -1084,8 +1094,28 @@ class LivePlanner(ResidencyView):
             c = GpuCopy(key, group, per_gpu, True, self.now, self.now)
             self.tiers.add_gpu_copy(c)
             self._save_gpu(c)
-        elif again:
+        else:
+            self._drop_instead(rec)
+
+    def _drop_instead(self, rec: OpRec) -> None:
+        """Drop the source of `rec`, a move out of HBM that did not land or a drop that failed, in
+        its place in the plan: ahead of the promotes planned into the room it was to free. A
+        failed drop is sent again after 1 s, 2 s and 4 s (a timer: an engine busy with requests
+        may refuse a release for a while, and one without per-program KV control refuses it at
+        every poll); then the books let the copy go, with a warning, and the engine keeps it."""
+        op, key = rec.op, _key(rec.op.object)
+        if op.kind != "drop":
             self._new_op("drop", key, op.src, "none", op.bytes, rec.node, order=rec.order)
+            return
+        tries = self.drop_tries.get((key, op.src), 0)
+        if tries >= DROP_TRIES:
+            del self.drop_tries[(key, op.src)]
+            log.warning("%s in %s: the engine failed %d drops (%s); the books let it go", list(key), op.src,
+                        tries + 1, rec.reason)
+            return
+        self.drop_tries[(key, op.src)] = tries + 1
+        heapq.heappush(self.kv_timers, (self.now + DROP_RETRY_S * 2 ** tries, next(self._timer_seq), "drop", None,
+                                        (rec.order, op.bytes, rec.node), key, op.src))
 
     def _finish_as(self, rec: OpRec, status: str, reason: str) -> None:
         """Close an op whose target is already settled in the books (nothing to undo)."""

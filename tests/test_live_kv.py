@@ -7,7 +7,7 @@ import time
 import pytest
 
 from helpers import Clock, call, catalog, cluster, program, report_op, tool, trace
-from statebudget.engine_adapters.base import run_order
+from statebudget.engine_adapters.base import gpu_indexes, run_order
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.models.plan import Op
 from statebudget.planner.live import LivePlanner
@@ -313,10 +313,12 @@ def test_a_call_that_comes_back_stops_its_kvs_swap_out_in_flight():
     p.tiers.check()
 
 
-def test_a_kv_grown_in_place_under_an_unfinished_swap_out_is_not_dropped():
-    # The room the swap-out freed went to another copy, so the returning call cannot stop the move;
-    # it runs on the engine's copy anyway and grows it. The move stops without a drop of that copy.
-    p, clock = planner("swap")
+@pytest.mark.parametrize("rule", ["swap", "discard"])
+def test_a_kv_grown_in_place_under_an_unfinished_swap_out_is_not_dropped(rule):
+    # The room the swap-out (or the discard's drop) freed went to another copy, so the returning
+    # call cannot stop the move; it runs on the engine's copy anyway and grows it. The move stops
+    # without a drop of that copy.
+    p, clock = planner(rule)
     group = after_a_call(p, clock)
     start_tool(p)
     (out,) = kv_ops(p)
@@ -580,3 +582,23 @@ def test_a_drop_in_place_of_a_failed_move_keeps_its_place_in_the_plan_across_a_r
     q = LivePlanner(cl, cat, Store(old), clock=clock, kv_rule="swap")
     # ahead of the promotes planned into its room, though it was made after them
     assert [o["op_id"] for o in q.plan_for(node, 0)["ops"]] == [drop, *promotes]
+
+
+def test_a_failed_drop_of_an_out_of_date_kv_copy_is_not_taken_back_as_the_current_one():
+    p, clock = planner("preserve")
+    group = after_a_call(p, clock)
+    other = (1 - group[0],)
+    with p.store.tx():
+        p._apply([("promote", KV, other)])
+    for rec in list(p.ops.values()):
+        report_op(p, rec.op)
+    assert p.tiers.gpu[(KV, other)].ready  # a copy on each GPU
+    p.event("a", {"type": "call_arrived", "program": "p1", "call": "c2", "model": "planner"})
+    ran = gpu_indexes(p.event("a", {"type": "call_started", "program": "p1", "call": "c2"})["group"])
+    stale = other if ran == group else group
+    p.event("a", {"type": "call_finished", "program": "p1", "call": "c2", "tokens": TOKENS + 500})
+    (drop,) = [r for r in kv_ops(p) if r.op.kind == "drop" and r.op.src == f"gpu:{stale[0]}"]
+    report_op(p, drop.op, status="failed", error="busy")
+    assert (KV, stale) not in p.tiers.gpu  # the engine's copy there is of the older version: it must go
+    assert p.tiers.gpu[(KV, ran)].ready and p.due_in() is not None  # ... and its drop is sent again
+    p.tiers.check()

@@ -394,8 +394,9 @@ class LivePlanner(ResidencyView):
         return {"call": ev["call"], "status": "cancelled"}
 
     def _moves_out(self, kvk, group=None, background_only: bool = False) -> list[OpRec]:
-        """Open demotions of a KV out of HBM (of one GPU group, or of any; or only tool-wait swaps)."""
-        return [r for r in self.ops.values() if r.op.kind == "demote" and _key(r.op.object) == kvk
+        """Open moves (demotions and drops) of a KV out of HBM (of one GPU group, or of any; or only
+        tool-wait swaps)."""
+        return [r for r in self.ops.values() if r.op.kind in ("demote", "drop") and _key(r.op.object) == kvk
                 and r.op.src.startswith("gpu:") and (group is None or r.op.src == gpu_tier(group))
                 and (r.op.background or not background_only)]
 
@@ -479,8 +480,9 @@ class LivePlanner(ResidencyView):
             in_place = same.nbytes if same is not None and same.ready else None  # the bytes it held
             place = None  # where a drop of it goes in the plan: in the place of a move it stops
             for mv in self._moves_out(kvk, group) if group is not None else ():
-                # The call ran on the very copy that op was moving out, and the engine grew it in
-                # place: the move stops, and its source is the copy the books take up below.
+                # The call ran on the very copy that op was moving out (or dropping: the discard
+                # rule), and the engine grew it in place: the move stops, and its source is the
+                # copy the books take up below.
                 self._close(mv, "cancelled", "the call grew this KV in place", undo_source=False)
                 in_place, place = mv.op.bytes, mv.order
             if same is not None and same.ready:
@@ -1074,11 +1076,13 @@ class LivePlanner(ResidencyView):
     def _demote_undone(self, rec: OpRec) -> None:
         """A demotion failed or was cancelled (or a drop failed), so its source is still in HBM (a
         move releases it only on commit): back into the books if it still fits and is still
-        wanted, else dropped (`_drop_instead`)."""
+        wanted and current, else dropped (`_drop_instead`). A copy of an older version (a call
+        grew the KV elsewhere, the catalog was reloaded) is never taken back as the current one."""
         op, key, group = rec.op, _key(rec.op.object), _group(rec.op.src)
         per_gpu = op.bytes / len(group)
-        if key[0] == "kv" and key not in self.kv_tokens:  # its program ended: it must go
-            self._drop_instead(rec)
+        if key[0] == "kv" and key not in self.kv_tokens or (op.version, op.epoch) != (self.version_of(key),
+                                                                                   self.epoch_of(key)):
+            self._drop_instead(rec)  # its program ended, or the state moved on while it ran: it must go
             return
         back = self.tiers.gpu.get((key, group))
         if back is not None and not back.ready:

@@ -553,7 +553,7 @@ def test_a_drop_the_engine_fails_is_sent_again_a_few_times_later_and_holds_up_no
         assert drops == ["failed", "done"] and failed == [t0]
     else:
         assert drops == ["failed"] * 4 and [t - t0 for t in failed] == [0.0, 1.0, 3.0, 7.0]
-    assert not p.ops and not p.drop_tries
+    assert not p.ops and p.due_in() is None
     p.tiers.check()
 
 
@@ -600,5 +600,11 @@ def test_a_failed_drop_of_an_out_of_date_kv_copy_is_not_taken_back_as_the_curren
     (drop,) = [r for r in kv_ops(p) if r.op.kind == "drop" and r.op.src == f"gpu:{stale[0]}"]
     report_op(p, drop.op, status="failed", error="busy")
     assert (KV, stale) not in p.tiers.gpu  # the engine's copy there is of the older version: it must go
-    assert p.tiers.gpu[(KV, ran)].ready and p.due_in() is not None  # ... and its drop is sent again
+    assert p.tiers.gpu[(KV, ran)].ready and p.due_in() is not None  # ... and its drop is sent again,
+    clock.t += p.due_in()
+    p.tick()
+    (again,) = [r for r in kv_ops(p) if r.op.kind == "drop" and r.op.src == f"gpu:{stale[0]}"]
+    assert again.op.version == drop.op.version  # ... as the drop of that older version
+    report_op(p, again.op, status="failed", error="busy")
+    assert (KV, stale) not in p.tiers.gpu
     p.tiers.check()

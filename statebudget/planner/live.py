@@ -133,6 +133,7 @@ class OpRec:
     reason: str = ""
     order: int = 0            # its place in the node's plan (`plan_for`): its number, or the
                               # place of the move out it replaces (`_demote_undone`)
+    tries: int = 0            # a drop sent again: how many drops of that copy failed before it
 
 
 class LivePlanner(ResidencyView):
@@ -199,8 +200,8 @@ class LivePlanner(ResidencyView):
         # Tool-wait KV timers (not kept on disk: a restart takes each tool wait up again, _resume_tool_wait):
         # A tool wait is named (thread, since): a timer acts only while that same wait goes on.
         self.kv_timers: list = []   # heap of (at, seq, "recheck" | "swap_in", program, wait, key, group)
-                                    # and (at, seq, "drop", None, (order, bytes, node), key, tier)
-        self.drop_tries: dict = {}  # (key, GPU tier) -> failed drops sent again (`_drop_instead`)
+                                    # and (at, seq, "drop", None, (order, bytes, node, version, epoch,
+                                    # tries), key, tier): a failed drop sent again (`_drop_instead`)
         self.kv_waits: dict[tuple, float | None] = {}  # (program, thread) -> the predicted wait of its tool
         self.swap_in_after: dict[tuple, tuple] = {}  # KV key -> (program, wait, group): swap in once written
         self._timer_seq = itertools.count()
@@ -715,9 +716,11 @@ class LivePlanner(ResidencyView):
         while self.kv_timers and self.kv_timers[0][0] <= self.now:
             _, _, kind, program, wait, kvk, group = heapq.heappop(self.kv_timers)
             if kind == "drop":  # a failed drop sent again (`_drop_instead`); `group` is its tier
-                order, nbytes, node = wait
+                order, nbytes, node, version, epoch, tries = wait
                 if (kvk, _group(group)) not in self.tiers.gpu:
-                    self._new_op("drop", kvk, group, "none", nbytes, node, order=order)
+                    op = self._new_op("drop", kvk, group, "none", nbytes, node, order=order, version=version,
+                                      epoch=epoch)
+                    self.ops[op.op_id].tries = tries
                 continue
             w = self._awaited(program, wait)
             if w is None:
@@ -951,10 +954,13 @@ class LivePlanner(ResidencyView):
                 self._save_host(hc, op.op_id)
 
     def _new_op(self, kind: str, key, src: str, dst: str, nbytes: float, node: str, lease: Lease | None = None,
-                background: bool = False, order: int | None = None) -> Op:
+                background: bool = False, order: int | None = None, version: int | None = None,
+                epoch: int | None = None) -> Op:
+        """A new open op; `order`, `version`, `epoch` default to the next number and the state's now."""
         self._op_seq += 1
         op = Op(op_id=f"op{self._op_seq}", kind=kind, object=[str(x) for x in key], src=src, dst=dst, bytes=nbytes,
-                epoch=self.epoch_of(key), version=self.version_of(key),
+                epoch=self.epoch_of(key) if epoch is None else epoch,
+                version=self.version_of(key) if version is None else version,
                 deadline=lease.request.deadline_s if lease else None, lease_id=lease.lease_id if lease else None,
                 background=background)
         self._bump()  # an adapter long-polling the plan must see it
@@ -1028,8 +1034,6 @@ class LivePlanner(ResidencyView):
 
     def _commit(self, rec: OpRec, result: dict) -> None:
         op, key = rec.op, _key(rec.op.object)
-        if op.kind == "drop":
-            self.drop_tries.pop((key, op.src), None)
         if op.kind == "promote" and op.dst.startswith("gpu:"):
             c = self.tiers.gpu[(key, _group(op.dst))]
             c.ready = True
@@ -1111,15 +1115,14 @@ class LivePlanner(ResidencyView):
         if op.kind != "drop":
             self._new_op("drop", key, op.src, "none", op.bytes, rec.node, order=rec.order)
             return
-        tries = self.drop_tries.get((key, op.src), 0)
-        if tries >= DROP_TRIES:
-            del self.drop_tries[(key, op.src)]
+        if rec.tries >= DROP_TRIES:
             log.warning("%s in %s: the engine failed %d drops (%s); the books let it go", list(key), op.src,
-                        tries + 1, rec.reason)
+                        rec.tries + 1, rec.reason)
             return
-        self.drop_tries[(key, op.src)] = tries + 1
-        heapq.heappush(self.kv_timers, (self.now + DROP_RETRY_S * 2 ** tries, next(self._timer_seq), "drop", None,
-                                        (rec.order, op.bytes, rec.node), key, op.src))
+        # sent again as the same drop: of the version it was, so that a copy out of date stays so
+        heapq.heappush(self.kv_timers, (self.now + DROP_RETRY_S * 2 ** rec.tries, next(self._timer_seq), "drop",
+                                        None, (rec.order, op.bytes, rec.node, op.version, op.epoch, rec.tries + 1),
+                                        key, op.src))
 
     def _finish_as(self, rec: OpRec, status: str, reason: str) -> None:
         """Close an op whose target is already settled in the books (nothing to undo)."""

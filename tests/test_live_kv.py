@@ -542,7 +542,8 @@ def test_a_drop_the_engine_fails_is_sent_again_a_few_times_later_and_holds_up_no
     with p.store.tx():
         p._apply([("promote", ("w", "coder"), (0,))])
     drain(ad)
-    assert ad.plane.ready(["w", "coder"], "gpu:0") and not p.ops  # the failed drop held up nothing
+    assert ad.plane.ready(["w", "coder"], "gpu:0")  # the failed drop held up nothing;
+    assert all(r.not_before > clock.t for r in p.ops.values())  # ... sent again, later
     t0 = clock.t
     while p.due_in() is not None:
         clock.t += p.due_in()
@@ -607,4 +608,49 @@ def test_a_failed_drop_of_an_out_of_date_kv_copy_is_not_taken_back_as_the_curren
     assert again.op.version == drop.op.version  # ... as the drop of that older version
     report_op(p, again.op, status="failed", error="busy")
     assert (KV, stale) not in p.tiers.gpu
+    p.tiers.check()
+
+
+def test_a_failed_drop_sent_again_later_is_kept_through_a_restart(tmp_path):
+    from statebudget.planner.ledger import Store
+
+    cl, cat = load_cluster("toy2"), load_catalog("toy")
+    clock = Clock()
+    p = LivePlanner(cl, cat, Store(tmp_path / "sb.db"), clock=clock, kv_rule="preserve")
+    after_a_call(p, clock)
+    p.event("a", {"type": "program_finished", "program": "p1"})
+    (drop,) = kv_ops(p)
+    node = drop.node
+    report_op(p, drop.op, status="failed", error="busy")
+    (held,) = kv_ops(p)
+    assert held.not_before == clock.t + 1.0 and not p.plan_for(node, 0)["ops"]  # held back for 1 s
+    p.store.close()
+    q = LivePlanner(cl, cat, Store(tmp_path / "sb.db"), clock=clock, kv_rule="preserve")
+    assert not q.plan_for(node, 0)["ops"] and q.due_in() == pytest.approx(1.0)
+    clock.t += 1.0
+    version = q.plan_version
+    q.tick()
+    assert [o["op_id"] for o in q.plan_for(node, 0)["ops"]] == [held.op.op_id] and q.plan_version > version
+
+
+def test_a_drop_held_back_is_cancelled_when_the_books_take_that_copy_up_again():
+    p, clock = planner("preserve")
+    group = after_a_call(p, clock)
+    W = ("w", "planner")
+    for decisions in ([("promote", W, group)], [("promote", ("w", "coder"), group)],
+                      [("demote", W, group, "none"), ("promote", ("w", "reviewer"), group)]):
+        with p.store.tx():
+            p._apply(decisions)
+        for rec in [r for r in p.ops.values() if r.op.kind == "promote"]:
+            report_op(p, rec.op)
+    (drop,) = [r for r in p.ops.values() if tuple(r.op.object) == W]
+    report_op(p, drop.op, status="failed", error="busy")
+    assert (W, group) not in p.tiers.gpu  # no room to take it back: held, sent again in 1 s
+    (held,) = [r for r in p.ops.values() if tuple(r.op.object) == W]
+    with p.store.tx():
+        p._apply([("promote", W, group)])  # wanted there again before that
+    assert (W, group) in p.tiers.gpu
+    clock.t += 1.0
+    p.tick()
+    assert held.op.op_id not in p.ops and held.status == "cancelled"  # it would delete the copy promoted
     p.tiers.check()

@@ -134,6 +134,7 @@ class OpRec:
     order: int = 0            # its place in the node's plan (`plan_for`): its number, or the
                               # place of the move out it replaces (`_demote_undone`)
     tries: int = 0            # a drop sent again: how many drops of that copy failed before it
+    not_before: float = 0.0   # ... and not offered before this time (0: offered now)
 
 
 class LivePlanner(ResidencyView):
@@ -200,8 +201,6 @@ class LivePlanner(ResidencyView):
         # Tool-wait KV timers (not kept on disk: a restart takes each tool wait up again, _resume_tool_wait):
         # A tool wait is named (thread, since): a timer acts only while that same wait goes on.
         self.kv_timers: list = []   # heap of (at, seq, "recheck" | "swap_in", program, wait, key, group)
-                                    # and (at, seq, "drop", None, (order, bytes, node, version, epoch,
-                                    # tries), key, tier): a failed drop sent again (`_drop_instead`)
         self.kv_waits: dict[tuple, float | None] = {}  # (program, thread) -> the predicted wait of its tool
         self.swap_in_after: dict[tuple, tuple] = {}  # KV key -> (program, wait, group): swap in once written
         self._timer_seq = itertools.count()
@@ -705,9 +704,26 @@ class LivePlanner(ResidencyView):
         heapq.heappush(self.kv_timers, (at, next(self._timer_seq), kind, rec.program, wait, kvk, group))
 
     def due_in(self) -> float | None:
-        """Seconds until the next timer (tool-wait KV, a drop sent again; the service's loop wakes
-        for it), or None."""
-        return self.kv_timers[0][0] - self.now if self.kv_timers else None
+        """Seconds until the next timer (a tool-wait KV's, or a held op's `not_before`; the
+        service's loop wakes for it), or None."""
+        at = [r.not_before for r in self.ops.values() if r.not_before]
+        if self.kv_timers:
+            at.append(self.kv_timers[0][0])
+        return min(at) - self.now if at else None
+
+    def _release_held(self) -> None:
+        """Held drops whose time has come are offered (the plan version moves for the long polls),
+        unless the books took that copy up again meanwhile (a promote onto that tier, which
+        replaced it): that one is cancelled."""
+        due = [r for r in self.ops.values() if r.not_before and r.not_before <= self.now]
+        for r in due:
+            r.not_before = 0.0
+            if (_key(r.op.object), _group(r.op.src)) in self.tiers.gpu:
+                self._finish_as(r, "cancelled", "the copy is in the books again")
+            else:
+                self._save_op(r)
+        if due:
+            self._bump()
 
     def _kv_due(self) -> None:
         """Timers that are due: a preserved KV whose TTL ran out is judged again on the wait still
@@ -715,13 +731,6 @@ class LivePlanner(ResidencyView):
         same tool wait goes on); a failed drop is sent again."""
         while self.kv_timers and self.kv_timers[0][0] <= self.now:
             _, _, kind, program, wait, kvk, group = heapq.heappop(self.kv_timers)
-            if kind == "drop":  # a failed drop sent again (`_drop_instead`); `group` is its tier
-                order, nbytes, node, version, epoch, tries = wait
-                if (kvk, _group(group)) not in self.tiers.gpu:
-                    op = self._new_op("drop", kvk, group, "none", nbytes, node, order=order, version=version,
-                                      epoch=epoch)
-                    self.ops[op.op_id].tries = tries
-                continue
             w = self._awaited(program, wait)
             if w is None:
                 continue
@@ -864,6 +873,7 @@ class LivePlanner(ResidencyView):
         with self.store.tx():
             n = self._op_seq
             self._kv_due()  # first: a failure later in the step must not leave a due timer in place
+            self._release_held()
             self.ledger.expire(self.now)
             self._apply(self.policy.on_tick(self))
             self._flush()
@@ -983,7 +993,8 @@ class LivePlanner(ResidencyView):
         of the promotes planned into the room the move was to free."""
         if node not in self.cluster.node_by_name:
             raise NotFound(f"no node {node!r} in cluster {self.cluster.name!r}")
-        ops = sorted((r for r in self.ops.values() if r.node == node), key=lambda r: r.order)
+        ops = sorted((r for r in self.ops.values() if r.node == node and r.not_before <= self.now),
+                     key=lambda r: r.order)
         if ops:
             with self.store.tx():
                 for r in ops:
@@ -1108,9 +1119,9 @@ class LivePlanner(ResidencyView):
     def _drop_instead(self, rec: OpRec) -> None:
         """Drop the source of `rec`, a move out of HBM that did not land or a drop that failed, in
         its place in the plan: ahead of the promotes planned into the room it was to free. A
-        failed drop is sent again after 1 s, 2 s and 4 s (a timer: an engine busy with requests
-        may refuse a release for a while, and one without per-program KV control refuses it at
-        every poll); then the books let the copy go, with a warning, and the engine keeps it."""
+        failed drop is sent again after 1 s, 2 s and 4 s (held, `not_before`: an engine busy with
+        requests may refuse a release for a while, and one without per-program KV control refuses
+        it at every poll); then the books let the copy go, with a warning, and the engine keeps it."""
         op, key = rec.op, _key(rec.op.object)
         if op.kind != "drop":
             self._new_op("drop", key, op.src, "none", op.bytes, rec.node, order=rec.order)
@@ -1119,10 +1130,13 @@ class LivePlanner(ResidencyView):
             log.warning("%s in %s: the engine failed %d drops (%s); the books let it go", list(key), op.src,
                         rec.tries + 1, rec.reason)
             return
-        # sent again as the same drop: of the version it was, so that a copy out of date stays so
-        heapq.heappush(self.kv_timers, (self.now + DROP_RETRY_S * 2 ** rec.tries, next(self._timer_seq), "drop",
-                                        None, (rec.order, op.bytes, rec.node, op.version, op.epoch, rec.tries + 1),
-                                        key, op.src))
+        # sent again as the same drop (of the version it was, so that a copy out of date stays so),
+        # held until its time: an open op, in the ledger, so a restart keeps it
+        again = self._new_op("drop", key, op.src, "none", op.bytes, rec.node, order=rec.order, version=op.version,
+                             epoch=op.epoch)
+        held = self.ops[again.op_id]
+        held.tries, held.not_before = rec.tries + 1, self.now + DROP_RETRY_S * 2 ** rec.tries
+        self._save_op(held)
 
     def _finish_as(self, rec: OpRec, status: str, reason: str) -> None:
         """Close an op whose target is already settled in the books (nothing to undo)."""
@@ -1192,7 +1206,7 @@ class LivePlanner(ResidencyView):
 
     def _save_op(self, rec: OpRec) -> None:
         self.store.put_op(rec.op.op_id, rec.node, rec.status, rec.plan_version, rec.offered, rec.op.model_dump(),
-                          rec.result, rec.reason, rec.order)
+                          rec.result, rec.reason, rec.order, rec.not_before)
 
     def _save_program(self, rec: ProgramRec) -> None:
         self.store.put_program(rec.program, rec.tenant, dict(rec.__dict__))  # json copies it; no deepcopy
@@ -1266,7 +1280,7 @@ class LivePlanner(ResidencyView):
             for row in s.ops("open"):
                 op = Op(**row["op"])
                 rec = self.ops[op.op_id] = OpRec(op, row["node"], "open", row["offered"], row["plan_version"],
-                                                 order=row["order"])
+                                                 order=row["order"], not_before=row["not_before"])
                 self._on_link(op, +1)
                 key = _key(op.object)
                 if op.kind == "promote":

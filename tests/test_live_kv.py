@@ -626,8 +626,9 @@ def test_a_failed_drop_sent_again_later_is_kept_through_a_restart(tmp_path):
     assert held.not_before == clock.t + 1.0 and not p.plan_for(node, 0)["ops"]  # held back for 1 s
     p.store.close()
     q = LivePlanner(cl, cat, Store(tmp_path / "sb.db"), clock=clock, kv_rule="preserve")
-    assert not q.plan_for(node, 0)["ops"] and q.due_in() == pytest.approx(1.0)
+    assert not q.plan_for(node, 0)["ops"] and q.due_in() == pytest.approx(1.0) and q.ops[held.op.op_id].tries == 1
     clock.t += 1.0
+    assert not q.plan_for(node, 0)["ops"]  # offered once the planning step has looked at it
     version = q.plan_version
     q.tick()
     assert [o["op_id"] for o in q.plan_for(node, 0)["ops"]] == [held.op.op_id] and q.plan_version > version
@@ -651,6 +652,7 @@ def test_a_drop_held_back_is_cancelled_when_the_books_take_that_copy_up_again():
         p._apply([("promote", W, group)])  # wanted there again before that
     assert (W, group) in p.tiers.gpu
     clock.t += 1.0
+    assert held.op.op_id not in [o["op_id"] for o in p.plan_for(held.node, 0)["ops"]]  # not before the check
     p.tick()
     assert held.op.op_id not in p.ops and held.status == "cancelled"  # it would delete the copy promoted
     p.tiers.check()

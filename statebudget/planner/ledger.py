@@ -5,7 +5,8 @@
     kv          one row per program KV: (program, model) -> tokens (the KV's version)
     leases      every lease: request, quote, state, objects, the GPU group it prepares
     ops         every op: the op itself, its node, status, how often it was offered, its result,
-                its place in the node's plan, the time before which it is held back
+                its place in the node's plan, the time before which it is held back, the
+                failed drops before it
     programs    program state: tenant, epoch, status, its calls
     oracle_runs background oracle jobs and their results
 
@@ -35,7 +36,7 @@ CREATE TABLE IF NOT EXISTS leases (lease_id TEXT PRIMARY KEY, tenant TEXT NOT NU
   state TEXT NOT NULL, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS ops (op_id TEXT PRIMARY KEY, node TEXT NOT NULL, status TEXT NOT NULL,
   plan_version INTEGER NOT NULL, offered INTEGER NOT NULL, op TEXT NOT NULL, result TEXT, reason TEXT,
-  ord INTEGER, not_before REAL);
+  ord INTEGER, not_before REAL, tries INTEGER);
 CREATE INDEX IF NOT EXISTS ops_open ON ops (status, node);
 CREATE TABLE IF NOT EXISTS programs (program TEXT PRIMARY KEY, tenant TEXT NOT NULL, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS oracle_runs (run_id TEXT PRIMARY KEY, status TEXT NOT NULL, body TEXT NOT NULL);
@@ -55,7 +56,7 @@ class Store:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
         have = {r[1] for r in self.db.execute("PRAGMA table_info(ops)")}
-        for col, kind in (("ord", "INTEGER"), ("not_before", "REAL")):  # a ledger from before them
+        for col, kind in (("ord", "INTEGER"), ("not_before", "REAL"), ("tries", "INTEGER")):  # a ledger from before them
             if col not in have:
                 self.db.execute(f"ALTER TABLE ops ADD COLUMN {col} {kind}")
         self.lock = threading.RLock()
@@ -123,19 +124,19 @@ class Store:
         return [json.loads(b) for (b,) in self.db.execute("SELECT body FROM leases ORDER BY rowid")]
 
     def put_op(self, op_id: str, node: str, status: str, plan_version: int, offered: int, op: dict,
-               result: dict | None, reason: str, order: int, not_before: float = 0.0) -> None:
+               result: dict | None, reason: str, order: int, not_before: float = 0.0, tries: int = 0) -> None:
         self.db.execute("INSERT OR REPLACE INTO ops (op_id, node, status, plan_version, offered, op, result, "
-                        "reason, ord, not_before) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "reason, ord, not_before, tries) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (op_id, node, status, plan_version, offered, json.dumps(op),
-                         json.dumps(result) if result is not None else None, reason, order, not_before))
+                         json.dumps(result) if result is not None else None, reason, order, not_before, tries))
 
     def get_op(self, op_id: str) -> dict | None:
-        row = self.db.execute("SELECT op_id, node, status, plan_version, offered, op, result, reason, ord, not_before FROM ops "
+        row = self.db.execute("SELECT op_id, node, status, plan_version, offered, op, result, reason, ord, not_before, tries FROM ops "
                               "WHERE op_id = ?", (op_id,)).fetchone()
         return _op_row(row) if row else None
 
     def ops(self, status: str | None = None) -> list[dict]:
-        q = "SELECT op_id, node, status, plan_version, offered, op, result, reason, ord, not_before FROM ops"
+        q = "SELECT op_id, node, status, plan_version, offered, op, result, reason, ord, not_before, tries FROM ops"
         rows = self.db.execute(q + " WHERE status = ? ORDER BY rowid" if status else q + " ORDER BY rowid",
                                (status,) if status else ()).fetchall()
         return [_op_row(r) for r in rows]
@@ -165,10 +166,10 @@ class Store:
 
 
 def _op_row(row) -> dict:
-    op_id, node, status, pv, offered, op, result, reason, order, not_before = row
+    op_id, node, status, pv, offered, op, result, reason, order, not_before, tries = row
     if order is None:  # written before ops had a place of their own: the place they were made in
         digits = "".join(ch for ch in op_id if ch.isdigit())
         order = int(digits) if digits else 0
     return {"op_id": op_id, "node": node, "status": status, "plan_version": pv, "offered": offered,
             "op": json.loads(op), "result": json.loads(result) if result else None, "reason": reason or "",
-            "order": order, "not_before": not_before or 0.0}
+            "order": order, "not_before": not_before or 0.0, "tries": tries or 0}

@@ -993,7 +993,7 @@ class LivePlanner(ResidencyView):
         of the promotes planned into the room the move was to free."""
         if node not in self.cluster.node_by_name:
             raise NotFound(f"no node {node!r} in cluster {self.cluster.name!r}")
-        ops = sorted((r for r in self.ops.values() if r.node == node and r.not_before <= self.now),
+        ops = sorted((r for r in self.ops.values() if r.node == node and not r.not_before),  # held: `_release_held`
                      key=lambda r: r.order)
         if ops:
             with self.store.tx():
@@ -1206,7 +1206,7 @@ class LivePlanner(ResidencyView):
 
     def _save_op(self, rec: OpRec) -> None:
         self.store.put_op(rec.op.op_id, rec.node, rec.status, rec.plan_version, rec.offered, rec.op.model_dump(),
-                          rec.result, rec.reason, rec.order, rec.not_before)
+                          rec.result, rec.reason, rec.order, rec.not_before, rec.tries)
 
     def _save_program(self, rec: ProgramRec) -> None:
         self.store.put_program(rec.program, rec.tenant, dict(rec.__dict__))  # json copies it; no deepcopy
@@ -1280,7 +1280,8 @@ class LivePlanner(ResidencyView):
             for row in s.ops("open"):
                 op = Op(**row["op"])
                 rec = self.ops[op.op_id] = OpRec(op, row["node"], "open", row["offered"], row["plan_version"],
-                                                 order=row["order"], not_before=row["not_before"])
+                                                 order=row["order"], not_before=row["not_before"],
+                                                 tries=row["tries"])
                 self._on_link(op, +1)
                 key = _key(op.object)
                 if op.kind == "promote":

@@ -727,8 +727,8 @@ class LivePlanner(ResidencyView):
 
     def _kv_due(self) -> None:
         """Timers that are due: a preserved KV whose TTL ran out is judged again on the wait still
-        expected; a swapped-out KV comes back before the predicted return (both only while the
-        same tool wait goes on); a failed drop is sent again."""
+        expected; a swapped-out KV comes back before the predicted return. Both only while the
+        same tool wait goes on."""
         while self.kv_timers and self.kv_timers[0][0] <= self.now:
             _, _, kind, program, wait, kvk, group = heapq.heappop(self.kv_timers)
             w = self._awaited(program, wait)
@@ -1095,8 +1095,8 @@ class LivePlanner(ResidencyView):
         grew the KV elsewhere, the catalog was reloaded) is never taken back as the current one."""
         op, key, group = rec.op, _key(rec.op.object), _group(rec.op.src)
         per_gpu = op.bytes / len(group)
-        if key[0] == "kv" and key not in self.kv_tokens or (op.version, op.epoch) != (self.version_of(key),
-                                                                                   self.epoch_of(key)):
+        ended = key[0] == "kv" and key not in self.kv_tokens
+        if ended or (op.version, op.epoch) != (self.version_of(key), self.epoch_of(key)):
             self._drop_instead(rec)  # its program ended, or the state moved on while it ran: it must go
             return
         back = self.tiers.gpu.get((key, group))

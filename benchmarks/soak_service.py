@@ -14,7 +14,6 @@ the trace in wall-clock time: a run differs from the next by timing, so compare 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import tempfile
@@ -23,10 +22,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE / "tests"))
 
-from helpers import toy_trace_jsonl, wait_until  # noqa: E402
-from statebudget.api.driver import Driver  # noqa: E402
-from statebudget.models.load import parse_trace  # noqa: E402
-from test_e2e_service import TOKENS, Stack  # noqa: E402
+from helpers import wait_until  # noqa: E402
+from test_e2e_service import Stack  # noqa: E402
 
 
 def soak(src: Path, seed: int, kv_rule: str, hours: float) -> dict:
@@ -35,8 +32,7 @@ def soak(src: Path, seed: int, kv_rule: str, hours: float) -> dict:
     try:
         stack.start_server("--kv-rule", kv_rule)
         stack.start_adapters()
-        trace = parse_trace(toy_trace_jsonl(seed=seed, hours=hours), "toy trace")
-        r = asyncio.run(Driver(stack.url, TOKENS["runtime"], speed=30.0, call_s=0.02).replay(trace))
+        r = stack.replay(seed, hours)
         wait_until(stack.drained, 120, "the adapters to drain the plan")
         rows = stack.ledger("SELECT status, reason FROM ops")
         failed = [why for status, why in rows if status == "failed"]

@@ -85,6 +85,11 @@ class Stack:
         wait_until(lambda: all((self.tmp / f"inv-{n}.json").exists() for n in ("n0", "n1")), 120,
                "the adapters to stock their model store and poll")
 
+    def replay(self, seed: int, hours: float) -> dict:
+        """The runtime replays a toy `swe-team` trace against the server at 30x: the driver's summary."""
+        trace = parse_trace(toy_trace_jsonl(seed=seed, hours=hours), "toy trace")
+        return asyncio.run(Driver(self.url, TOKENS["runtime"], speed=30.0, call_s=0.02).replay(trace))
+
     def admin(self, path: str) -> dict:
         return httpx.get(self.url + path, headers={"Authorization": f"Bearer {TOKENS['admin']}"}, timeout=10).json()
 
@@ -161,8 +166,7 @@ def test_service_with_two_local_adapters_moves_real_bytes(stack):
     assert p.wait(120) == 0, (stack.tmp / "profile.log").read_text()[-2000:]
     stack.start_server("--profile", str(prof))
     stack.start_adapters()
-    trace = parse_trace(toy_trace_jsonl(seed=3, hours=0.05), "toy trace")
-    out = asyncio.run(Driver(stack.url, TOKENS["runtime"], speed=30.0, call_s=0.02).replay(trace))
+    out = stack.replay(seed=3, hours=0.05)
     assert out["n_errors"] == 0, out["errors"]
     assert out["leases"]["accepted"] > 0
     wait_until(stack.drained, 60, "the adapters to drain the plan")
@@ -190,8 +194,7 @@ def test_tool_wait_swaps_move_real_kv_bytes_to_host(stack):
     # from host DRAM depends on timing here; the swap-in is tested in test_live_kv.py.
     stack.start_server("--kv-rule", "swap")
     stack.start_adapters()
-    trace = parse_trace(toy_trace_jsonl(seed=5, hours=0.03), "toy trace")
-    out = asyncio.run(Driver(stack.url, TOKENS["runtime"], speed=30.0, call_s=0.02).replay(trace))
+    out = stack.replay(seed=5, hours=0.03)
     assert out["n_errors"] == 0, out["errors"]
     wait_until(stack.drained, 60, "the adapters to drain the plan")
     books = _check_books(stack)

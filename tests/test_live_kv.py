@@ -1,7 +1,6 @@
 """The service's tool-wait KV decisions (seed 003 §10-§12, §21-§22): the simulator's `ToolWaitKV`,
 carried out by the live planner as ops. A fake clock drives its timers."""
 
-import json
 import time
 
 import pytest
@@ -428,25 +427,19 @@ def test_a_kv_stays_suspended_while_another_thread_still_waits():
 
 
 def bridged(p, tmp_path, fail=lambda op: None, during_report=None):
-    """A local adapter (a real data plane, 0.4 GB arena on gpu:0) whose planner is `p` itself;
-    `fail(op)` may return an error the data plane reports instead of running the op;
-    `during_report[op_id]()` runs as that op's report arrives, before the planner reads it."""
-    import httpx
+    """A local adapter (a real data plane, 0.4 GB arena on gpu:0) of node n0, talking to `p`
+    through the service's own routes; `fail(op)` may return an error the data plane reports
+    instead of running the op; `during_report[op_id]()` runs just before that op's report."""
+    from fastapi.testclient import TestClient
 
+    from statebudget.api.app import create_app
+    from statebudget.api.auth import Auth, TokenEntry
     from statebudget.engine_adapters.base import OpResult
     from statebudget.engine_adapters.local import LocalAdapter
-    from statebudget.planner.live import Conflict
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.method == "GET":
-            q = request.url.params
-            return httpx.Response(200, json=p.plan_for(q["node"], int(q["after"])))
-        op_id = request.url.path.rsplit("/", 1)[1]
-        (during_report or {}).pop(op_id, lambda: None)()
-        try:
-            return httpx.Response(200, json=p.report("n0", op_id, json.loads(request.content)))
-        except Conflict as e:
-            return httpx.Response(409, json={"detail": str(e)})
+    token = "adapter-n0-token-0123456789"
+    client = TestClient(create_app(p, Auth([TokenEntry(token=token, role="adapter", node="n0")]), planning_loop=False))
+    client.headers["Authorization"] = f"Bearer {token}"
 
     class Adapter(LocalAdapter):
         def execute(self, op):
@@ -455,8 +448,12 @@ def bridged(p, tmp_path, fail=lambda op: None, during_report=None):
                 return OpResult(status="failed", error=error, version=op.version, epoch=op.epoch)
             return super().execute(op)
 
-    return Adapter("http://planner", "n0", "t", root=tmp_path, use_cuda=False, arena_bytes=400_000_000,
-                   client=httpx.Client(base_url="http://planner", transport=httpx.MockTransport(handler)))
+        def report(self, op, result):
+            (during_report or {}).pop(op.op_id, lambda: None)()
+            return super().report(op, result)
+
+    return Adapter("http://testserver", "n0", token, client=client, root=tmp_path, use_cuda=False,
+                   arena_bytes=400_000_000)
 
 
 def drain(ad, most=20):

@@ -36,11 +36,14 @@ CREATE TABLE IF NOT EXISTS leases (lease_id TEXT PRIMARY KEY, tenant TEXT NOT NU
   state TEXT NOT NULL, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS ops (op_id TEXT PRIMARY KEY, node TEXT NOT NULL, status TEXT NOT NULL,
   plan_version INTEGER NOT NULL, offered INTEGER NOT NULL, op TEXT NOT NULL, result TEXT, reason TEXT,
-  ord INTEGER, not_before REAL, tries INTEGER);
+  ord INTEGER NOT NULL DEFAULT 0, not_before REAL NOT NULL DEFAULT 0, tries INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS ops_open ON ops (status, node);
 CREATE TABLE IF NOT EXISTS programs (program TEXT PRIMARY KEY, tenant TEXT NOT NULL, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS oracle_runs (run_id TEXT PRIMARY KEY, status TEXT NOT NULL, body TEXT NOT NULL);
 """
+# the ops columns added since the first ledgers (`Store` adds them to an older one)
+OPS_ADDED = (("ord", "INTEGER"), ("not_before", "REAL"), ("tries", "INTEGER"))
+OPS_COLUMNS = "op_id, node, status, plan_version, offered, op, result, reason, ord, not_before, tries"
 
 
 class Store:
@@ -56,9 +59,11 @@ class Store:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
         have = {r[1] for r in self.db.execute("PRAGMA table_info(ops)")}
-        for col, kind in (("ord", "INTEGER"), ("not_before", "REAL"), ("tries", "INTEGER")):  # a ledger from before them
+        for col, kind in OPS_ADDED:
             if col not in have:
-                self.db.execute(f"ALTER TABLE ops ADD COLUMN {col} {kind}")
+                self.db.execute(f"ALTER TABLE ops ADD COLUMN {col} {kind} NOT NULL DEFAULT 0")
+                if col == "ord":  # an op's place was the order it was made in: its number (op<N>)
+                    self.db.execute("UPDATE ops SET ord = CAST(substr(op_id, 3) AS INTEGER)")
         self.lock = threading.RLock()
         self._depth = 0
 
@@ -124,19 +129,17 @@ class Store:
         return [json.loads(b) for (b,) in self.db.execute("SELECT body FROM leases ORDER BY rowid")]
 
     def put_op(self, op_id: str, node: str, status: str, plan_version: int, offered: int, op: dict,
-               result: dict | None, reason: str, order: int, not_before: float = 0.0, tries: int = 0) -> None:
-        self.db.execute("INSERT OR REPLACE INTO ops (op_id, node, status, plan_version, offered, op, result, "
-                        "reason, ord, not_before, tries) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+               result: dict | None, reason: str, order: int, not_before: float, tries: int) -> None:
+        self.db.execute(f"INSERT OR REPLACE INTO ops ({OPS_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (op_id, node, status, plan_version, offered, json.dumps(op),
                          json.dumps(result) if result is not None else None, reason, order, not_before, tries))
 
     def get_op(self, op_id: str) -> dict | None:
-        row = self.db.execute("SELECT op_id, node, status, plan_version, offered, op, result, reason, ord, not_before, tries FROM ops "
-                              "WHERE op_id = ?", (op_id,)).fetchone()
+        row = self.db.execute(f"SELECT {OPS_COLUMNS} FROM ops WHERE op_id = ?", (op_id,)).fetchone()
         return _op_row(row) if row else None
 
     def ops(self, status: str | None = None) -> list[dict]:
-        q = "SELECT op_id, node, status, plan_version, offered, op, result, reason, ord, not_before, tries FROM ops"
+        q = f"SELECT {OPS_COLUMNS} FROM ops"
         rows = self.db.execute(q + " WHERE status = ? ORDER BY rowid" if status else q + " ORDER BY rowid",
                                (status,) if status else ()).fetchall()
         return [_op_row(r) for r in rows]
@@ -167,9 +170,6 @@ class Store:
 
 def _op_row(row) -> dict:
     op_id, node, status, pv, offered, op, result, reason, order, not_before, tries = row
-    if order is None:  # written before ops had a place of their own: the place they were made in
-        digits = "".join(ch for ch in op_id if ch.isdigit())
-        order = int(digits) if digits else 0
     return {"op_id": op_id, "node": node, "status": status, "plan_version": pv, "offered": offered,
             "op": json.loads(op), "result": json.loads(result) if result else None, "reason": reason or "",
-            "order": order, "not_before": not_before or 0.0, "tries": tries or 0}
+            "order": order, "not_before": not_before, "tries": tries}

@@ -706,16 +706,20 @@ class LivePlanner(ResidencyView):
     def due_in(self) -> float | None:
         """Seconds until the next timer (a tool-wait KV's, or a held op's `not_before`; the
         service's loop wakes for it), or None."""
-        at = [r.not_before for r in self.ops.values() if r.not_before]
+        at = [r.not_before for r in self._held()]
         if self.kv_timers:
             at.append(self.kv_timers[0][0])
         return min(at) - self.now if at else None
+
+    def _held(self):
+        """The open ops held back until their `not_before`."""
+        return (r for r in self.ops.values() if r.not_before)
 
     def _release_held(self) -> None:
         """Held drops whose time has come are offered (the plan version moves for the long polls),
         unless the books took that copy up again meanwhile (a promote onto that tier, which
         replaced it): that one is cancelled."""
-        due = [r for r in self.ops.values() if r.not_before and r.not_before <= self.now]
+        due = [r for r in self._held() if r.not_before <= self.now]
         for r in due:
             r.not_before = 0.0
             if (_key(r.op.object), _group(r.op.src)) in self.tiers.gpu:
@@ -965,8 +969,9 @@ class LivePlanner(ResidencyView):
 
     def _new_op(self, kind: str, key, src: str, dst: str, nbytes: float, node: str, lease: Lease | None = None,
                 background: bool = False, order: int | None = None, version: int | None = None,
-                epoch: int | None = None) -> Op:
-        """A new open op; `order`, `version`, `epoch` default to the next number and the state's now."""
+                epoch: int | None = None, not_before: float = 0.0, tries: int = 0) -> Op:
+        """A new open op; `order`, `version`, `epoch` default to the next number and the state's now
+        (`not_before`, `tries`: a held drop, `_drop_instead`)."""
         self._op_seq += 1
         op = Op(op_id=f"op{self._op_seq}", kind=kind, object=[str(x) for x in key], src=src, dst=dst, bytes=nbytes,
                 epoch=self.epoch_of(key) if epoch is None else epoch,
@@ -975,7 +980,8 @@ class LivePlanner(ResidencyView):
                 background=background)
         self._bump()  # an adapter long-polling the plan must see it
         rec = self.ops[op.op_id] = OpRec(op, node, plan_version=self.plan_version,
-                                         order=self._op_seq if order is None else order)
+                                         order=self._op_seq if order is None else order, tries=tries,
+                                         not_before=not_before)
         self._on_link(op, +1)
         if kind == "promote":
             self.writer[(key, dst)] = op.op_id
@@ -1018,7 +1024,7 @@ class LivePlanner(ResidencyView):
                 if (result.get("version"), result.get("epoch")) != (op.version, op.epoch):
                     refused = (f"reported version/epoch {result.get('version')}/{result.get('epoch')} "
                                f"!= op's {op.version}/{op.epoch}")
-                elif (self.version_of(key), self.epoch_of(key)) != (op.version, op.epoch) and op.kind != "drop":
+                elif self._stale(op) and op.kind != "drop":
                     refused = (f"state moved on to version/epoch {self.version_of(key)}/{self.epoch_of(key)} "
                                f"while the op ran")
                 if refused:
@@ -1032,6 +1038,11 @@ class LivePlanner(ResidencyView):
         if refused:
             raise Conflict(f"op {op_id}: {refused}")
         return {"op_id": op_id, "status": rec.status}
+
+    def _stale(self, op: Op) -> bool:
+        """The state `op` is about has moved on (another version, or epoch) since it was made."""
+        key = _key(op.object)
+        return (self.version_of(key), self.epoch_of(key)) != (op.version, op.epoch)
 
     def _closed_report(self, node: str, op_id: str, result: dict) -> dict:
         row = self.store.get_op(op_id)
@@ -1095,8 +1106,7 @@ class LivePlanner(ResidencyView):
         grew the KV elsewhere, the catalog was reloaded) is never taken back as the current one."""
         op, key, group = rec.op, _key(rec.op.object), _group(rec.op.src)
         per_gpu = op.bytes / len(group)
-        ended = key[0] == "kv" and key not in self.kv_tokens
-        if ended or (op.version, op.epoch) != (self.version_of(key), self.epoch_of(key)):
+        if key[0] == "kv" and key not in self.kv_tokens or self._stale(op):
             self._drop_instead(rec)  # its program ended, or the state moved on while it ran: it must go
             return
         back = self.tiers.gpu.get((key, group))
@@ -1132,11 +1142,8 @@ class LivePlanner(ResidencyView):
             return
         # sent again as the same drop (of the version it was, so that a copy out of date stays so),
         # held until its time: an open op, in the ledger, so a restart keeps it
-        again = self._new_op("drop", key, op.src, "none", op.bytes, rec.node, order=rec.order, version=op.version,
-                             epoch=op.epoch)
-        held = self.ops[again.op_id]
-        held.tries, held.not_before = rec.tries + 1, self.now + DROP_RETRY_S * 2 ** rec.tries
-        self._save_op(held)
+        self._new_op("drop", key, op.src, "none", op.bytes, rec.node, order=rec.order, version=op.version,
+                     epoch=op.epoch, not_before=self.now + DROP_RETRY_S * 2 ** rec.tries, tries=rec.tries + 1)
 
     def _finish_as(self, rec: OpRec, status: str, reason: str) -> None:
         """Close an op whose target is already settled in the books (nothing to undo)."""
@@ -1240,7 +1247,9 @@ class LivePlanner(ResidencyView):
                 self.policy.on_program_start(self, _Prog(rec.program, rec.tenant))
         finished = [r for r in self.programs.values() if r.status == "finished"] if self.queue == "auto" else []
         for rec in sorted(finished, key=lambda r: r.ended_s or 0.0):
-            self._judge_size(rec)  # in the order they finished, as they were first seen
+            self.sizes.observe(rec.service_s, rec.ended_s or 0.0)  # in the order they finished
+        if finished:
+            self.publish_sizes()
         for row in s.copies():
             key, tier = row["key"], row["tier"]
             if key[0] == "e":

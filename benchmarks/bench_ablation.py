@@ -14,7 +14,7 @@ from statebudget.models.load import load_catalog, load_cluster
 from statebudget.planner.core import PlannerConfig
 from statebudget.sim.engine import Simulator
 from statebudget.sim.metrics import policy_report
-from statebudget.sim.policies.ours import StateBudget, StateBudgetLease
+from statebudget.policies.ours import StateBudget, StateBudgetLease
 from statebudget.traces.generators import generate
 
 VARIANTS = {

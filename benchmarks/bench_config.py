@@ -17,8 +17,8 @@ from statebudget.models.load import load_catalog, load_cluster
 from statebudget.planner.core import lease_config
 from statebudget.sim.engine import Simulator
 from statebudget.sim.metrics import policy_report
-from statebudget.sim.policies.ours import StateBudgetLease
-from statebudget.solvers.costs import CostModel
+from statebudget.policies.ours import StateBudgetLease
+from statebudget.core.costs import CostModel
 from statebudget.traces.generators import generate
 from statebudget.traces.timeline import nominal_timeline
 

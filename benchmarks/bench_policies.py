@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.sim.policies import REGISTRY
+from statebudget.policies import REGISTRY
 from statebudget.sim.runner import replay
 from statebudget.traces.generators import generate
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from paired import fmt, paired_change, save, series
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.programs import overtaking_window_s, parse_admit_starve
+from statebudget.core.programs import overtaking_window_s, parse_admit_starve
 from statebudget.sim.runner import replay
 from statebudget.traces.generators import generate
 

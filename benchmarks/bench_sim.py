@@ -18,8 +18,8 @@ from pathlib import Path
 
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.sim.engine import Simulator
-from statebudget.sim.policies import make_policy
-from statebudget.solvers.costs import CostModel
+from statebudget.policies import make_policy
+from statebudget.core.costs import CostModel
 from statebudget.traces.generators import generate
 
 DEMO_POLICIES = ["ondemand", "lru-keepwarm", "frequency", "prefetch-all", "static", "llama-swap", "ray-multiplex"]

@@ -146,7 +146,7 @@ def trace_gen(
     """Generate a deterministic trace (same preset, seed, hours and load: same bytes)."""
     _outputs(files=[("--out", out)])
     from .models.load import load_catalog, write_trace
-    from .planner.programs import parse_tenant_weights
+    from .core.programs import parse_tenant_weights
     from .traces.generators import for_catalog, generate
 
     weights = parse_tenant_weights(tenant_weights)
@@ -226,8 +226,8 @@ def trace_fit(
 
 def _policy_list(spec: str) -> list[str]:
     """Comma-separated specs `POLICY[:QUEUE[:KV]]`, each checked."""
-    from .planner.programs import parse_spec
-    from .sim.policies import REGISTRY
+    from .core.programs import parse_spec
+    from .policies import REGISTRY
 
     names = [p.strip() for p in spec.split(",") if p.strip()]
     if not names:
@@ -267,7 +267,7 @@ def replay(
     """Replay a trace against policies; print a table, write the report and plots."""
     _outputs(files=[("--json", json_out)], folders=[("--plots", plots)])
     from .models.load import check_compatible, load_catalog, load_cluster, load_trace
-    from .planner.programs import parse_admit_starve
+    from .core.programs import parse_admit_starve
     from .sim.runner import replay as run_replay
     from .sim.runner import report_json
 
@@ -341,7 +341,7 @@ def oracle(
     """Solve the offline MILP (full future knowledge) over a trace, window by window."""
     _outputs(files=[("--json", json_out)])
     from .models.load import check_compatible, load_catalog, load_cluster, load_trace
-    from .solvers.costs import CostModel
+    from .core.costs import CostModel
     from .solvers.milp import oracle_summary
 
     cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace(trace)
@@ -351,7 +351,7 @@ def oracle(
     cost = CostModel(cl, cat)
     guide_from = None
     if lead == "planner":
-        from .sim.policies.oracle import planner_lead
+        from .sim.lead import planner_lead
 
         guide_from = planner_lead(cl, cat, tr, cost)
     with Progress(TextColumn("MILP windows"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} slots"),
@@ -441,7 +441,7 @@ def bench_planner_cmd(
     """Wall time of one online planning decision with N live programs."""
     _outputs(files=[("--json", json_out)])
     from .models.load import check_compatible, load_catalog, load_cluster
-    from .planner.bench import bench_planner
+    from .sim.bench import bench_planner
 
     cl, cat = load_cluster(cluster), load_catalog(catalog)
     check_compatible(cl, cat)
@@ -481,10 +481,11 @@ def serve(
     from .api.app import create_app, setup_logging
     from .api.auth import Auth, create_token_file
     from .models.load import check_compatible, load_catalog, load_cluster
-    from .planner.ledger import Store
-    from .planner.live import LivePlanner
+    from .service.ledger import Store
+    from .service.live import LivePlanner
 
-    from .planner.programs import KV_RULES, QUEUES, parse_tenant_weights
+    from .core.toolwait import KV_RULES
+    from .core.programs import QUEUES, parse_tenant_weights
 
     for name, value, known in (("--queue", queue, QUEUES), ("--kv-rule", kv_rule, KV_RULES)):
         if value not in known:

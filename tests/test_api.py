@@ -8,8 +8,8 @@ from fastapi.testclient import TestClient
 from statebudget.api.app import create_app
 from statebudget.api.auth import Auth, TokenEntry
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.ledger import Store
-from statebudget.planner.live import LivePlanner
+from statebudget.service.ledger import Store
+from statebudget.service.live import LivePlanner
 
 from helpers import toy_trace_jsonl
 
@@ -338,7 +338,7 @@ def test_the_auto_queue_gauges_are_set_from_the_start_and_after_a_restart(tmp_pa
 
     from helpers import Clock
     from statebudget.api.app import create_app
-    from statebudget.planner.programs import AUTO_MIN
+    from statebudget.core.programs import AUTO_MIN
 
     clock = Clock()
     auth = Auth.from_json(json.dumps({"tokens": [{"token": TOK["admin"], "role": "admin"}]}), "tokens")

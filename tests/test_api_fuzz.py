@@ -8,7 +8,7 @@ from schemathesis.checks import not_a_server_error
 from statebudget.api.app import create_app
 from statebudget.api.auth import Auth, TokenEntry
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.live import LivePlanner
+from statebudget.service.live import LivePlanner
 
 TOKENS = {"runtime": "fuzz-runtime-0123456789", "adapter": "fuzz-adapter-0123456789", "admin": "fuzz-admin-0123456789"}
 

@@ -9,10 +9,10 @@ from helpers import Clock, call, catalog, cluster, program, report_op, tool, tra
 from statebudget.engine_adapters.base import gpu_indexes, run_order
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.models.plan import Op
-from statebudget.planner.live import LivePlanner
-from statebudget.planner.predictor import ToolWaitModel
+from statebudget.service.live import LivePlanner
+from statebudget.core.waits import ToolWaitModel
 from statebudget.sim.engine import Simulator
-from statebudget.sim.policies import make_policy
+from statebudget.policies import make_policy
 
 KV = ("kv", "p1", "planner")
 TOKENS = 20_000
@@ -178,7 +178,7 @@ def test_a_restart_takes_a_tool_wait_up_where_it_is(monkeypatch, tmp_path):
     # Timers are not on disk. Restarted during the wait, the planner judges a KV still in HBM on the
     # wait still expected (here: it has run long, so it swaps), and one already swapped out gets
     # its swap-in before the predicted return again. Without that, both stay put until the call.
-    from statebudget.planner.ledger import Store
+    from statebudget.service.ledger import Store
 
     waits = ToolWaitModel({"quick": (0.05, 1.5)})
     monkeypatch.setattr(ToolWaitModel, "from_fit", classmethod(lambda cls, *a, **k: waits))
@@ -558,7 +558,7 @@ def test_a_drop_the_engine_fails_is_sent_again_a_few_times_later_and_holds_up_no
 def test_a_drop_in_place_of_a_failed_move_keeps_its_place_in_the_plan_across_a_restart(tmp_path):
     import sqlite3
 
-    from statebudget.planner.ledger import Store
+    from statebudget.service.ledger import Store
 
     cl, cat = load_cluster("toy2"), load_catalog("toy")
     old = tmp_path / "old.db"  # a ledger written before ops had a place: it opens, and is migrated
@@ -609,7 +609,7 @@ def test_a_failed_drop_of_an_out_of_date_kv_copy_is_not_taken_back_as_the_curren
 
 
 def test_a_failed_drop_sent_again_later_is_kept_through_a_restart(tmp_path):
-    from statebudget.planner.ledger import Store
+    from statebudget.service.ledger import Store
 
     cl, cat = load_cluster("toy2"), load_catalog("toy")
     clock = Clock()

@@ -6,8 +6,8 @@ import pytest
 
 from helpers import report_op
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.ledger import Store
-from statebudget.planner.live import Conflict, LivePlanner
+from statebudget.service.ledger import Store
+from statebudget.service.live import Conflict, LivePlanner
 
 W = ("w", "planner")
 

@@ -280,8 +280,8 @@ def test_checker_rejects_a_model_evicted_while_its_call_runs_and_bad_choices():
 
 def test_the_warm_start_can_follow_the_online_planner_and_stays_feasible():
     from statebudget.models.load import load_catalog, load_cluster
-    from statebudget.sim.policies.oracle import planner_guide
-    from statebudget.solvers.costs import CostModel
+    from statebudget.sim.lead import planner_guide
+    from statebudget.core.costs import CostModel
     from statebudget.solvers.milp import build_instance
     from statebudget.traces.generators import generate
 

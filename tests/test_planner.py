@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 from helpers import GB, call, catalog, cluster, program, tool, trace
 from statebudget.planner.core import PlannerConfig
 from statebudget.planner.leases import LeaseState
-from statebudget.planner.predictor import Predictor, ToolWaitModel
+from statebudget.planner.predictor import Predictor
+from statebudget.core.waits import ToolWaitModel
 from statebudget.sim.engine import Simulator
-from statebudget.sim.policies import make_policy
-from statebudget.sim.policies.ours import StateBudgetLease
+from statebudget.policies import make_policy
+from statebudget.policies.ours import StateBudgetLease
 from statebudget.solvers.greedy import Candidates, solve
 
 

@@ -11,7 +11,7 @@ from statebudget.cli import app
 from statebudget.models.errors import InputError
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.profile import load_profile, measure_profile, nominal_links
-from statebudget.solvers.costs import CostModel
+from statebudget.core.costs import CostModel
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import helpers
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.live import Conflict, Invalid, LivePlanner, NotFound
+from statebudget.service.live import Conflict, Invalid, LivePlanner, NotFound
 
 MODELS = ["planner", "coder", "reviewer"]
 REFUSED = (Conflict, NotFound)
@@ -142,7 +142,7 @@ def test_threads_wait_on_tools_side_by_side_and_a_retry_supersedes_only_its_own_
 
 
 def test_a_side_effect_runs_once_across_a_retried_call_and_a_restart(tmp_path):
-    from statebudget.planner.ledger import Store
+    from statebudget.service.ledger import Store
 
     def fresh():
         return LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"), clock=Clock())

@@ -12,12 +12,13 @@ from typer.testing import CliRunner
 from helpers import GB, Clock, call, catalog, cluster, program, tool, trace
 from statebudget.cli import app
 from statebudget.models.load import write_trace
-from statebudget.planner.predictor import ResumeModel, ToolWaitModel
-from statebudget.planner.programs import ADMIT_STARVE_S, BACKGROUND_SHARE, adaptive_choice, parse_spec, queue_key
+from statebudget.core.waits import ResumeModel, ToolWaitModel
+from statebudget.core.programs import ADMIT_STARVE_S, parse_spec, queue_key
+from statebudget.core.toolwait import BACKGROUND_SHARE, adaptive_choice
 from statebudget.sim import engine
 from statebudget.sim.engine import Simulator
-from statebudget.sim.policies import REGISTRY, make_policy
-from statebudget.solvers.costs import LATENCY_S
+from statebudget.policies import REGISTRY, make_policy
+from statebudget.core.costs import LATENCY_S
 from statebudget.traces.generators import generate
 
 
@@ -251,7 +252,7 @@ def test_report_keys_policies_by_spec_and_adds_program_metrics(tmp_path):
 def test_a_starving_call_goes_ahead_of_every_call_that_is_not():
     # A call starves once it has waited STARVE_S + STARVE_RATIO x its service level: a long
     # program's call may wait longer before it jumps the queue, in proportion to what it has had.
-    from statebudget.planner.programs import STARVE_RATIO, STARVE_S, service_level
+    from statebudget.core.programs import STARVE_RATIO, STARVE_S, service_level
 
     big = 40.0
     starve = STARVE_S + STARVE_RATIO * service_level(big)
@@ -269,9 +270,9 @@ def test_a_starving_call_goes_ahead_of_every_call_that_is_not():
 def test_no_call_is_overtaken_beyond_the_stated_window_under_load(queue):
     """With one prefill slot per GPU and 8x the mapreduce load, calls queue for compute. A call
     c may only be started after a later arrival d on the same GPU group if d arrived within
-    overtaking_window_s(service(c)) of c (planner/programs.py); and the discipline does reorder."""
+    overtaking_window_s(service(c)) of c (core/programs.py); and the discipline does reorder."""
     from statebudget.models.load import load_catalog, load_cluster
-    from statebudget.planner.programs import overtaking_window_s
+    from statebudget.core.programs import overtaking_window_s
 
     tr = generate("mapreduce", 2, 0.3, load=8)
     res = {}
@@ -304,8 +305,8 @@ def test_a_long_program_is_not_starved_by_a_stream_of_short_ones():
     faster than the GPU serves them. PLAS lets the short ones ahead of the long program's next
     call, but only those that arrived within its starvation window, 30 s + 2 x its 20 s of service
     (aging alone would allow longer)."""
-    from statebudget.planner.programs import (AGING, STARVE_S, TENANT_SCALE_S, URGENCY_CAP_S, overtaking_window_s,
-                                             service_level)
+    from statebudget.core.programs import (AGING, STARVE_S, TENANT_SCALE_S, URGENCY_CAP_S, overtaking_window_s,
+                                          service_level)
 
     big = program("big", [call("b1", "m", ctx=5000), tool("t", ["b1"], 1.0), call("b2", "m", ["t"], ctx=250)])
     small = [program(f"s{i:03d}", [call("c", "m", ctx=250)], start=10 + 0.8 * i) for i in range(150)]
@@ -325,7 +326,7 @@ def test_a_long_program_is_not_starved_by_a_stream_of_short_ones():
 
 
 def test_like_sized_programs_stay_fcfs_under_plas_and_a_twice_larger_one_falls_behind():
-    from statebudget.planner.programs import SERVICE_QUANTUM_S, service_level
+    from statebudget.core.programs import SERVICE_QUANTUM_S, service_level
 
     q = SERVICE_QUANTUM_S
     assert [service_level(x) for x in (0.0, q * 0.99, q, q * 1.99, q * 2, q * 5)] == [0, 0, q, q, 2 * q, 4 * q]
@@ -462,7 +463,7 @@ def test_a_fixed_arrival_priority_orders_waiting_calls_as_the_queue_key_does(cal
     # What the live planner answers at call_arrived (a number the engine never changes) must put
     # waiting calls in the order the simulator's queue_key gives them at any later instant, as long
     # as none starves (the promotion is the one thing a fixed number cannot follow).
-    from statebudget.planner.programs import arrival_priority, overtaking_window_s
+    from statebudget.core.programs import arrival_priority, overtaking_window_s
 
     now = max(a for a, _, _ in calls) + 1.0
     waiting = [(a, s, x) for a, s, x in calls if now - a < overtaking_window_s(s) - 1.0]
@@ -474,7 +475,7 @@ def test_a_fixed_arrival_priority_orders_waiting_calls_as_the_queue_key_does(cal
 
 def test_the_live_priority_weighs_tenants_and_ttft_slack():
     from statebudget.models.load import load_catalog, load_cluster
-    from statebudget.planner.live import LivePlanner
+    from statebudget.service.live import LivePlanner
 
     def arrive(p, prog, call_id, **kw):
         return p.event(prog[0], {"type": "call_arrived", "program": prog, "call": call_id, "model": "coder", **kw})
@@ -518,9 +519,9 @@ def test_the_live_queue_follows_the_starvation_promotion_that_a_fixed_priority_c
     # priorities say so for good. Once both have waited past their starvation allowance (30 s + 2 x
     # service level), they go FCFS: the older call first, which only the live order shows.
     from statebudget.models.load import load_catalog, load_cluster
-    from statebudget.planner.ledger import Store
-    from statebudget.planner.live import Invalid, LivePlanner
-    from statebudget.planner.programs import STARVE_RATIO, STARVE_S, service_level
+    from statebudget.service.ledger import Store
+    from statebudget.service.live import Invalid, LivePlanner
+    from statebudget.core.programs import STARVE_RATIO, STARVE_S, service_level
 
     clock = Clock()
     p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"), clock=clock, queue="plas")
@@ -629,7 +630,7 @@ def test_a_failed_attempt_is_retried_keeps_its_service_and_loses_its_kv():
 
 
 def test_auto_orders_by_atlas_only_while_finished_programs_are_heavy_tailed():
-    from statebudget.planner.programs import AUTO_HEAVY_CV, AUTO_LIGHT_CV, AUTO_MIN, AUTO_WINDOW, ProgramSizes
+    from statebudget.core.programs import AUTO_HEAVY_CV, AUTO_LIGHT_CV, AUTO_MIN, AUTO_WINDOW, ProgramSizes
 
     rng = np.random.default_rng(3)
     light = ProgramSizes()
@@ -672,7 +673,7 @@ def test_auto_orders_by_atlas_only_while_finished_programs_are_heavy_tailed():
 
 def test_auto_in_the_simulator_is_fcfs_on_light_tails_and_switches_on_heavy_ones():
     from statebudget.models.load import load_catalog, load_cluster
-    from statebudget.planner.programs import AUTO_MIN
+    from statebudget.core.programs import AUTO_MIN
 
     def run(preset, load, q, **kw):
         sim = Simulator(load_cluster("hetero16"), load_catalog("agent-team"), generate(preset, 2, 0.3, load=load),
@@ -691,9 +692,9 @@ def test_auto_in_the_simulator_is_fcfs_on_light_tails_and_switches_on_heavy_ones
 
 def test_the_live_queue_under_auto_follows_the_finished_programs_and_survives_a_restart(tmp_path):
     from statebudget.models.load import load_catalog, load_cluster
-    from statebudget.planner.ledger import Store
-    from statebudget.planner.live import LivePlanner
-    from statebudget.planner.programs import AUTO_MIN
+    from statebudget.service.ledger import Store
+    from statebudget.service.live import LivePlanner
+    from statebudget.core.programs import AUTO_MIN
 
     from statebudget.api.metrics import ServiceMetrics
 
@@ -752,8 +753,8 @@ def test_auto_priorities_keep_arrival_order_when_it_goes_back_to_fcfs():
     # A call that waits from atlas time, with a priority of atlas's scale, must not be passed by
     # the calls that arrive once auto orders by fcfs again (vLLM takes the lower number first).
     from statebudget.models.load import load_catalog, load_cluster
-    from statebudget.planner.live import LivePlanner
-    from statebudget.planner.programs import AUTO_MIN, ProgramSizes
+    from statebudget.service.live import LivePlanner
+    from statebudget.core.programs import AUTO_MIN, ProgramSizes
 
     clock = Clock(1000.0)
     p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock, queue="auto")

@@ -10,7 +10,7 @@ from helpers import GB, call, catalog, cluster, program, tool, trace
 from statebudget.cli import app
 from statebudget.models.load import load_catalog, load_cluster, write_trace
 from statebudget.sim.engine import Simulator
-from statebudget.sim.policies import REGISTRY, make_policy
+from statebudget.policies import REGISTRY, make_policy
 from statebudget.sim.runner import replay, report_json
 from statebudget.traces.generators import generate
 
@@ -128,7 +128,7 @@ def test_prefetch_all_prefetches_a_hinted_moe_models_hot_pages_with_its_weights(
     # Seed 000's full prefetch makes the candidate whole: for a MoE model, the pages most of its
     # calls touch (the ones a static placement keeps) come with the dense weights.
     from statebudget.models import Catalog
-    from statebudget.sim.policies.baselines import hot_page_ids
+    from statebudget.policies.baselines import hot_page_ids
 
     cl = cluster(gpus=1, hbm_gb=80.0, cold=1.0)
     cat = Catalog.model_validate({"name": "t", "models": [

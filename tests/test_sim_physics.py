@@ -5,8 +5,8 @@ import pytest
 from helpers import GB, call, catalog, cluster, program, tool, trace
 from statebudget.sim.engine import Simulator
 from statebudget.sim.flows import FairShare
-from statebudget.sim.policies import make_policy
-from statebudget.solvers.costs import LATENCY_S
+from statebudget.policies import make_policy
+from statebudget.core.costs import LATENCY_S
 
 
 def run(cl, cat, tr, policy="ondemand"):
@@ -157,7 +157,7 @@ def _speculator(yields: bool, gpu: int, demote_to: str = "none"):
     lease asked for (a lease, for the program named `lease`). `yields` is the policy's
     `speculation_yields`."""
     from statebudget.models.state import weights_key
-    from statebudget.sim.policies.base import Policy
+    from statebudget.policies.base import Policy
 
     class P(Policy):
         name = "speculator"
@@ -178,7 +178,7 @@ def test_a_speculative_promote_yields_the_link_to_a_call_s_load(yields):
     # GPU 0 loads the 10 GB of `m` that a call needs while GPU 1 speculatively loads 14 GB of `n`,
     # both through the node's 10 GB/s root complex. Speculation that yields is a background
     # transfer (a quarter of a foreground share): the call's load gets 8 GB/s instead of 5.
-    from statebudget.planner.programs import BACKGROUND_SHARE
+    from statebudget.core.toolwait import BACKGROUND_SHARE
 
     cl = cluster(gpus=2, hbm_gb=80.0, nvme_read=30.0, root=10.0, cold=0.0)
     tr = trace(program("a", [call("x", "m", out=0)]))

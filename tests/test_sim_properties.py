@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from helpers import GB, cluster, program, trace
 from statebudget.models import Catalog
 from statebudget.sim.engine import Simulator
-from statebudget.sim.policies import REGISTRY, make_policy
+from statebudget.policies import REGISTRY, make_policy
 
 
 @st.composite

@@ -10,7 +10,7 @@ from statebudget.api.auth import Auth, TokenEntry
 from statebudget.engine_adapters.vllm import VllmAdapter
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.planner.core import lease_config
-from statebudget.planner.live import LivePlanner
+from statebudget.service.live import LivePlanner
 
 RUNTIME, ADAPTER = "runtime-token-0123456789", "adapter-n0-token-0123456789"
 

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 
 from .. import __version__
 from ..models.errors import InputError
-from ..planner.live import Conflict, Forbidden, Invalid, LivePlanner, NotFound
+from ..service.live import Conflict, Forbidden, Invalid, LivePlanner, NotFound
 from .auth import Auth
 from .metrics import ServiceMetrics
 from .routers import events, health, leases, oracle, plan, queue, residency
@@ -97,7 +97,7 @@ class Service:
     def _oracle_job(self, run: dict, body) -> None:
         """In a worker thread: the solver releases the GIL while it works."""
         from ..models.load import check_compatible, parse_trace
-        from ..solvers.costs import CostModel
+        from ..core.costs import CostModel
         from ..solvers.milp import oracle_summary
         from ..traces.generators import generate
 
@@ -110,7 +110,7 @@ class Service:
             cost = CostModel(p.cluster, p.catalog)
             lead = None
             if body.lead == "planner":
-                from ..sim.policies.oracle import planner_lead
+                from ..sim.lead import planner_lead
 
                 lead = planner_lead(p.cluster, p.catalog, trace, cost)
             result = oracle_summary(p.cluster, p.catalog, trace, cost, body.window, body.overlap, body.backend,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..models.state import expert_key, kv_key, weights_key
-from ..solvers.costs import page_touch_probs, touched_pages
+from ..core.costs import page_touch_probs, touched_pages
 from ..solvers.greedy import Candidates, solve
 from .leases import LeaseLedger, LeaseRequest, LeaseState, Quote, decide, rank_key, rejection_reason
 from .predictor import Predictor

@@ -28,12 +28,13 @@ from ..models.catalog import Catalog
 from ..models.cluster import Cluster
 from ..models.state import expert_key, kv_key, weights_key
 from ..models.trace import Program, Trace, ttft_bound
-from ..planner.programs import ADMIT_STARVE_S, BACKGROUND_SHARE, ProgramSizes, ToolWaitKV, queue_key, tenant_excess
-from ..planner.view import ResidencyView
-from ..solvers.costs import CostModel, page_touch_probs
+from ..core.programs import ADMIT_STARVE_S, ProgramSizes, queue_key, tenant_excess
+from ..core.toolwait import BACKGROUND_SHARE, ToolWaitKV
+from ..core.view import ResidencyView
+from ..core.costs import CostModel, page_touch_probs
 from ..traces.graph import children_of, descendants, handoff_calls, hinted_calls
 from .flows import FairShare
-from .memory import GpuCopy, HostCopy, Tiers
+from ..core.books import GpuCopy, HostCopy, Tiers
 
 PRIO_FLOW, PRIO_TIMER, PRIO_NODE, PRIO_PROGRAM, PRIO_TICK, PRIO_QUEUE = range(6)
 
@@ -206,7 +207,7 @@ class Simulator(ResidencyView):
         self.hbm_samples: list = []
         self._last_sample = -1e18
         self._open_programs = 0
-        from .policies.base import Policy as _Base
+        from ..policies.base import Policy as _Base
         overridden = {name for name in dir(_Base)
                       if name.startswith("on_") and getattr(type(policy), name, None) is not getattr(_Base, name)}
         if "on_hint" in overridden:
@@ -752,7 +753,7 @@ class Simulator(ResidencyView):
         waiting.append(c)
 
     def _order(self, calls: list) -> list:
-        """The queue discipline (`planner/programs.py`): FCFS by arrival; PLAS by the program's
+        """The queue discipline (`core/programs.py`): FCFS by arrival; PLAS by the program's
         attained service, ATLAS by the attained service on the call's critical path, both with
         aging, a bounded TTFT-slack boost, the tenant's fair-share excess and starvation promotion;
         `auto` one of atlas and fcfs by the tail of the finished programs' service (`ProgramSizes`)."""

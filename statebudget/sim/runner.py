@@ -9,13 +9,13 @@ from ..models.catalog import Catalog
 from ..models.cluster import Cluster
 from ..models.report import OracleBlock, Report, TraceSummary
 from ..models.trace import Trace
-from ..solvers.costs import CostModel
+from ..core.costs import CostModel
 from ..traces.graph import count_handoffs
 from ..traces.timeline import nominal_timeline
 from .engine import SimResult, Simulator
 from .metrics import policy_report
-from ..planner.programs import ADMIT_STARVE_S, parse_spec
-from .policies import REGISTRY, make_policy
+from ..core.programs import ADMIT_STARVE_S, parse_spec
+from ..policies import REGISTRY, make_policy
 
 
 @dataclass

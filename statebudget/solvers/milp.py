@@ -842,7 +842,7 @@ def build_instance(cluster, catalog, trace, cost, max_slots: int | None = None, 
     program and model, and waiting (stall: its zero-stall duration plus a cold load of its
     weights). Returns (instance, index) where index maps names back to trace entities."""
     from ..traces.timeline import nominal_timeline
-    from .costs import page_touch_probs
+    from ..core.costs import page_touch_probs
 
     if replicas < 1:
         raise ValueError(f"replicas must be at least 1, got {replicas}")
@@ -953,7 +953,7 @@ def solve_rolling(inst: Instance, window: int = 24, overlap: int = 8, backend: s
     window holds the objects alive in it; its first slot cannot be prefetched into (the previous
     window's plan already decided what is there). With `warm_start` each window starts from the
     greedy schedule of that window (`greedy_schedule`), led by the online planner's decisions when
-    a `guide` is given (`sim/policies/oracle.py:planner_guide`); the window reports its objective
+    a `guide` is given (`sim/lead.py:planner_guide`); the window reports its objective
     beside the solver's. The stitched schedule is checked by `evaluate` on the whole instance."""
     if window <= overlap:
         raise ValueError(f"window ({window}) must exceed overlap ({overlap})")

@@ -9,7 +9,7 @@ import heapq
 from ..models.catalog import Catalog
 from ..models.cluster import Cluster, GpuKind, Node
 from ..models.trace import Trace
-from ..solvers.costs import CostModel
+from ..core.costs import CostModel
 from .graph import children_of, reachable
 
 # A reference machine for nominal call durations: 8 A100-40G on one node.

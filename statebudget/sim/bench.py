@@ -17,9 +17,9 @@ from ..models.catalog import Catalog
 from ..models.cluster import Cluster
 from ..models.state import expert_key, kv_key, weights_key
 from ..models.trace import Program, Trace, TraceNode
-from ..sim.engine import Simulator
-from ..sim.policies.base import Policy
-from .core import PlannerCore, lease_config
+from .engine import Simulator
+from ..policies.base import Policy
+from ..planner.core import PlannerCore, lease_config
 
 TOOLS = ("search", "edit", "test", "build", "shell", "approval")
 

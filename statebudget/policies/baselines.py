@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from ...models.state import expert_key, kv_key, weights_key
-from ...solvers.costs import touched_pages
+from ..models.state import expert_key, kv_key, weights_key
+from ..core.costs import touched_pages
 from .base import NEVER, Policy, default_place
 
 

@@ -3,9 +3,9 @@ simulator calls these hooks; the service feeds the same core from runtime events
 
 from __future__ import annotations
 
-from ...models.state import kv_key
-from ...planner.core import PlannerConfig, PlannerCore, lease_config
-from ...planner.leases import LeaseRequest
+from ..models.state import kv_key
+from ..planner.core import PlannerConfig, PlannerCore, lease_config
+from ..planner.leases import LeaseRequest
 from .base import Policy, default_place
 from .baselines import place_model
 

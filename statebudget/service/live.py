@@ -38,15 +38,16 @@ from ..models.load import check_compatible
 from ..models.plan import Op
 from ..models.state import kv_key, weights_key
 from ..models.trace import MAIN_THREAD
-from ..sim.memory import GpuCopy, HostCopy, Tiers
-from ..sim.policies.baselines import place_model
-from ..sim.policies.ours import StateBudgetLease
-from ..solvers.costs import CostModel
-from .core import PlannerConfig
-from .leases import Lease, LeaseRequest, LeaseState, Quote
-from .programs import AGING, QUEUES, ProgramSizes, ToolWaitKV, arrival_priority, host_link_bps, queue_key, tenant_excess
+from ..core.books import GpuCopy, HostCopy, Tiers
+from ..policies.baselines import place_model
+from ..policies.ours import StateBudgetLease
+from ..core.costs import CostModel
+from ..planner.core import PlannerConfig
+from ..planner.leases import Lease, LeaseRequest, LeaseState, Quote
+from ..core.programs import AGING, QUEUES, ProgramSizes, arrival_priority, queue_key, tenant_excess
+from ..core.toolwait import ToolWaitKV, host_link_bps
 from .ledger import Store
-from .view import ResidencyView
+from ..core.view import ResidencyView
 
 log = logging.getLogger("statebudget.planner")
 DROP_TRIES = 3       # a drop the engine failed is sent again this many times, ...

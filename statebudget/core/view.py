@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..models.catalog import ModelSpec
 from ..models.state import expert_key, weights_key
-from ..sim.memory import HostCopy
+from .books import HostCopy
 
 
 class ResidencyView:

@@ -13,6 +13,7 @@ from statebudget.service.live import LivePlanner
 from statebudget.core.waits import ToolWaitModel
 from statebudget.sim.engine import Simulator
 from statebudget.policies import make_policy
+from statebudget.core.decisions import Demote, Promote, apply
 
 KV = ("kv", "p1", "planner")
 TOKENS = 20_000
@@ -322,7 +323,7 @@ def test_a_kv_grown_in_place_under_an_unfinished_swap_out_is_not_dropped(rule):
     start_tool(p)
     (out,) = kv_ops(p)
     with p.store.tx():  # the three toy models take the 0.4 GB arena, the freed room included
-        p._apply([("promote", ("w", m), group) for m in ("coder", "reviewer", "planner")])
+        apply([Promote(("w", m), group) for m in ("coder", "reviewer", "planner")], p)
     assert not p.tiers.fits_gpu(group, KV_BYTES)
     p.event("a", {"type": "tool_finished", "program": "p1", "tool": "build", "call": "t1"})
     p.event("a", {"type": "call_arrived", "program": "p1", "call": "c2", "model": "planner"})
@@ -468,7 +469,7 @@ def a_call_on_gpu0(p, ad):
     """The planner's weights promoted onto gpu:0 through `ad`, then one call of program p1 there,
     which leaves its KV in HBM (the engine's; the data plane does not count it)."""
     with p.store.tx():
-        p._apply([("promote", ("w", "planner"), (0,))])
+        apply([Promote(("w", "planner"), (0,))], p)
     drain(ad)
     p.event("a", {"type": "program_started", "program": "p1"})
     p.event("a", {"type": "call_arrived", "program": "p1", "call": "c1", "model": "planner"})
@@ -490,7 +491,7 @@ def test_a_swap_out_that_does_not_land_frees_its_room_before_the_promotes_planne
     start_tool(p)
     drain(ad)                                             # out to host DRAM ...
     with p.store.tx():
-        p._apply([("promote", KV, group)])
+        apply([Promote(KV, group)], p)
     drain(ad)                                             # ... and back: the arena holds the KV now
     p.event("a", {"type": "tool_finished", "program": "p1", "tool": "build", "call": "t1"})
     p.event("a", {"type": "call_arrived", "program": "p1", "call": "c2", "model": "planner"})
@@ -501,7 +502,7 @@ def test_a_swap_out_that_does_not_land_frees_its_room_before_the_promotes_planne
     start_tool(p, tid="t2")
     (out,) = kv_ops(p)
     with p.store.tx():                                     # the room the swap-out frees, taken
-        p._apply([("promote", ("w", m), group) for m in ("coder", "reviewer")])
+        apply([Promote(("w", m), group) for m in ("coder", "reviewer")], p)
     if how == "the data plane fails the move":
         failing.add(out.op.op_id)
     else:
@@ -537,7 +538,7 @@ def test_a_drop_the_engine_fails_is_sent_again_a_few_times_later_and_holds_up_no
     a_call_on_gpu0(p, ad)
     p.event("a", {"type": "program_finished", "program": "p1"})
     with p.store.tx():
-        p._apply([("promote", ("w", "coder"), (0,))])
+        apply([Promote(("w", "coder"), (0,))], p)
     drain(ad)
     assert ad.plane.ready(["w", "coder"], "gpu:0")  # the failed drop held up nothing;
     assert all(r.not_before > clock.t for r in p.ops.values())  # ... sent again, later
@@ -571,7 +572,7 @@ def test_a_drop_in_place_of_a_failed_move_keeps_its_place_in_the_plan_across_a_r
     start_tool(p)
     (out,) = kv_ops(p)
     with p.store.tx():
-        p._apply([("promote", ("w", m), group) for m in ("coder", "reviewer", "planner")])
+        apply([Promote(("w", m), group) for m in ("coder", "reviewer", "planner")], p)
     node = out.node
     report_op(p, out.op, status="failed", error="host DRAM is gone")
     (drop,) = [r.op.op_id for r in p.ops.values() if r.op.kind == "drop" and tuple(r.op.object) == KV]
@@ -587,7 +588,7 @@ def test_a_failed_drop_of_an_out_of_date_kv_copy_is_not_taken_back_as_the_curren
     group = after_a_call(p, clock)
     other = (1 - group[0],)
     with p.store.tx():
-        p._apply([("promote", KV, other)])
+        apply([Promote(KV, other)], p)
     for rec in list(p.ops.values()):
         report_op(p, rec.op)
     assert p.tiers.gpu[(KV, other)].ready  # a copy on each GPU
@@ -635,10 +636,10 @@ def test_a_drop_held_back_is_cancelled_when_the_books_take_that_copy_up_again():
     p, clock = planner("preserve")
     group = after_a_call(p, clock)
     W = ("w", "planner")
-    for decisions in ([("promote", W, group)], [("promote", ("w", "coder"), group)],
-                      [("demote", W, group, "none"), ("promote", ("w", "reviewer"), group)]):
+    for decisions in ([Promote(W, group)], [Promote(("w", "coder"), group)],
+                      [Demote(W, group, "none"), Promote(("w", "reviewer"), group)]):
         with p.store.tx():
-            p._apply(decisions)
+            apply(decisions, p)
         for rec in [r for r in p.ops.values() if r.op.kind == "promote"]:
             report_op(p, rec.op)
     (drop,) = [r for r in p.ops.values() if tuple(r.op.object) == W]
@@ -646,7 +647,7 @@ def test_a_drop_held_back_is_cancelled_when_the_books_take_that_copy_up_again():
     assert (W, group) not in p.tiers.gpu  # no room to take it back: held, sent again in 1 s
     (held,) = [r for r in p.ops.values() if tuple(r.op.object) == W]
     with p.store.tx():
-        p._apply([("promote", W, group)])  # wanted there again before that
+        apply([Promote(W, group)], p)  # wanted there again before that
     assert (W, group) in p.tiers.gpu
     clock.t += 1.0
     assert held.op.op_id not in [o["op_id"] for o in p.plan_for(held.node, 0)["ops"]]  # not before the check

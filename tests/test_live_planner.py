@@ -8,6 +8,7 @@ from helpers import report_op
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.service.ledger import Store
 from statebudget.service.live import Conflict, LivePlanner
+from statebudget.core.decisions import Demote, Promote, apply
 
 W = ("w", "planner")
 
@@ -63,13 +64,13 @@ def test_a_growing_kv_on_its_own_group_is_not_dropped():
 def test_a_failed_demotion_adopts_its_source_when_it_is_being_promoted_back():
     p = planner()
     with p.store.tx():
-        p._apply([("promote", W, (0,))])
+        apply([Promote(W, (0,))], p)
     report_op(p, next(r.op for r in p.ops.values()))
     with p.store.tx():
-        p._apply([("demote", W, (0,), "host")])
+        apply([Demote(W, (0,), "host")], p)
     demote = next(r.op for r in p.ops.values())
     with p.store.tx():
-        p._apply([("promote", W, (0,))])
+        apply([Promote(W, (0,))], p)
     report_op(p, demote, "failed", error="engine busy")
     assert p.tiers.gpu[(W, (0,))].ready  # the source never left HBM
     assert not p.ops  # neither the promotion back nor a drop is left to run
@@ -95,6 +96,6 @@ def test_a_leased_promote_is_foreground_and_a_speculative_one_runs_in_the_backgr
     assert leased.lease_id == lid and not leased.background
     other = next(m.name for m in p.catalog.models if m.name != "planner")
     with p.store.tx():
-        p._apply([("promote", ("w", other), (1,))])
+        apply([Promote(("w", other), (1,))], p)
     (spec,) = [r.op for r in p.ops.values() if r.op.op_id != leased.op_id]
     assert spec.kind == "promote" and spec.lease_id is None and spec.background

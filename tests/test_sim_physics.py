@@ -7,6 +7,7 @@ from statebudget.sim.engine import Simulator
 from statebudget.sim.flows import FairShare
 from statebudget.policies import make_policy
 from statebudget.core.costs import LATENCY_S
+from statebudget.core.decisions import Promote
 
 
 def run(cl, cat, tr, policy="ondemand"):
@@ -168,8 +169,8 @@ def _speculator(yields: bool, gpu: int, demote_to: str = "none"):
 
         def on_call_arrive(self, sim, call):
             if call.program == "lease":  # a lease for the copy already in flight
-                return [("promote", weights_key("n"), (gpu,), "L1")]
-            return [("promote", weights_key("n"), (gpu,))] if call.program == "a" else None
+                return [Promote(weights_key("n"), (gpu,), "L1")]
+            return [Promote(weights_key("n"), (gpu,))] if call.program == "a" else None
     return P()
 
 

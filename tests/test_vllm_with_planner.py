@@ -11,6 +11,7 @@ from statebudget.engine_adapters.vllm import VllmAdapter
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.planner.core import lease_config
 from statebudget.service.live import LivePlanner
+from statebudget.core.decisions import Demote, apply
 
 RUNTIME, ADAPTER = "runtime-token-0123456789", "adapter-n0-token-0123456789"
 
@@ -39,7 +40,7 @@ def test_a_lease_wakes_the_vllm_server_of_its_model():
         assert fakes["coder"].lines() == [] and fakes["reviewer"].lines() == []  # only the leased model's server
         # the planner demotes the idle weights to host DRAM: the server sleeps at level 1
         with planner.store.tx():
-            planner._apply([("demote", ("w", "planner"), (0,), "host")])
+            apply([Demote(("w", "planner"), (0,), "host")], planner)
         assert adapter.step(wait_s=0) == 1
         assert fakes["planner"].lines()[-2:] == ["POST /sleep?level=1", "GET /is_sleeping"] and fakes["planner"].asleep
         where = {(tuple(c["object"]), c["tier"]): c["ready"] for c in planner.residency()["copies"]}

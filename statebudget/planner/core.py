@@ -27,6 +27,7 @@ from ..core.costs import page_touch_probs, touched_pages
 from ..solvers.greedy import Candidates, solve
 from .leases import LeaseLedger, LeaseRequest, LeaseState, Quote, decide, rank_key, rejection_reason
 from .predictor import Predictor
+from ..core.decisions import Demote, Promote, PromoteHost
 
 
 @dataclass
@@ -219,8 +220,8 @@ class PlannerCore:
                 continue
             hc = tiers.host.get((k, view.gpus[g[0]].node))
             if hc is not None and hc.ready:
-                out.append(("demote", k, g, "host"))
-        out = [("promote", keys[i], groups[i]) for i in plan.promote if i in promote] + out
+                out.append(Demote(k, g, "host"))
+        out = [Promote(keys[i], groups[i]) for i in plan.promote if i in promote] + out
         # Stage in host DRAM what a restore would read (weights, expert pages of the home node) for
         # models likely to be used at all: a restore from DRAM is a wake, from NVMe a cold start.
         for m in self.catalog.models if cfg.stage_host else ():
@@ -231,7 +232,7 @@ class PlannerCore:
             stage = [weights_key(m.name)] + ([expert_key(m.name, p) for p in range(m.moe.pages)] if m.moe else [])
             for k in stage:
                 if (k, node) not in tiers.host:
-                    out.append(("promote_host", k, node))
+                    out.append(PromoteHost(k, node))
         return out
 
     def _group_row(self, group, n_gpu: int) -> np.ndarray:

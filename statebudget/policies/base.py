@@ -1,11 +1,8 @@
 """The policy interface: policies return decisions, the mechanism (simulator or live planner)
 applies them. Every method receives the mechanism as a read-only view (`sim`).
 
-Decisions an `on_*` hook may return (a list, or None):
-
-    ("promote", state_key, gpu_group)          bring a copy into HBM of a GPU group
-    ("promote_host", state_key, node)          stage weights or experts in a node's DRAM
-    ("demote", state_key, gpu_group, to)       move a copy out of HBM, to "host" or "none"
+An `on_*` hook returns a list of decisions (`core/decisions.py`: Promote, PromoteHost, Demote,
+Cancel), or None.
 
 Eviction is a key function (`evict_priority`: lower goes first) and a tier (`demote_tier`): the
 structure that evicts does not know which policy it serves.

@@ -8,6 +8,7 @@ from collections import Counter
 from ..models.state import expert_key, kv_key, weights_key
 from ..core.costs import touched_pages
 from .base import NEVER, Policy, default_place
+from ..core.decisions import Demote, Promote
 
 
 class OnDemand(Policy):
@@ -58,7 +59,7 @@ class Frequency(Policy):
                 continue
             group = place_model(sim, model)
             if group is not None:
-                out.append(("promote", weights_key(model), group))
+                out.append(Promote(weights_key(model), group))
         return out
 
 
@@ -76,12 +77,12 @@ class PrefetchAll(Policy):
         group = place_model(sim, hint.model, program=program.program)
         if group is None:
             return None
-        out = [("promote", weights_key(hint.model), group)]
+        out = [Promote(weights_key(hint.model), group)]
         kvk = kv_key(program.program, hint.model)
         if sim.kv_tokens.get(kvk, 0) > 0:
-            out.append(("promote", kvk, group))
+            out.append(Promote(kvk, group))
         m = sim.catalog.by_name[hint.model]
-        out += [("promote", expert_key(m.name, p), group) for p in hot_page_ids(m)]
+        out += [Promote(expert_key(m.name, p), group) for p in hot_page_ids(m)]
         return out
 
 
@@ -127,7 +128,7 @@ class Static(Policy):
             keys = [weights_key(model)] + [expert_key(model, p) for p in hot_page_ids(m)]
             for k in keys:
                 self.pinned.add((k, g))
-                out.append(("promote", k, g))
+                out.append(Promote(k, g))
         return out
 
     def place(self, sim, call):
@@ -184,7 +185,7 @@ class LlamaSwap(Policy):
         for (k, g), copy in sorted(sim.tiers.gpu.items(), key=lambda kv: (kv[0][0], kv[0][1])):
             model = k[2] if k[0] == "kv" else k[1]
             if model != call.model and home.intersection(g) and k[0] != "kv":
-                out.append(("demote", k, g, "none"))
+                out.append(Demote(k, g, "none"))
         return out
 
     def on_tick(self, sim):
@@ -193,7 +194,7 @@ class LlamaSwap(Policy):
             if k[0] == "kv":
                 continue
             if sim.now - sim.last_use.get(k[1], -math.inf) > self.ttl_s and sim.running_models.get((k[1], g), 0) == 0:
-                out.append(("demote", k, g, "none"))
+                out.append(Demote(k, g, "none"))
         return out
 
 
@@ -226,10 +227,10 @@ class RayMultiplex(Policy):
                       if sim.running_models.get((name, group), 0) == 0 and c.pins == 0)
         out = []
         for _, name in idle[: len(models) - self.cap + 1]:
-            out.append(("demote", weights_key(name), group, "none"))
+            out.append(Demote(weights_key(name), group, "none"))
             m = sim.catalog.by_name[name]
             if m.moe:
-                out += [("demote", expert_key(name, p), group, "none") for p in range(m.moe.pages)]
+                out += [Demote(expert_key(name, p), group, "none") for p in range(m.moe.pages)]
         return out
 
 

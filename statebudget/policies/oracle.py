@@ -22,6 +22,7 @@ from ..core.costs import page_touch_probs
 from ..solvers.milp import build_instance, chosen, object_model, solve_rolling, solve_static
 from .base import Policy, default_place
 from .baselines import Static
+from ..core.decisions import Demote, Promote, PromoteHost
 
 
 def state_keys(name: str, catalog, hot_touch: float) -> list[tuple]:
@@ -94,12 +95,12 @@ class Oracle(Policy):
         for o, ks in enumerate(self.keys):
             g = self.group_of[o]
             if self.x[o, t] > 0.5:
-                out += [("promote", k, g) for k in ks]
+                out += [Promote(k, g) for k in ks]
             elif self.x[o, t - 1] < 0.5:
                 to = "host" if self.y[o, t] > 0.5 else "none"
-                out += [("demote", k, g, to) for k in ks if (k, g) in sim.tiers.gpu]
+                out += [Demote(k, g, to) for k in ks if (k, g) in sim.tiers.gpu]
             if self.y[o, t] > 0.5 and ks[0][0] != "kv":
-                out += [("promote_host", k, sim.gpus[g[0]].node) for k in ks]
+                out += [PromoteHost(k, sim.gpus[g[0]].node) for k in ks]
         return out
 
     def evict_priority(self, sim, copy):

@@ -8,6 +8,7 @@ from ..planner.core import PlannerConfig, PlannerCore, lease_config
 from ..planner.leases import LeaseRequest
 from .base import Policy, default_place
 from .baselines import place_model
+from ..core.decisions import Cancel, Promote
 
 
 class StateBudget(Policy):
@@ -135,7 +136,7 @@ class StateBudgetLease(StateBudget):
             self.group_of[lease.lease_id] = group
             for key in lease.objects:
                 core.ledger.begin(lease.lease_id, key)
-                out.append(("promote", key, group, lease.lease_id))
+                out.append(Promote(key, group, lease.lease_id))
         return leases, out
 
     def holds_kv(self, sim, kvk) -> bool:
@@ -163,7 +164,7 @@ class StateBudgetLease(StateBudget):
             group = self.group_of.get(lid)
             for key in keys:
                 if group is not None and not core._leased(key):  # another live lease still needs it
-                    out.append(("cancel", key, group))
+                    out.append(Cancel(key, group))
         return out
 
     def on_call_cancelled(self, sim, call):

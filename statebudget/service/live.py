@@ -48,6 +48,7 @@ from ..core.programs import AGING, QUEUES, ProgramSizes, arrival_priority, queue
 from ..core.toolwait import ToolWaitKV, host_link_bps
 from .ledger import Store
 from ..core.view import ResidencyView
+from ..core.decisions import Cancel, Demote, Promote, PromoteHost, apply
 
 log = logging.getLogger("statebudget.planner")
 DROP_TRIES = 3       # a drop the engine failed is sent again this many times, ...
@@ -640,7 +641,7 @@ class LivePlanner(ResidencyView):
             c = self.tiers.gpu[(kvk, g)]
             if c.ready:
                 c.pins = 0
-                out.append(("demote", kvk, g, "none"))
+                out.append(Demote(kvk, g, "none"))
         for (k, node), hc in list(self.tiers.host.items()):
             if k == kvk:
                 self.tiers.remove_host_copy(hc)
@@ -887,20 +888,24 @@ class LivePlanner(ResidencyView):
         return self._op_seq - n
 
     def _apply(self, decisions) -> None:
-        """The mechanism: decisions become books changes and ops (DESIGN.md §6 decision tuples)."""
-        for d in decisions or ():
-            if d[0] == "promote":
-                self._promote(d[1], d[2], d[3] if len(d) > 3 else None)
-            elif d[0] == "promote_host":
-                self._promote_host(d[1], d[2])
-            elif d[0] == "demote":
-                self._demote(d[1], d[2], d[3])
-            elif d[0] == "cancel":
-                op_id = self.writer.get((d[1], gpu_tier(d[2])))
-                if op_id is not None:
-                    self._close(self.ops[op_id], "cancelled", "nobody waits for it any more")
-            else:
-                raise ValueError(f"unknown decision {d[0]!r}")
+        """The mechanism: decisions become books changes and ops."""
+        apply(decisions, self)
+
+    # ---- the Mechanism (core/decisions.py) --------------------------------------------------------
+    def promote(self, d: Promote) -> None:
+        self._promote(d.key, d.group, d.lease_id)
+
+    def promote_host(self, d: PromoteHost) -> None:
+        self._promote_host(d.key, d.node)
+
+    def demote(self, d: Demote) -> None:
+        self._demote(d.key, d.group, d.to)
+
+    def cancel(self, d: Cancel) -> None:
+        """Stop a load nobody waits for."""
+        op_id = self.writer.get((d.key, gpu_tier(d.group)))
+        if op_id is not None:
+            self._close(self.ops[op_id], "cancelled", "nobody waits for it any more")
 
     def _promote(self, key, group, lease_id=None, background: bool = False) -> None:
         """A copy into HBM; `background` (a tool-wait swap-in) takes only free HBM. A promote no

@@ -35,6 +35,7 @@ from ..core.costs import CostModel, page_touch_probs
 from ..traces.graph import children_of, descendants, handoff_calls, hinted_calls
 from .flows import FairShare
 from ..core.books import GpuCopy, HostCopy, Tiers
+from ..core.decisions import Cancel, Demote, Promote, PromoteHost, apply
 
 PRIO_FLOW, PRIO_TIMER, PRIO_NODE, PRIO_PROGRAM, PRIO_TICK, PRIO_QUEUE = range(6)
 
@@ -1161,26 +1162,25 @@ class Simulator(ResidencyView):
         self._dirty = True
 
     def _apply(self, decisions):
-        """Carry out a policy's ops: ("promote", key, group[, lease_id]), ("promote_host", key,
-        node), ("demote", key, group, "host"|"none"), ("cancel", key, group) — stop a load nobody
-        waits for."""
-        if not decisions:
-            return
-        for d in decisions:
-            if d[0] == "promote":
-                self._prefetch(d[1], d[2], d[3] if len(d) > 3 else None)
-            elif d[0] == "cancel":
-                copy = self.tiers.gpu.get((d[1], d[2]))
-                if copy is not None:
-                    self.cancel_load(copy)
-            elif d[0] == "promote_host":
-                self._prefetch_host(d[1], d[2])
-            elif d[0] == "demote":
-                copy = self.tiers.gpu.get((d[1], d[2]))
-                if copy is not None and copy.pins == 0 and copy.ready:
-                    self._evict(copy, d[3])
-            else:
-                raise ValueError(f"unknown decision {d[0]!r}")
+        apply(decisions, self)
+
+    # ---- the Mechanism (core/decisions.py): a policy's decisions carried out ---------------------
+    def promote(self, d: Promote) -> None:
+        self._prefetch(d.key, d.group, d.lease_id)
+
+    def promote_host(self, d: PromoteHost) -> None:
+        self._prefetch_host(d.key, d.node)
+
+    def demote(self, d: Demote) -> None:
+        copy = self.tiers.gpu.get((d.key, d.group))
+        if copy is not None and copy.pins == 0 and copy.ready:
+            self._evict(copy, d.to)
+
+    def cancel(self, d: Cancel) -> None:
+        """Stop a load nobody waits for."""
+        copy = self.tiers.gpu.get((d.key, d.group))
+        if copy is not None:
+            self.cancel_load(copy)
 
     def _prefetch(self, key, group, lease=None, background: bool = False) -> bool:
         """Bring a copy into HBM ahead of use, evicting only what the policy allows. A lease id

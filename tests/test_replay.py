@@ -11,6 +11,7 @@ from statebudget.cli import app
 from statebudget.models.load import load_catalog, load_cluster, write_trace
 from statebudget.sim.engine import Simulator
 from statebudget.policies import REGISTRY, make_policy
+from statebudget.policies.baselines import BASELINES
 from statebudget.sim.runner import replay, report_json
 from statebudget.traces.generators import generate
 
@@ -146,11 +147,11 @@ def test_prefetch_all_prefetches_a_hinted_moe_models_hot_pages_with_its_weights(
     assert sim.tiers.gpu[(("w", "moe"), (0,))].from_prefetch
 
 
-@pytest.mark.parametrize("name", ["static", "static-share"])
-def test_static_loads_its_placement_at_time_zero(name):
+@pytest.mark.parametrize("make", [lambda: make_policy("static"), BASELINES["static-share"]], ids=["static", "static-share"])
+def test_static_loads_its_placement_at_time_zero(make):
     cl, cat = cluster(gpus=2, hbm_gb=40.0, cold=2.0), catalog(("m1", 10.0), ("m2", 10.0))
     tr = trace(program("p", [call("a", "m1")], start=100.0), program("q", [call("a", "m2")], start=100.0))
-    res = Simulator(cl, cat, tr, make_policy(name)).run()
+    res = Simulator(cl, cat, tr, make()).run()
     assert all(c.ready - c.arrive == 0.0 for c in res.calls)
 
 

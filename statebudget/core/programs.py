@@ -13,14 +13,14 @@ Queue disciplines (a sort key, lowest first):
     auto   atlas while the programs that finished are heavy-tailed in attained service, fcfs
            while they are not (`ProgramSizes`): least-attained-service order pays only when a
            program that has run a while is likely to run much longer (decreasing hazard); for
-           light tails FCFS's P95 is lower (BENCHMARKS.md, issue 5)
+           light tails FCFS's P95 is lower (BENCHMARKS.md, queue disciplines)
 
 Both plas and atlas age: every second a call waits takes `aging` seconds off its key; and a call
 that has waited `starve_s + starve_ratio x L(c)` since it arrived, where L(c) is its service level,
 is promoted above every non-promoted call, FCFS among the promoted (Autellix's anti-starvation
 rule: a program starves when its wait exceeds beta times its service). The allowance grows with
-what the program has had: a fixed one (30 s, the rule until 2026-12-01) promoted nearly every call
-as soon as a real queue formed, and PLAS then ran as FCFS. Together they bound how far a call can
+what the program has had: a fixed allowance of 30 s promotes nearly every call as soon as a real
+queue forms, and PLAS then runs as FCFS. Together they bound how far a call can
 be overtaken:
 
     under plas and atlas, a call c is only ever started after a call d that arrived later if

@@ -56,7 +56,7 @@ def lease_config(**overrides) -> PlannerConfig:
     the next calls, so the planner promotes on its own predictions only when they are near-certain
     (`promote_min_p` 0.8), and a lease prepares only the expert pages nearly every call touches
     (`lease_page_min_touch` 0.99). On swe-team this keeps P95 and wastes 1/14 of the bytes
-    (BENCHMARKS.md, issue 3). Without hints (statebudget) speculation is the planner's only tool,
+    (BENCHMARKS.md, lease configuration). Without hints (statebudget) speculation is the planner's only tool,
     and it keeps the plain defaults."""
     return replace(PlannerConfig(promote_min_p=0.8, lease_page_min_touch=0.99), **overrides)
 

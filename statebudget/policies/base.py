@@ -20,7 +20,7 @@ class Policy:
     # Speculation yields to demand (seed 003 §21): a promote that no lease asked for loads as a
     # background transfer (BACKGROUND_SHARE of a link until a call waits for it), and a call that
     # needs the room may cancel it while its bytes are still moving. Off for every policy: at
-    # saturation it did not pay (BENCHMARKS.md, issue 5, "Speculation yields to demand").
+    # saturation it did not pay (BENCHMARKS.md, "Speculation yields to demand").
     speculation_yields = False
 
     # ---- placement ------------------------------------------------------------------------------

@@ -88,9 +88,9 @@ class PrefetchAll(Policy):
 
 class Static(Policy):
     """One placement for the whole trace, by call share, loaded at time 0 and never changed.
-    Models left out run on demand in the HBM the placement leaves free. Registered as
-    `static-share`; `static` (`policies/oracle.py`) is the same policy with its placement from the
-    time-collapsed MILP, which replaced this heuristic as the static baseline."""
+    Models left out run on demand in the HBM the placement leaves free. Named `static-share`
+    but not registered: `static` (`policies/oracle.py`) is the same policy with its placement
+    from the time-collapsed MILP, the static baseline; this one is kept for comparison in tests."""
     name = "static-share"
     demote_to = "host"
     tick_s = 1e9  # one tick at t=0 loads the placement

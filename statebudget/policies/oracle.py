@@ -1,4 +1,4 @@
-"""Policies made from the offline MILP (`solvers/milp.py`).
+"""Policies made from the offline MILP (`solvers/milp/`).
 
 `oracle` replays the MILP schedule in the closed-loop simulator. The schedule's slots are the
 call arrivals of the zero-stall timeline; in the closed loop the clock shifts, so the replay is

@@ -288,7 +288,7 @@ def replay(
 
         prof = None
         if profile is not None:
-            from .profile import load_profile
+            from .engine_adapters.local.profile import load_profile
             prof = load_profile(profile, cl)
         result = run_replay(cl, cat, tr, names, seed=seed, check_invariants=check, progress=progress, profile=prof,
                             prefill_slots=prefill_slots, max_batch=max_batch, admit_starve_s=starve,
@@ -500,7 +500,7 @@ def serve(
     check_compatible(cl, cat)
     prof = None
     if profile is not None:
-        from .profile import load_profile
+        from .engine_adapters.local.profile import load_profile
         prof = load_profile(profile, cl)
         if prof.get("machine", {}).get("device") == "arena":
             err.print(f"[yellow]warning:[/] {profile} was measured without a GPU (device arena in RAM): its h2d/d2h "
@@ -692,7 +692,7 @@ def profile_cmd(
     """Measure this machine's file, host<->device and prefill rates into a cost-model profile."""
     _outputs(files=[("--out", out)])
     from .models.load import load_catalog, load_cluster
-    from .profile import measure_profile, nominal_links
+    from .engine_adapters.local.profile import measure_profile, nominal_links
 
     cl = load_cluster(cluster)
     cat = load_catalog(catalog) if catalog else None

@@ -211,7 +211,7 @@ def test_corrupted_copy_is_caught_by_the_checksum(plane, monkeypatch):
         real(src, dst)
         dst[-1][dst[-1].numel() // 2] ^= 1
 
-    monkeypatch.setattr(local, "copy_ranges", flip_a_byte)
+    monkeypatch.setattr(local.plane, "copy_ranges", flip_a_byte)
     before = used(plane)
     r = plane.execute(op("promote", W, "host:n0", "gpu:0", n))
     assert r.status == "failed" and "checksum mismatch" in r.error
@@ -231,7 +231,7 @@ def test_corrupted_file_is_caught_by_reading_it_back(plane, monkeypatch, tmp_pat
             f.seek(-100, 2)
             f.write(bytes([b[0] ^ 0xFF]))
 
-    monkeypatch.setattr(local, "write_safetensors", flip_on_disk)
+    monkeypatch.setattr(local.plane, "write_safetensors", flip_on_disk)
     r = plane.execute(op("demote", KV, "host:n0", "nvme:n0", n))
     assert r.status == "failed" and "checksum mismatch" in r.error
     assert list((tmp_path / "dp" / "nvme").iterdir()) == [] and used(plane)["nvme:n0"] == 0

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from statebudget.cli import app
 from statebudget.models.errors import InputError
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.profile import load_profile, measure_profile, nominal_links
+from statebudget.engine_adapters.local.profile import load_profile, measure_profile, nominal_links
 from statebudget.core.costs import CostModel
 
 

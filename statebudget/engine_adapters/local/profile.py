@@ -43,10 +43,10 @@ from typing import Callable
 
 import torch
 
-from .engine_adapters.local import make_bytes, read_safetensors, write_safetensors
-from .models.catalog import Catalog
-from .models.cluster import GB, Cluster
-from .models.errors import InputError
+from ...models.catalog import Catalog
+from ...models.cluster import GB, Cluster
+from ...models.errors import InputError
+from .files import make_bytes, read_safetensors, write_safetensors
 
 PROFILE_FORMAT = 1
 MiB = 1 << 20

@@ -1,69 +1,28 @@
-"""The reference data plane: an adapter that moves REAL bytes between three tiers with torch, no
-engine behind it. It shows what every adapter must do per op, and measures what this machine does.
-
-    nvme:<node>   safetensors files   root/nvme/<object>.safetensors (one uint8 tensor "data",
-       │  ▲                           its checksum in the header's metadata); also the model store
-       ▼  │
-    host:<node>   CPU tensors         pinned (page-locked) when CUDA is present
-       │  ▲
-       ▼  │
-    gpu:<i>       CUDA tensors on device i, or, without a GPU, a byte-bounded "arena" in RAM per
-    gpu:<i>,<j>   GPU index; a tensor-parallel group holds the object in equal shards, one a GPU
-
-Every op is a transaction (`execute`, then the planner's answer decides `commit` or `abort`):
-
-    execute:  allocate target ──▶ copy ──▶ checksum(target) == checksum(source)? ──no──▶ free target, "failed"
-                                                      │yes
-                                            target pending (not `ready`), report "done"
-    commit:   target becomes ready (replaces an older copy in that tier); the source is released,
-              except for a copy to a faster tier (nvme/host -> gpu, nvme -> host): tiers are
-              inclusive, the lower copy stays so a later demote costs nothing
-    abort:    target freed; the source was never touched
-
-Choices:
-  * Checksum: `sum64`, a Fletcher-like pair over the object as little-endian 64-bit words,
-    s1 = Σ w_i and s2 = Σ (i // 8192 + 1) · w_i (mod 2^64): 64 KiB blocks weighted by position, so
-    a flipped byte, a truncation or shards in the wrong order all change it. It is one torch
-    reduction (≈45 GB/s on two CPU cores, HBM speed on a GPU) against ≈1.3 GB/s for blake2b and
-    ≈7 GB/s for zlib.crc32, and it composes over shards, so a TP group is checked where it lies
-    without gathering it. It is an error check, not a cryptographic hash (a permutation of words
-    inside one 64 KiB block goes unseen).
-  * Sources keep the checksum they were verified with (files: in their metadata), so a move reads
-    the source once (the copy) and the target once (the check).
-  * Weights and expert pages not present anywhere are created on first need in the model store
-    (nvme), as deterministic pseudo-random bytes seeded from the object key: two data planes agree
-    on content and checksums. KV promoted from `none` is created the same way (a simulated prefill).
-  * Object size is `op.bytes` (rounded, times `bytes_scale`) when created; an existing copy moves
-    whole, and the bytes reported are the bytes actually copied (0 when the target tier already
-    holds the same content).
-"""
+"""`LocalDataPlane`: the tiers' books and the transaction (execute, then commit or abort) that
+moves an object's bytes between them (see the package docstring)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import re
 import shutil
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import torch
 
-from ..models.plan import Op
-from .base import Adapter, OpResult, tier_kind
+from ...models.plan import Op
+from ..base import OpResult, tier_kind
+from .checksums import checksum, split_sizes
+from .files import copy_ranges, file_name, make_bytes, read_safetensors, write_safetensors
 
 log = logging.getLogger("statebudget.adapter.local")
 
-WORD = 8                 # checksum word: 8 bytes
-BLOCK_WORDS = 8192       # checksum position weight: one per 64 KiB block
-_MASK = (1 << 64) - 1
 TIER_RANK = {"gpu": 0, "host": 1, "nvme": 2, "none": 3}  # faster tiers first
 FORMAT = "statebudget-local-1"
 
@@ -74,118 +33,6 @@ class DataPlaneError(RuntimeError):
 
 class CapacityError(DataPlaneError):
     """A tier has no room for the target."""
-
-
-# ---- bytes, checksums, files -------------------------------------------------------------------
-
-def object_seed(key: Sequence[str]) -> int:
-    return int.from_bytes(hashlib.blake2b(json.dumps(list(key)).encode(), digest_size=8).digest(), "little")
-
-
-def make_bytes(key: Sequence[str], n: int) -> torch.Tensor:
-    """`n` deterministic pseudo-random bytes for object `key` (PCG64 seeded from the key; a longer
-    object extends a shorter one, as a grown KV cache would)."""
-    words = np.random.PCG64(object_seed(key)).random_raw((n + WORD - 1) // WORD)
-    return torch.from_numpy(words.view(np.uint8)[:n])
-
-
-def _words_sum(w: torch.Tensor, first_word: int) -> tuple[int, int]:
-    """(Σ w, Σ block_weight · w) of int64 words starting at global word index `first_word`."""
-    s1 = s2 = 0
-    n, g = w.numel(), first_word
-    head = min(n, (-g) % BLOCK_WORDS)                   # up to the next block boundary
-    rows = (n - head) // BLOCK_WORDS
-    pieces = [(w[:head], g), (w[head + rows * BLOCK_WORDS:], g + head + rows * BLOCK_WORDS)]
-    for piece, at in pieces:                            # partial blocks: one weight each
-        if piece.numel():
-            s = int(piece.sum().item())
-            s1 += s
-            s2 += (at // BLOCK_WORDS + 1) * s
-    if rows:
-        r = w[head:head + rows * BLOCK_WORDS].view(rows, BLOCK_WORDS).sum(dim=1)
-        first_block = (g + head) // BLOCK_WORDS
-        weights = torch.arange(first_block + 1, first_block + rows + 1, dtype=torch.int64, device=r.device)
-        s1 += int(r.sum().item())
-        s2 += int((r * weights).sum().item())
-    return s1 & _MASK, s2 & _MASK
-
-
-def checksum(shards: Sequence[torch.Tensor]) -> str:
-    """`sum64` of the bytes of `shards` taken end to end (uint8, 1-D, on any device). Every shard
-    but the last must be a whole number of 8-byte words (`split_sizes` makes them so)."""
-    s1 = s2 = 0
-    offset = 0
-    for t in shards:
-        n = t.numel()
-        if n and offset % WORD:
-            raise ValueError("only the last non-empty shard may end inside an 8-byte word")
-        full = n - n % WORD
-        if full:
-            body = t[:full]
-            try:
-                w = body.view(torch.int64)
-            except RuntimeError:                        # storage not 8-byte aligned (e.g. a mapped file)
-                w = body.clone().view(torch.int64)
-            a, b = _words_sum(w, offset // WORD)
-            s1, s2 = s1 + a, s2 + b
-        if n % WORD:                                    # the last word, zero-padded
-            last = torch.zeros(WORD, dtype=torch.uint8, device=t.device)
-            last[:n % WORD] = t[full:]
-            a, b = _words_sum(last.view(torch.int64), (offset + full) // WORD)
-            s1, s2 = s1 + a, s2 + b
-        offset += n
-    return f"sum64:{offset}:{s1 & _MASK:016x}{s2 & _MASK:016x}"
-
-
-def split_sizes(n: int, k: int) -> list[int]:
-    """Equal shards of `n` bytes over `k` GPUs (each a whole number of words but the last)."""
-    per = -(-n // k)                           # ceil(n / k)
-    q = -(-per // WORD) * WORD                 # ... rounded up to a word
-    return [max(0, min(q, n - i * q)) for i in range(k)]
-
-
-def copy_ranges(src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor]) -> None:
-    """Copy the bytes of `src` (shards end to end) into `dst` (shards end to end), any devices."""
-    i = j = si = dj = 0
-    while i < len(src) and j < len(dst):
-        n = min(src[i].numel() - si, dst[j].numel() - dj)
-        if n:
-            dst[j][dj:dj + n].copy_(src[i][si:si + n], non_blocking=True)
-        si, dj = si + n, dj + n
-        if si == src[i].numel():
-            i, si = i + 1, 0
-        if dj == dst[j].numel():
-            j, dj = j + 1, 0
-
-
-def write_safetensors(path: Path, data: torch.Tensor, metadata: dict[str, str], fsync: bool = False) -> None:
-    """One uint8 tensor "data" as a safetensors file, written straight from the tensor's memory
-    (the library's `save_file` copies it to Python bytes first). Any safetensors reader opens it."""
-    header = {"__metadata__": metadata, "data": {"dtype": "U8", "shape": [data.numel()], "data_offsets": [0, data.numel()]}}
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)                           # the data starts 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        if data.numel():
-            f.write(memoryview(data.numpy()))
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-
-
-def read_safetensors(path: Path) -> tuple[torch.Tensor, dict[str, str]]:
-    """(the "data" tensor, memory-mapped: pages are read when touched; the header metadata)."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        return f.get_tensor("data"), f.metadata() or {}
-
-
-def file_name(key: Sequence[str]) -> str:
-    """A safe, unique file stem per object: readable part + a short hash of the exact key."""
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(key))[:80]
-    return f"{readable}-{hashlib.blake2b(json.dumps(list(key)).encode(), digest_size=4).hexdigest()}"
 
 
 # ---- books ----------------------------------------------------------------------------------------
@@ -573,38 +420,3 @@ class LocalDataPlane:
         return {"ok": True, "device": self.device, "node": self.node, "root": str(self.root),
                 "tiers": {p.name: {"used_bytes": p.used, "capacity_bytes": p.capacity} for p in pools},
                 "copies": per_tier, "pending": len(self.pending)}
-
-
-class LocalAdapter(Adapter):
-    """The planner protocol over a `LocalDataPlane` (no engine: the data plane is the engine).
-
-        LocalAdapter("http://planner:8000", "n0", token, root="/var/tmp/sb", arena_bytes=8 << 30).run()
-
-    `plane` passes a ready data plane; otherwise one is made at `root` for this node with
-    `plane_kw` (see `LocalDataPlane`)."""
-    kind = "local"
-
-    def __init__(self, planner: str, node: str, token: str, client=None, *, plane: LocalDataPlane | None = None,
-                 root: str | Path = "statebudget-local", **plane_kw):
-        super().__init__(planner, node, token, client)
-        self.plane = plane or LocalDataPlane(root, node=node, **plane_kw)
-
-    def execute(self, op: Op) -> OpResult:
-        return self.plane.execute(op)
-
-    def commit(self, op: Op) -> None:
-        self.plane.commit(op)
-
-    def abort(self, op: Op) -> None:
-        self.plane.abort(op)
-
-    def health(self) -> dict:
-        return {"kind": self.kind, **self.plane.health()}
-
-    def inventory(self) -> dict:
-        """What this adapter did and holds: the ops it executed (in order), every ready copy with
-        its checksum, and the bytes/s per path."""
-        return {"node": self.node, "executed": list(self.executed),
-                "copies": [{"object": list(k), "tier": t, "checksum": c.checksum, "bytes": c.nbytes}
-                           for (k, t), c in sorted(list(self.plane.copies.items()))],
-                "stats": self.plane.stats()}

@@ -113,8 +113,8 @@ class Oracle(Policy):
 
 class MilpStatic(Static):
     """`static`: the best single placement for the whole trace from the MILP with time collapsed
-    (`solve_static`), loaded at time 0 and never changed. It replaced the call-share heuristic,
-    which stays registered as `static-share` for comparison."""
+    (`solve_static`), loaded at time 0 and never changed. It replaced the call-share heuristic
+    (`baselines.Static`, kept for comparison in tests)."""
     name = "static"
 
     def plan(self, sim) -> dict[str, tuple]:

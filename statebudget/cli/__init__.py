@@ -1,0 +1,38 @@
+"""The `statebudget` command. Bad input prints one line naming the file, the place and the
+problem, and exits 2 (no traceback)."""
+
+from __future__ import annotations
+
+import typer
+
+from . import service, sim, trace
+
+# How long `drive` waits for a planner that refuses connections (still starting). It lives on the
+# package, where callers set it; `service._check_planner` reads it from here when it runs.
+PLANNER_WAIT_S = 10.0
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+trace_app = typer.Typer(no_args_is_help=True, help="Generate, inspect and fit traces.")
+app.add_typer(trace_app, name="trace")
+bench_app = typer.Typer(no_args_is_help=True, help="Measure the planner itself.")
+app.add_typer(bench_app, name="bench")
+token_app = typer.Typer(no_args_is_help=True, help="Manage the service's bearer tokens.")
+app.add_typer(token_app, name="token")
+
+# Help lists the commands in this order.
+trace_app.command("gen")(trace.trace_gen)
+trace_app.command("stats")(trace.trace_stats_cmd)
+trace_app.command("fit")(trace.trace_fit)
+app.command()(sim.replay)
+app.command()(sim.oracle)
+app.command()(sim.sweep)
+bench_app.command("planner")(sim.bench_planner_cmd)
+app.command()(service.serve)
+app.command()(service.adapter)
+app.command()(service.drive)
+app.command()(service.residency)
+token_app.command("add")(service.token_add)
+app.command("profile")(service.profile_cmd)
+app.command()(sim.presets)
+
+__all__ = ["PLANNER_WAIT_S", "app"]

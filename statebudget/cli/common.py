@@ -1,0 +1,80 @@
+"""What every command shares: the consoles, the common options, one-line errors and output checks."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+
+from ..models.errors import InputError
+
+# Reports are read in logs and CI too: keep tables whole when there is no terminal to size them to.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+# The options every command that reads a cluster, a catalog or a trace file shares.
+ClusterOpt = Annotated[str, typer.Option(help="cluster file or preset (hetero16, hetero8, h200x8, single-a100, toy2)")]
+CatalogOpt = Annotated[str, typer.Option(help="catalog file or preset (agent-team, solo, toy)")]
+TraceOpt = Annotated[Path, typer.Option(help="trace file (JSONL, format v1)")]
+
+
+def _fail(msg: str) -> None:
+    err.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _outputs(files=(), folders=()) -> None:
+    """Refuse, before any work, output paths that cannot be written: a file option naming a
+    folder, a folder option naming a file. `files`, `folders`: (option, path or None)."""
+    for want_folder, pairs in ((False, files), (True, folders)):
+        for option, path in pairs:
+            if path is None:
+                continue
+            if path.exists() and path.is_dir() != want_folder:
+                raise InputError(str(path), "", f"is a folder; {option} takes a file path" if path.is_dir()
+                                 else f"is a file; {option} takes a folder")
+            parent = next((p for p in path.parents if p.exists()), None)
+            if parent is not None and not parent.is_dir():
+                raise InputError(str(path), "", f"{parent} is a file, so {option} cannot be written there")
+
+
+def _write_json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=1) + "\n")
+
+
+def _guard(fn):
+    """Turn bad input into one clear line and exit code 2."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        import httpx
+
+        try:
+            return fn(*a, **kw)
+        except (InputError, ValueError, PermissionError) as e:
+            _fail(str(e))
+        except OSError as e:  # a path that cannot be written; any other OSError keeps its traceback
+            if e.filename is None:
+                raise
+            _fail(f"{e.filename}: {e.strerror or e}")
+        except httpx.HTTPError as e:  # a planner URL that is wrong, or a server that is down
+            try:
+                where = f" at {e.request.url}"
+            except RuntimeError:  # an error raised before any request was made
+                where = ""
+            _fail(f"cannot reach the planner{where}: {e or type(e).__name__} (is the URL right, with http://, "
+                  f"and the server up?)")
+    return wrapper
+
+
+def _progress(*columns):
+    """A progress bar on stderr, left on screen only where stderr is a terminal."""
+    return Progress(*columns, console=err, transient=not sys.stderr.isatty())

@@ -1,0 +1,295 @@
+"""The service's commands: serve, adapter, drive, residency, token add, and profile (which
+measures this machine for the adapters and the cost model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+
+from ..models.errors import InputError
+from .common import CatalogOpt, ClusterOpt, TraceOpt, _fail, _guard, _outputs, _progress, _write_json, console, err
+from .render import print_profile, print_residency
+
+
+def _check_planner(url: str) -> None:
+    """GET /healthz before a long run, so that a wrong URL fails now: a refused connection is
+    retried for PLANNER_WAIT_S (a planner still starting), any answer but 200 means it is not one."""
+    import httpx
+
+    from . import PLANNER_WAIT_S  # read from the package when called, where it can be set
+
+    deadline = time.monotonic() + PLANNER_WAIT_S
+    while True:
+        try:
+            r = httpx.get(url.rstrip("/") + "/healthz", timeout=5.0)
+            break
+        except httpx.ConnectError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    if r.status_code != 200:
+        raise InputError(url, "", f"GET /healthz answered {r.status_code}: not a StateBudget planner's base URL")
+
+
+def _check_port(host: str, port: int) -> None:
+    """Bind each address `host` names, as uvicorn's asyncio server will (IPv6 v6-only, address
+    families the machine lacks skipped), and fail in one line if one is taken or refused."""
+    import errno
+    import socket
+
+    try:
+        addrs = {a[4]: a[0] for a in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)}
+    except socket.gaierror as e:
+        _fail(f"--host {host}: {e.strerror}")
+    for addr, family in addrs.items():
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(addr)
+            except OSError as e:
+                if e.errno == errno.EADDRNOTAVAIL:
+                    continue
+                hint = " (another server there? pick --port)" if e.errno == errno.EADDRINUSE else ""
+                _fail(f"cannot listen on {host}:{port}: {e.strerror or e}{hint}")
+
+
+@_guard
+def serve(
+    db: Annotated[Path, typer.Option(help="SQLite ledger (created if missing; a restart resumes from it)")] = Path("statebudget.db"),
+    cluster: ClusterOpt = "hetero16",
+    catalog: CatalogOpt = "agent-team",
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on", min=0, max=65535)] = 8700,
+    tokens: Annotated[Optional[Path], typer.Option(help="token file (default: <db>.tokens.json, created with an admin token if missing)")] = None,
+    profile: Annotated[Optional[Path], typer.Option(help="a `statebudget profile` file: measured bandwidths replace the presets'")] = None,
+    tick_s: Annotated[float, typer.Option(help="planning step at least this often (seconds)", min=0.01)] = 5.0,
+    queue: Annotated[str, typer.Option(help="fcfs | plas | atlas | auto (atlas while finished programs are "
+                                            "heavy-tailed, else fcfs): the discipline whose priority call_arrived "
+                                            "answers (pass it to the engine, e.g. vLLM's `priority`)")] = "fcfs",
+    kv_rule: Annotated[str, typer.Option(help="preserve | swap | discard | adaptive: what happens to a program's KV "
+                                              "in HBM while it waits on a tool (the simulator's rule, as ops)")] = "preserve",
+    tenant_weights: Annotated[str, typer.Option(help="TENANT=WEIGHT,...: each tenant's fair share in the plas/atlas "
+                                                "priority (1 for a tenant not named)")] = "",
+    stage_host: Annotated[bool, typer.Option(help="stage weights in host DRAM ahead of use (off for vLLM/SGLang "
+                                                  "adapters: their engines reach host DRAM only by sleeping)")] = True,
+    log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
+):
+    """Run the planner service: runtimes post events and leases, adapters poll plans (DESIGN.md §7).
+    On a restart with the same --db the cluster and catalog come from the ledger."""
+    import uvicorn
+
+    from ..api.app import create_app, setup_logging
+    from ..api.auth import Auth, create_token_file
+    from ..models.load import check_compatible, load_catalog, load_cluster
+    from ..service.ledger import Store
+    from ..service.live import LivePlanner
+    from ..core.toolwait import KV_RULES
+    from ..core.programs import QUEUES, parse_tenant_weights
+
+    for name, value, known in (("--queue", queue, QUEUES), ("--kv-rule", kv_rule, KV_RULES)):
+        if value not in known:
+            _fail(f"{name} {value!r}: expected one of {', '.join(known)}")
+    try:
+        weights = parse_tenant_weights(tenant_weights)
+    except ValueError as e:
+        _fail(str(e))
+    setup_logging(log_level)
+    _check_port(host, port)  # before anything is written
+    cl, cat = load_cluster(cluster), load_catalog(catalog)  # bad input fails before anything is written
+    check_compatible(cl, cat)
+    prof = None
+    if profile is not None:
+        from ..engine_adapters.local.profile import load_profile
+        prof = load_profile(profile, cl)
+        if prof.get("machine", {}).get("device") == "arena":
+            err.print(f"[yellow]warning:[/] {profile} was measured without a GPU (device arena in RAM): its h2d/d2h "
+                      "links are host copies, not PCIe", highlight=False)
+    if tokens is None and not os.environ.get("STATEBUDGET_TOKENS_FILE") and not os.environ.get("STATEBUDGET_TOKENS"):
+        tokens = db.with_name(db.name + ".tokens.json")
+        if not tokens.exists():
+            create_token_file(tokens)
+            err.print(f"created {tokens} with an admin token; add runtime and adapter tokens with "
+                      f"`statebudget token add --tokens {tokens} --role runtime --tenant NAME`")
+    auth = Auth.load(tokens)
+    from ..planner.core import lease_config
+
+    planner = LivePlanner(cl, cat, Store(db), profile=prof, queue=queue, config=lease_config(stage_host=stage_host),
+                          kv_rule=kv_rule, tenant_weights=weights)
+    if (planner.cluster.name, planner.catalog.name) != (cl.name, cat.name):
+        err.print(f"[yellow]warning:[/] {db} was started with cluster {planner.cluster.name} and catalog "
+                  f"{planner.catalog.name}; they win over --cluster {cl.name} --catalog {cat.name} (serve a fresh --db, or "
+                  f"PUT /v1/cluster while the planner holds no state)", highlight=False)
+    err.print(f"planner on http://{host}:{port}: cluster {planner.cluster.name}, catalog {planner.catalog.name}, "
+              f"queue {queue}, tool-wait KV {kv_rule}, ledger {db} (plan version {planner.plan_version}, {len(planner.ops)} open ops)")
+    uvicorn.run(create_app(planner, auth, tick_s=tick_s), host=host, port=port, log_level="warning")
+
+
+@_guard
+def adapter(
+    kind: Annotated[str, typer.Argument(help="local | vllm | sglang (lmcache: from Python, it needs KV token ids)")],
+    planner: Annotated[str, typer.Option(help="planner URL, e.g. http://127.0.0.1:8700")],
+    node: Annotated[str, typer.Option(help="the node (host) this adapter serves")],
+    token: Annotated[str, typer.Option(envvar="STATEBUDGET_TOKEN", help="an adapter token for this node")],
+    root: Annotated[Path, typer.Option(help="local: data directory (NVMe tier = safetensors files under ROOT/NODE/nvme)")] = Path("statebudget-data"),
+    arena_mb: Annotated[Optional[float], typer.Option(help="local: device arena per GPU in MB (1e6 B) when there is no CUDA (default 1 GiB)")] = None,
+    inventory: Annotated[Optional[Path], typer.Option(help="local: after each poll, write the ops executed and the copies held here (JSON)")] = None,
+    engines: Annotated[Optional[Path], typer.Option(help="vllm, sglang: JSON file {endpoints: {MODEL@gpu:I: URL}, model_paths, cpu_backup, api_key}")] = None,
+    catalog: Annotated[Optional[str], typer.Option(help="local: create this catalog's model store under ROOT first")] = None,
+    bytes_scale: Annotated[float, typer.Option(help="local: objects get this fraction of their real size (e.g. 0.001 "
+                                                    "to run a real catalog's plan on a laptop)")] = 1.0,
+    wait_s: Annotated[float, typer.Option(help="long-poll wait")] = 10.0,
+    log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
+):
+    """Run an engine adapter: poll the plan of NODE, execute its ops, report them."""
+    from ..api.app import setup_logging
+    from ..engine_adapters import adapter_class
+
+    setup_logging(log_level)
+    cls = adapter_class(kind)  # an unknown kind fails here, naming the known ones
+    if kind == "lmcache":
+        _fail("the lmcache adapter needs the token ids of each program's KV from the runtime: start it from Python "
+              "(statebudget.engine_adapters.lmcache.LMCacheAdapter, tokens_of=...) or pass it to a vllm/sglang adapter")
+    if kind in ("vllm", "sglang"):
+        from ..engine_adapters.http import load_engine_file
+
+        if engines is None:
+            _fail(f"adapter {kind} needs --engines FILE: where each (model, GPU group) server listens")
+        cfg = load_engine_file(engines)
+        extra = {"model_paths": cfg.model_paths, "cpu_backup": cfg.cpu_backup} if kind == "sglang" else {}
+        a = cls(planner, node, token, cfg.endpoint_map(), engine_client=cfg.engine_client(), **extra)
+        err.print(f"{kind} adapter of {node} polling {planner}; {len(cfg.endpoints)} engine servers")
+        a.run(wait_s=wait_s)
+        return
+    if not 0 < bytes_scale <= 1:
+        _fail(f"--bytes-scale must be in (0, 1], got {bytes_scale}")
+    a = cls(planner, node, token, root=root / node, arena_bytes=int(arena_mb * 1e6) if arena_mb else None,
+            bytes_scale=bytes_scale)
+    if catalog is not None:
+        from ..models.load import load_catalog
+
+        from ..engine_adapters.local import DataPlaneError
+
+        try:
+            err.print(f"model store: {a.plane.stock(load_catalog(catalog))} objects under {root / node}")
+        except DataPlaneError as e:
+            _fail(str(e))
+
+    def write_inventory(_n: int) -> None:
+        tmp = inventory.with_name(inventory.name + ".tmp")
+        tmp.write_text(json.dumps(a.inventory()))
+        tmp.replace(inventory)
+
+    err.print(f"local adapter of {node} polling {planner}; data under {root / node} ({a.plane.device})")
+    a.run(wait_s=wait_s, on_step=write_inventory if inventory else None)
+
+
+@_guard
+def drive(
+    planner: Annotated[str, typer.Option(help="planner URL, e.g. http://127.0.0.1:8700")],
+    token: Annotated[str, typer.Option(envvar="STATEBUDGET_TOKEN", help="a runtime token")],
+    trace: TraceOpt,
+    speed: Annotated[float, typer.Option(help="trace seconds per wall second", min=0.001)] = 20.0,
+    call_s: Annotated[float, typer.Option(help="wall seconds each call runs (no engine here)", min=0.0)] = 0.05,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the summary here")] = None,
+):
+    """Replay a trace against a live planner as an agent runtime: events, leases from the hints,
+    and whether each lease was ready when its call came."""
+    _outputs(files=[("--json", json_out)])
+    import asyncio
+
+    from ..api.driver import Driver
+    from ..models.load import load_trace
+
+    tr = load_trace(trace)
+    _check_planner(planner)
+    try:
+        out = asyncio.run(Driver(planner, token, speed, call_s).replay(tr))
+    except PermissionError as e:
+        _fail(f"the planner refused the token ({e}); a runtime token comes from "
+              f"`statebudget token add --tokens FILE --role runtime --tenant NAME`")
+    late = out["rejected_quoted_after_deadline"]
+    why = (f" ({late} rejected because the quote's P95 came after the deadline: deadlines shrink with "
+           f"--speed, transfers do not)") if late else ""
+    console.print(f"{out['events']} events; leases {out['leases']}{why}; ready when the quote promised: "
+                  f"{out['ready_when_promised']}/{out['promised_by_quote']}; request p99 {out['request_ms']['p99']} ms; "
+                  f"{out['n_errors']} errors")
+    if json_out:
+        _write_json(json_out, out)
+    if out["n_errors"]:
+        err.print(f"[bold red]{out['n_errors']} requests failed[/], the first: {out['errors'][0]}", highlight=False)
+        raise typer.Exit(1)
+
+
+@_guard
+def residency(
+    planner: Annotated[str, typer.Option(help="planner URL, e.g. http://127.0.0.1:8700")],
+    token: Annotated[str, typer.Option(envvar="STATEBUDGET_TOKEN", help="an admin token")],
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the raw answer here")] = None,
+):
+    """What a live planner holds: every copy per tier (ready or in flight), open ops, leases."""
+    _outputs(files=[("--json", json_out)])
+    import httpx
+
+    r = httpx.get(planner.rstrip("/") + "/v1/residency", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    if r.status_code != 200:
+        _fail(f"{planner}: {r.status_code} {r.json().get('detail', r.text) if r.headers.get('content-type', '').startswith('application/json') else r.text}")
+    body = r.json()
+    print_residency(body)
+    if json_out:
+        _write_json(json_out, body)
+
+
+@_guard
+def token_add(
+    tokens: Annotated[Path, typer.Option(help="token file (created if missing)")],
+    role: Annotated[str, typer.Option(help="runtime | adapter | admin")],
+    tenant: Annotated[Optional[str], typer.Option(help="runtime: the tenant the token speaks for")] = None,
+    node: Annotated[Optional[str], typer.Option(help="adapter: the node the token serves")] = None,
+):
+    """Add a token to a token file and print it (a running `serve` takes it on its next request)."""
+    from pydantic import ValidationError
+
+    from ..api.auth import add_token
+
+    try:
+        console.print(add_token(tokens, role, tenant, node))
+    except ValidationError as e:
+        _fail(f"{tokens}: {e.errors()[0]['msg']}")
+
+
+@_guard
+def profile_cmd(
+    cluster: ClusterOpt,
+    out: Annotated[Path, typer.Option(help="JSON profile to write (for the --profile options)")],
+    catalog: Annotated[Optional[str], typer.Option(help="catalog file or preset: adds per-model prefill tok/s")] = None,
+    size_mb: Annotated[float, typer.Option(help="MiB moved by each transfer probe", min=0.001)] = 256,
+    repeats: Annotated[int, typer.Option(help="probes per figure (the median is kept)", min=1)] = 3,
+):
+    """Measure this machine's file, host<->device and prefill rates into a cost-model profile."""
+    _outputs(files=[("--out", out)])
+    from ..models.load import load_catalog, load_cluster
+    from ..engine_adapters.local.profile import measure_profile, nominal_links
+
+    cl = load_cluster(cluster)
+    cat = load_catalog(catalog) if catalog else None
+    with _progress(TextColumn("{task.description:<16}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f}"),
+                   TimeElapsedColumn()) as prog:
+        task = prog.add_task("profiling", total=1)
+        prof = measure_profile(cl, size_mb=size_mb, repeats=repeats, catalog=cat,
+                               progress=lambda step, done, total: prog.update(task, description=step, completed=done,
+                                                                               total=total))
+    if prof["machine"]["device"] == "arena":
+        err.print("[yellow]warning:[/] no CUDA device here: the h2d/d2h figures are RAM copies into the local "
+                  "adapter's device arena and prefill runs on the CPU. Right for `adapter local` without a GPU; "
+                  "measure on the GPU host for anything else.", highlight=False)
+    print_profile(prof, cl, cat, nominal_links(cl), repeats)
+    _write_json(out, prof)
+    console.print(f"wrote {out}")

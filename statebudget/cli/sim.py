@@ -1,0 +1,214 @@
+"""The simulator's commands: replay, oracle, sweep, bench planner, presets."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+
+from .common import CatalogOpt, ClusterOpt, TraceOpt, _fail, _guard, _outputs, _progress, _write_json, console
+from .render import print_oracle, print_replay, print_sweep
+
+
+def _policy_list(spec: str) -> list[str]:
+    """Comma-separated specs `POLICY[:QUEUE[:KV]]`, each checked."""
+    from ..core.programs import parse_spec
+    from ..policies import REGISTRY
+
+    names = [p.strip() for p in spec.split(",") if p.strip()]
+    if not names:
+        raise ValueError("--policy names no policy")
+    for n in names:
+        try:
+            parse_spec(n, REGISTRY)
+        except ValueError as e:
+            raise ValueError(f"--policy: {e}") from None
+    return names
+
+
+@_guard
+def replay(
+    cluster: ClusterOpt,
+    catalog: CatalogOpt,
+    trace: TraceOpt,
+    policy: Annotated[str, typer.Option(help="comma-separated POLICY[:QUEUE[:KV]]; queues fcfs|plas|atlas|auto, "
+                                              "tool-wait KV preserve|swap|discard|adaptive")] = "ondemand",
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the §8 report here")] = None,
+    plots: Annotated[Optional[Path], typer.Option(help="write plots (PNG) into this folder")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="simulator seed (MoE page sampling); default: the trace's seed "
+                                                     "(its header), as `sweep` does, else 0")] = None,
+    check: Annotated[bool, typer.Option(help="check capacity invariants after every event (slower)")] = False,
+    profile: Annotated[Optional[Path], typer.Option(help="a `statebudget profile` file: measured bandwidths replace the presets'")] = None,
+    prefill_slots: Annotated[Optional[int], typer.Option(help="prefills a GPU runs at once (default: any number, sharing its FLOP/s); "
+                                                              "with a limit calls queue for compute and --policy's QUEUE matters", min=1)] = None,
+    max_batch: Annotated[int, typer.Option(help="calls a GPU runs at once (an engine's max_num_seqs); calls past it "
+                                                "queue, in --policy's QUEUE order", min=1)] = 32,
+    admit_starve: Annotated[str, typer.Option(help="seconds a call waits for HBM before it holds its GPUs "
+                                                   "(backfill still allowed), or 'none' for no reservation")] = "60",
+    call_failure_rate: Annotated[float, typer.Option(help="chance that a call attempt fails while it runs (its KV on "
+                                                          "that GPU is lost; it is retried, keeping its service)",
+                                                     min=0.0, max=0.99)] = 0.0,
+):
+    """Replay a trace against policies; print a table, write the report and plots."""
+    _outputs(files=[("--json", json_out)], folders=[("--plots", plots)])
+    from ..models.load import check_compatible, load_catalog, load_cluster, load_trace
+    from ..core.programs import parse_admit_starve
+    from ..sim.config import SimConfig
+    from ..sim.runner import replay as run_replay
+    from ..sim.runner import report_json
+
+    names = _policy_list(policy)
+    starve = parse_admit_starve(admit_starve)
+    cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace(trace)
+    check_compatible(cl, cat, tr, str(trace))
+    if seed is None:
+        seed = tr.header.seed if tr.header.seed is not None else 0
+    horizon = max(p.start for p in tr.programs) + 1.0
+    t0 = time.perf_counter()
+    with _progress(TextColumn("{task.description:<14}"), BarColumn(), TextColumn("sim {task.fields[t]:>7.0f} s"),
+                   TimeElapsedColumn()) as prog:
+        tasks = {n: prog.add_task(n, total=horizon, t=0.0) for n in names}
+
+        def progress(name, t):
+            prog.update(tasks[name], completed=min(t, horizon), t=t)
+
+        prof = None
+        if profile is not None:
+            from ..engine_adapters.local.profile import load_profile
+            prof = load_profile(profile, cl)
+        config = SimConfig(seed=seed, check_invariants=check, prefill_slots=prefill_slots, max_batch=max_batch,
+                           admit_starve_s=starve, call_failure_rate=call_failure_rate)
+        result = run_replay(cl, cat, tr, names, config, progress=progress, profile=prof)
+        for n in names:
+            prog.update(tasks[n], completed=horizon)
+    wall = time.perf_counter() - t0
+    rep = result.report
+    print_replay(rep, tr, cl, cat, wall)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(report_json(rep))
+        console.print(f"report: {json_out}")
+    if plots:
+        from ..sim.plots import write_plots
+
+        paths = write_plots(result.results, plots)
+        console.print(f"plots: {', '.join(str(p) for p in paths)}")
+
+
+@_guard
+def oracle(
+    cluster: ClusterOpt,
+    catalog: CatalogOpt,
+    trace: TraceOpt,
+    time_limit: Annotated[float, typer.Option(help="seconds per rolling-horizon window", min=0.1)] = 10.0,
+    backend: Annotated[str, typer.Option(help="scip | cp-sat | highs | cbc")] = "scip",
+    window: Annotated[int, typer.Option(help="slots per window", min=2)] = 24,
+    overlap: Annotated[int, typer.Option(help="slots re-planned by the next window", min=0)] = 8,
+    warm_start: Annotated[bool, typer.Option(help="start each window from the greedy schedule")] = True,
+    lead: Annotated[str, typer.Option(help="planner: the greedy warm start follows the online planner's decisions "
+                                           "(statebudget-lease replayed first); none: the greedy rule alone")] = "planner",
+    replicas: Annotated[int, typer.Option(help="candidate GPU groups per model a call may run on", min=1)] = 2,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the oracle block and windows here")] = None,
+):
+    """Solve the offline MILP (full future knowledge) over a trace, window by window."""
+    _outputs(files=[("--json", json_out)])
+    from ..models.load import check_compatible, load_catalog, load_cluster, load_trace
+    from ..core.costs import CostModel
+    from ..solvers.milp import oracle_summary
+
+    cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace(trace)
+    check_compatible(cl, cat, tr, str(trace))
+    if lead not in ("planner", "none"):
+        _fail(f"--lead: expected planner or none, got {lead!r}")
+    cost = CostModel(cl, cat)
+    guide_from = None
+    if lead == "planner":
+        from ..sim.lead import planner_lead
+
+        guide_from = planner_lead(cl, cat, tr, cost)
+    with _progress(TextColumn("MILP windows"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} slots"),
+                   TimeElapsedColumn()) as prog:
+        task = prog.add_task("milp", total=1)
+        out = oracle_summary(cl, cat, tr, cost, window, overlap, backend, time_limit,
+                             progress=lambda done, total: prog.update(task, completed=done, total=total),
+                             warm_start=warm_start, replicas=replicas, guide_from=guide_from)
+    print_oracle(out)
+    if json_out:
+        _write_json(json_out, out)
+
+
+@_guard
+def sweep(
+    traces: Annotated[str, typer.Option(help="comma-separated trace presets")] = "swe-team,swe-team-shuffled",
+    seeds: Annotated[str, typer.Option(help="comma-separated seeds")] = "1,2,3",
+    policy: Annotated[str, typer.Option(help="comma-separated policies")] = "ondemand,lru-keepwarm,frequency,prefetch-all,static,llama-swap,ray-multiplex,statebudget,statebudget-lease",
+    clusters: Annotated[str, typer.Option(help="comma-separated cluster presets or files")] = "hetero16",
+    catalog: CatalogOpt = "agent-team",
+    hours: Annotated[float, typer.Option(help="trace length")] = 2.0,
+    workers: Annotated[Optional[int], typer.Option(help="local processes (default: one per core)")] = None,
+    ray: Annotated[Optional[str], typer.Option("--ray", help="run on a Ray cluster: auto or HOST:PORT")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write all rows here")] = None,
+):
+    """Replay a grid (clusters x traces x seeds x policies) into one table."""
+    _outputs(files=[("--json", json_out)])
+    from ..models.load import load_catalog, load_cluster
+    from ..sim import sweep as sw
+    from ..traces.generators import PRESETS
+
+    names = _policy_list(policy)
+    trace_list = [t.strip() for t in traces.split(",") if t.strip()]
+    for t in trace_list:
+        if t not in PRESETS:
+            raise ValueError(f"--traces: unknown trace preset {t!r} (known: {', '.join(PRESETS)})")
+    try:
+        seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds: expected comma-separated integers, got {seeds!r}") from None
+    cluster_list = [c.strip() for c in clusters.split(",") if c.strip()]
+    for c in cluster_list:
+        load_cluster(c)
+    load_catalog(catalog)
+    todo = sw.jobs(cluster_list, trace_list, seed_list, names, catalog, hours)
+    with _progress(TextColumn("sweep"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} replays"),
+                   TimeElapsedColumn()) as prog:
+        task = prog.add_task("sweep", total=len(todo))
+        report = lambda done, total: prog.update(task, completed=done)  # noqa: E731
+        rows = sw.run_ray(todo, ray, report) if ray else sw.run_local(todo, workers, report)
+    print_sweep(rows, sw.COLUMNS, ray)
+    if json_out:
+        _write_json(json_out, {"rows": rows})
+
+
+@_guard
+def bench_planner_cmd(
+    cluster: ClusterOpt = "hetero16",
+    catalog: CatalogOpt = "agent-team",
+    programs: Annotated[int, typer.Option(help="live programs", min=1)] = 200,
+    iterations: Annotated[int, typer.Option(help="timed decisions", min=10)] = 500,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the result here")] = None,
+):
+    """Wall time of one online planning decision with N live programs."""
+    _outputs(files=[("--json", json_out)])
+    from ..models.load import check_compatible, load_catalog, load_cluster
+    from ..sim.bench import bench_planner
+
+    cl, cat = load_cluster(cluster), load_catalog(catalog)
+    check_compatible(cl, cat)
+    res = bench_planner(cl, cat, programs, iterations)
+    console.print(f"{programs} live programs: decision p50 {res['decision_ms']['p50']:.3f} ms, "
+                  f"p99 {res['decision_ms']['p99']:.3f} ms ({iterations} decisions)")
+    if json_out:
+        _write_json(json_out, res)
+
+
+def presets():
+    """List the built-in cluster, catalog and trace presets."""
+    from ..models.load import preset_names
+    from ..traces.generators import PRESETS
+
+    console.print(f"clusters: {', '.join(preset_names('clusters'))}")
+    console.print(f"catalogs: {', '.join(preset_names('catalogs'))}")
+    console.print(f"traces:   {', '.join(PRESETS)}")

@@ -1,0 +1,84 @@
+"""`statebudget trace`: generate, inspect and fit traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..models.errors import InputError
+from .common import _guard, _outputs, console
+from .render import print_trace_stats
+
+
+@_guard
+def trace_gen(
+    preset: Annotated[str, typer.Option(help="swe-team | swe-team-shuffled | mapreduce | mixed-tenants | long-tail")],
+    out: Annotated[Path, typer.Option(help="JSONL file to write")],
+    seed: Annotated[int, typer.Option()] = 1,
+    hours: Annotated[float, typer.Option(help="trace length; fractions allowed")] = 2.0,
+    load: Annotated[float, typer.Option(help="multiply the preset's program arrival rate", min=0.01)] = 1.0,
+    tenant_weights: Annotated[str, typer.Option(help="TENANT=WEIGHT,...: the fair share plas and atlas give each "
+                                                "tenant (written to the header; 1 for a tenant not named)")] = "",
+    catalog: Annotated[Optional[str], typer.Option(help="write the calls for this catalog (preset or file): a model "
+                                                   "it lacks becomes its model at the same rank by size (e.g. toy, "
+                                                   "for a toy2 service on a laptop)")] = None,
+):
+    """Generate a deterministic trace (same preset, seed, hours and load: same bytes)."""
+    _outputs(files=[("--out", out)])
+    from ..models.load import load_catalog, write_trace
+    from ..core.programs import parse_tenant_weights
+    from ..traces.generators import for_catalog, generate
+
+    weights = parse_tenant_weights(tenant_weights)
+    trace = generate(preset, seed, hours, load)
+    if catalog is not None:
+        trace, renames = for_catalog(trace, load_catalog("agent-team"), load_catalog(catalog))
+        if renames:
+            console.print("models renamed for the catalog: " + ", ".join(f"{a} -> {b}" for a, b in sorted(renames.items())))
+    if weights:
+        tenants = sorted({p.tenant for p in trace.programs})
+        unknown = sorted(set(weights) - set(tenants))
+        if unknown:
+            raise InputError("--tenant-weights", "", f"{', '.join(unknown)}: {preset} has no programs of that "
+                             f"tenant (its tenants: {', '.join(tenants)})")
+        trace = trace.model_copy(update={"header": trace.header.model_copy(update={"tenant_weights": weights})})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_trace(trace, out)
+    console.print(f"wrote {out}: {len(trace.programs)} programs, {trace.n_calls} calls")
+
+
+@_guard
+def trace_stats_cmd(
+    trace: Annotated[Path, typer.Argument(help="trace file (JSONL, format v1)")],
+    catalog: Annotated[Optional[str], typer.Option(help="catalog file or preset, for nominal call times")] = "agent-team",
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the statistics as JSON")] = None,
+):
+    """What seed 001 asks to measure: call shares, switch matrix, concurrency, hotness, waits."""
+    from ..models.load import load_catalog, load_trace
+    from ..traces.stats import trace_stats
+
+    tr = load_trace(trace)
+    cat = load_catalog(catalog) if catalog else None
+    s = trace_stats(tr, cat)
+    if json_out:
+        json_out.write_text(json.dumps(s, indent=1) + "\n")
+    print_trace_stats(trace, s)
+
+
+@_guard
+def trace_fit(
+    data: Annotated[Path, typer.Option(help="folder with azure-llm-2023/ and tracelab/")] = Path("../shared/data/real"),
+    out: Annotated[Optional[Path], typer.Option(help="where to write (default: the package's fitted.json)")] = None,
+):
+    """Refit the generators' token-length and tool-latency shapes to the real data."""
+    from ..traces.fit import FITTED_PATH, fit_real
+
+    if not data.is_dir():
+        raise InputError(str(data), "", "no such folder")
+    res = fit_real(data)
+    target = out or FITTED_PATH
+    target.write_text(json.dumps(res, indent=1) + "\n")
+    console.print(f"wrote {target}")

@@ -12,6 +12,7 @@ import numpy as np
 
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.planner.core import PlannerConfig
+from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 from statebudget.sim.metrics import policy_report
 from statebudget.policies.ours import StateBudget, StateBudgetLease
@@ -42,7 +43,7 @@ def main():
             p95 = []
             for s in seeds:
                 tr = traces[(t, s)]
-                res = Simulator(cl, cat, tr, cls(PlannerConfig(**cfg)), seed=s).run()
+                res = Simulator(cl, cat, tr, cls(PlannerConfig(**cfg)), config=SimConfig(seed=s)).run()
                 p95.append(policy_report(res, tr.header.slo_classes).handoff_stall_s.p95)
             cells.append(f"{np.mean(p95):.2f} s")
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)

@@ -15,6 +15,7 @@ import ast
 
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.planner.core import lease_config
+from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 from statebudget.sim.metrics import policy_report
 from statebudget.policies.ours import StateBudgetLease
@@ -40,7 +41,8 @@ def main():
     cl, cat = load_cluster("hetero16"), load_catalog("agent-team")
     for seed in (int(s) for s in args.seeds.split(",")):
         tr = generate(args.trace, seed, args.hours)
-        res = Simulator(cl, cat, tr, StateBudgetLease(lease_config(**kw)), cost=CostModel(cl, cat), seed=seed).run()
+        res = Simulator(cl, cat, tr, StateBudgetLease(lease_config(**kw)), cost=CostModel(cl, cat),
+                        config=SimConfig(seed=seed)).run()
         b = policy_report(res, tr.header.slo_classes, nominal_timeline(tr, cat))
         print(f"{args.trace} seed {seed} {kw}: handoff p95 {b.handoff_stall_s.p95:.3f} s, wasted "
               f"{b.wasted_bytes / 1e12:.3f} TB, warm tax {b.warm_tax:.3f}, TTFT p95 {b.ttft_s.p95:.2f} s, "

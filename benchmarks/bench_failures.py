@@ -18,6 +18,7 @@ import numpy as np
 
 from paired import fmt, paired_change, save, series
 from statebudget.models.load import load_catalog, load_cluster
+from statebudget.sim.config import SimConfig
 from statebudget.sim.runner import replay
 from statebudget.traces.generators import generate
 
@@ -30,8 +31,8 @@ def run(args) -> list[dict]:
     tr = generate("mixed-tenants", seed, hours, load=load)
     rows = []
     for name, (spec, keep) in VARIANTS.items():
-        rep = replay(load_cluster("hetero16"), load_catalog("agent-team"), tr, [spec], seed=seed, max_batch=4,
-                     call_failure_rate=rate, retry_keeps_service=keep)
+        cfg = SimConfig(seed=seed, max_batch=4, call_failure_rate=rate, retry_keeps_service=keep)
+        rep = replay(load_cluster("hetero16"), load_catalog("agent-team"), tr, [spec], cfg)
         b, res = rep.report.policies[spec], rep.results[spec]
         failed = {c.program for c in res.calls if c.attempt > 0}
         lat = {p: pr.end - pr.prog.start for p, pr in res.programs.items() if pr.end >= 0}

@@ -23,6 +23,7 @@ import numpy as np
 
 from paired import fmt, load_rows, paired_change, save, series
 from statebudget.models.load import load_catalog, load_cluster
+from statebudget.sim.config import SimConfig
 from statebudget.sim.runner import replay
 from statebudget.traces.generators import generate
 
@@ -33,7 +34,7 @@ def run(args) -> list[dict]:
     trace_name, seed, hours, load, rules = args
     specs = [f"statebudget::{r}" for r in rules]
     out = replay(load_cluster("hetero16"), load_catalog("agent-team"), generate(trace_name, seed, hours, load=load),
-                 specs, seed=seed)
+                 specs, SimConfig(seed=seed))
     return [{"trace": trace_name, "load": load, "seed": seed, "rule": s.split("::")[1],
              "programs_per_hour": b.programs_per_hour, "capacity_per_hour": window_rate(out.results[s], hours),
              "kv_hbm_tb_s": b.kv_hbm_byte_s / 1e12,

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from statebudget.models.load import load_catalog, load_cluster
+from statebudget.sim.config import SimConfig
 from statebudget.sim.runner import replay
 from statebudget.traces.generators import generate
 
@@ -32,7 +33,7 @@ def main():
     for preset in args.traces.split(","):
         rows = {}
         for seed in (int(s) for s in args.seeds.split(",")):
-            rep = replay(cl, cat, generate(preset, seed, args.hours), POLICIES, seed=seed).report
+            rep = replay(cl, cat, generate(preset, seed, args.hours), POLICIES, SimConfig(seed=seed)).report
             rows[seed] = {p: r.handoff_stall_s.p95 for p, r in rep.policies.items()}
             rows[seed]["oracle_solve"] = rep.oracle.model_dump()
             print(preset, seed, {p: round(v, 3) for p, v in rows[seed].items() if p in POLICIES},

@@ -19,6 +19,7 @@ import numpy as np
 
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.policies import REGISTRY
+from statebudget.sim.config import SimConfig
 from statebudget.sim.runner import replay
 from statebudget.traces.generators import generate
 
@@ -48,7 +49,7 @@ def main():
     for preset in ("swe-team", "swe-team-shuffled"):
         per_seed = {}
         for seed in seeds:
-            rep = replay(cl, cat, generate(preset, seed, args.hours), policies, seed=seed).report
+            rep = replay(cl, cat, generate(preset, seed, args.hours), policies, SimConfig(seed=seed)).report
             per_seed[seed] = {p: {k: f(r) for k, f in METRICS.items()} for p, r in rep.policies.items()}
         mean = {p: {k: float(np.mean([per_seed[s][p][k] for s in seeds])) for k in METRICS} for p in policies}
         ours = mean["statebudget-lease"]

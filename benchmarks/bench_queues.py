@@ -20,6 +20,7 @@ import numpy as np
 from paired import fmt, paired_change, save, series
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.core.programs import overtaking_window_s, parse_admit_starve
+from statebudget.sim.config import SimConfig
 from statebudget.sim.runner import replay
 from statebudget.traces.generators import generate
 
@@ -27,8 +28,8 @@ from statebudget.traces.generators import generate
 def run(args) -> list[dict]:
     trace_name, seed, hours, load, slots, max_batch, starve, specs = args
     tr = generate(trace_name, seed, hours, load=load)
-    rep = replay(load_cluster("hetero16"), load_catalog("agent-team"), tr, specs, prefill_slots=slots, max_batch=max_batch,
-                 admit_starve_s=starve)
+    rep = replay(load_cluster("hetero16"), load_catalog("agent-team"), tr, specs,
+                 SimConfig(prefill_slots=slots, max_batch=max_batch, admit_starve_s=starve))
     rows = []
     for spec in specs:
         b = rep.report.policies[spec]

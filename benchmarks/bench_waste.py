@@ -25,11 +25,13 @@ import numpy as np
 
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.planner.core import lease_config
+from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 from statebudget.sim.metrics import policy_report
 from statebudget.policies import REGISTRY
 from statebudget.policies.ours import StateBudgetLease
 from statebudget.core.costs import CostModel
+from statebudget.core.decisions import Cancel, Demote
 from statebudget.traces.generators import generate
 from statebudget.traces.timeline import nominal_timeline
 
@@ -61,7 +63,7 @@ class WasteSim(Simulator):
 
     def _apply(self, decisions):
         for d in decisions or ():
-            self._remover = "planner" if d[0] == "demote" else "cancel" if d[0] == "cancel" else "room"
+            self._remover = "planner" if isinstance(d, Demote) else "cancel" if isinstance(d, Cancel) else "room"
             super()._apply([d])
         self._remover = "room"
 
@@ -94,7 +96,7 @@ class WasteSim(Simulator):
 
 
 def run(cl, cat, trace, seed, policy):
-    sim = WasteSim(cl, cat, trace, policy, cost=CostModel(cl, cat), seed=seed)
+    sim = WasteSim(cl, cat, trace, policy, cost=CostModel(cl, cat), config=SimConfig(seed=seed))
     res = sim.run()
     return policy_report(res, trace.header.slo_classes, nominal_timeline(trace, cat)), sim.by_class
 

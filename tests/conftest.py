@@ -2,6 +2,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -11,3 +12,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 settings.register_profile("ci", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def live_planner():
+    """A `LivePlanner` on the toy2 cluster and toy catalog with an in-memory ledger and a fake
+    clock (`live_planner.clock`, a `helpers.Clock` at t = 1000 s: set `.t` to move time). Tests
+    that need another ledger, queue, kv_rule or config build their own."""
+    from helpers import Clock
+    from statebudget.models.load import load_catalog, load_cluster
+    from statebudget.service.live import LivePlanner
+
+    return LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=Clock(1000.0))

@@ -1,4 +1,4 @@
-"""The HandoffLease state machine (seed 000 §3): every transition, and that a cancelled or stale
+"""The HandoffLease state machine: every transition, and that a cancelled or stale
 lease never publishes state."""
 
 import pytest

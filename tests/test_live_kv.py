@@ -1,4 +1,4 @@
-"""The service's tool-wait KV decisions (seed 003 §10-§12, §21-§22): the simulator's `ToolWaitKV`,
+"""The service's tool-wait KV decisions: the simulator's `ToolWaitKV`,
 carried out by the live planner as ops. A fake clock drives its timers."""
 
 import time
@@ -11,6 +11,7 @@ from statebudget.models.load import load_catalog, load_cluster
 from statebudget.models.plan import Op
 from statebudget.service.live import LivePlanner
 from statebudget.core.waits import ToolWaitModel
+from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 from statebudget.policies import make_policy
 from statebudget.core.decisions import Demote, Promote, apply
@@ -89,7 +90,7 @@ def test_the_residency_cli_marks_a_kv_held_through_a_tool_wait_whatever_its_name
     p, clock = planner("preserve")
     group = after_a_call(p, clock, prog="team/p1")
     start_tool(p, prog="team/p1")
-    body = p.residency()
+    body = p.residency().body()
     assert body["tool_wait_kv"]["suspended"] == [["kv", "team/p1", "planner"]]
     monkeypatch.setattr(httpx, "get", lambda url, **kw: httpx.Response(200, json=body))
     monkeypatch.setenv("COLUMNS", "200")
@@ -266,7 +267,8 @@ def test_the_service_and_the_simulator_decide_alike():
     for waits in ({"build": (1.0, 0.5)}, {"build": (60.0, 0.5)}):
         nodes = [call("a", "m", ctx=5_000, out=0), tool("t", ["a"], duration=2.0, name="build"),
                  call("b", "m", ["t"], ctx=5_000, out=0)]
-        sim = Simulator(cl, cat, trace(program("p1", nodes)), make_policy("lru-keepwarm"), kv_rule="adaptive")
+        sim = Simulator(cl, cat, trace(program("p1", nodes)), make_policy("lru-keepwarm"),
+                        config=SimConfig(kv_rule="adaptive"))
         sim.kvw.waits = ToolWaitModel(dict(waits))
         res = sim.run()
         clock = Clock()

@@ -1,4 +1,4 @@
-"""The live planner's books under the paths a review found wrong: refusals are durable, a lease
+"""The live planner's books on their hardest paths: refusals are durable, a lease
 waits for an in-flight copy, a shared transfer survives one lease's cancel, the engine's own KV is
 not dropped when it grows, a failed demotion adopts its source, and a lease with no room says so."""
 
@@ -35,8 +35,8 @@ def test_a_refused_report_is_closed_on_disk_too(tmp_path):
     assert not q.lease_view(q.ledger.leases[lid])["ready"]
 
 
-def test_a_lease_on_a_copy_in_flight_waits_for_its_commit_and_survives_the_other_cancel():
-    p = planner()
+def test_a_lease_on_a_copy_in_flight_waits_for_its_commit_and_survives_the_other_cancel(live_planner):
+    p = live_planner
     for t, prog in (("a", "pa"), ("b", "pb")):
         p.event(t, {"type": "program_started", "program": prog})
     la = p.submit_lease("a", {"program": "pa", "model": "planner", "deadline_s": 60})
@@ -49,8 +49,8 @@ def test_a_lease_on_a_copy_in_flight_waits_for_its_commit_and_survives_the_other
     assert p.lease_view(p.ledger.leases[lb["lease_id"]])["ready"]
 
 
-def test_a_growing_kv_on_its_own_group_is_not_dropped():
-    p = planner()
+def test_a_growing_kv_on_its_own_group_is_not_dropped(live_planner):
+    p = live_planner
     p.event("a", {"type": "program_started", "program": "p1"})
     for i, tokens in ((1, 1000), (2, 2000)):
         p.event("a", {"type": "call_arrived", "program": "p1", "call": f"c{i}", "model": "planner"})
@@ -61,8 +61,8 @@ def test_a_growing_kv_on_its_own_group_is_not_dropped():
     assert not [r for r in p.ops.values() if r.op.object[0] == "kv"]  # no drop sent to the engine
 
 
-def test_a_failed_demotion_adopts_its_source_when_it_is_being_promoted_back():
-    p = planner()
+def test_a_failed_demotion_adopts_its_source_when_it_is_being_promoted_back(live_planner):
+    p = live_planner
     with p.store.tx():
         apply([Promote(W, (0,))], p)
     report_op(p, next(r.op for r in p.ops.values()))
@@ -77,18 +77,18 @@ def test_a_failed_demotion_adopts_its_source_when_it_is_being_promoted_back():
     p.tiers.check()
 
 
-def test_a_lease_with_no_room_is_rejected_with_the_reason():
-    p = planner()
+def test_a_lease_with_no_room_is_rejected_with_the_reason(live_planner):
+    p = live_planner
     p.event("a", {"type": "program_started", "program": "p1"})
     p.tiers.hbm_used = [cap for cap in p.tiers.hbm_cap]  # every GPU full of pinned state
     out = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60})
     assert out["decision"] == "rejected" and "no room" in out["reason"] and not p.ops
 
 
-def test_a_leased_promote_is_foreground_and_a_speculative_one_runs_in_the_background():
+def test_a_leased_promote_is_foreground_and_a_speculative_one_runs_in_the_background(live_planner):
     # Speculation yields to demand (Policy.speculation_yields): a promote no lease asked for is a
     # background op, which adapters run after a poll's foreground ops (run_order); a lease's is not.
-    p = planner()
+    p = live_planner
     p.policy.speculation_yields = True  # off by default (measured not to pay, BENCHMARKS.md)
     p.event("a", {"type": "program_started", "program": "p1"})
     lid = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60})["lease_id"]

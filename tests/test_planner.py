@@ -13,6 +13,7 @@ from statebudget.planner.core import PlannerConfig
 from statebudget.planner.leases import LeaseState
 from statebudget.planner.predictor import Predictor
 from statebudget.core.waits import ToolWaitModel
+from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 from statebudget.policies import make_policy
 from statebudget.policies.ours import StateBudgetLease
@@ -159,7 +160,7 @@ def test_statebudget_lease_prepares_the_hinted_model_before_the_handoff():
     cl, cat = cluster(hbm_gb=24.0, cold=5.0, wake=0.5), catalog(("m1", 14.0), ("m2", 14.0))
     tr = _handoff_trace()
     pol = make_policy("statebudget-lease")
-    res = Simulator(cl, cat, tr, pol, check_invariants=True).run()
+    res = Simulator(cl, cat, tr, pol, config=SimConfig(check_invariants=True)).run()
     od = Simulator(cl, cat, tr, make_policy("lru-keepwarm")).run()
     handoff = [c.ready - c.arrive for c in res.calls if c.handoff]
     baseline = [c.ready - c.arrive for c in od.calls if c.handoff]
@@ -176,7 +177,7 @@ def test_a_cancelled_branch_stops_its_lease_transfer():
     hints = [{"issued_at": "t", "for": "b", "model": "m2", "confidence": 0.9}]
     tr = trace(program("p", nodes, hints=hints, cancel=[{"node": "t", "at_after": "fast"}]))
     pol = StateBudgetLease(PlannerConfig(promote_min_p=1.1))  # leases only: no speculative promotions
-    sim = Simulator(cl, cat, tr, pol, check_invariants=True)
+    sim = Simulator(cl, cat, tr, pol, config=SimConfig(check_invariants=True))
     res = sim.run()
     assert [c.state for c in res.calls] == ["done", "cancelled"]
     states = [l.state for l in pol.core.ledger.leases.values()]
@@ -220,7 +221,7 @@ def storms(draw):
 def test_capacities_hold_under_random_lease_storms(sc):
     cl, cat, tr = sc
     pol = make_policy("statebudget-lease")
-    sim = Simulator(cl, cat, tr, pol, check_invariants=True)
+    sim = Simulator(cl, cat, tr, pol, config=SimConfig(check_invariants=True))
     res = sim.run()
     assert {c.state for c in res.calls} <= {"done", "cancelled", "unplaceable"}
     assert all(pr.end >= 0 for pr in res.programs.values())

@@ -1,6 +1,5 @@
-"""Program state semantics of the live planner (seed 003 §13-§16, §25-§26, the §29 invariants),
-and the §29 chaos test: random DAGs driven by a runtime that repeats events, cancels programs,
-times tools out and delivers their results late, with adapters that finish or fail ops at random.
+"""Program state semantics of the live planner and its invariants, and a chaos test: random DAGs
+driven by a runtime that repeats events, cancels programs, times tools out and delivers their results late, with adapters that finish or fail ops at random.
 The state machine must refuse what is stale, commit each logical call once, release every KV when
 a program ends, keep the books within capacity, and converge."""
 
@@ -37,8 +36,8 @@ def kv_state_of(p: LivePlanner, program: str) -> list:
 
 # ---- the invariants one by one ------------------------------------------------------------------------
 
-def test_one_valid_commit_per_logical_call():
-    p = planner()
+def test_one_valid_commit_per_logical_call(live_planner):
+    p = live_planner
     p.event("t", {"type": "program_started", "program": "a"})
     p.event("t", {"type": "call_arrived", "program": "a", "call": "c1", "model": "coder"})
     p.event("t", {"type": "call_started", "program": "a", "call": "c1"})
@@ -50,8 +49,8 @@ def test_one_valid_commit_per_logical_call():
         p.event("t", {"type": "call_arrived", "program": "a", "call": "c1", "model": "coder", "attempt": 1})
 
 
-def test_a_retry_keeps_one_commit_and_refuses_the_old_attempt():
-    p = planner()
+def test_a_retry_keeps_one_commit_and_refuses_the_old_attempt(live_planner):
+    p = live_planner
     p.event("t", {"type": "program_started", "program": "a"})
     p.event("t", {"type": "call_arrived", "program": "a", "call": "c1", "model": "coder"})
     p.event("t", {"type": "call_started", "program": "a", "call": "c1"})
@@ -84,8 +83,8 @@ def test_a_retry_keeps_its_attained_service_and_plas_priority_follows_service():
     assert b["priority"] < a["priority"]  # less attained service goes first (lower is earlier)
 
 
-def test_no_call_before_its_dependencies():
-    p = planner()
+def test_no_call_before_its_dependencies(live_planner):
+    p = live_planner
     p.event("t", {"type": "program_started", "program": "a"})
     p.event("t", {"type": "call_arrived", "program": "a", "call": "c1", "model": "coder"})
     with pytest.raises(Conflict, match="dependency 'c1'"):
@@ -95,8 +94,8 @@ def test_no_call_before_its_dependencies():
                          "after": ["c1"]})["status"] == "arrived"
 
 
-def test_no_late_result_across_an_epoch_and_no_new_call_after_a_cancel():
-    p = planner()
+def test_no_late_result_across_an_epoch_and_no_new_call_after_a_cancel(live_planner):
+    p = live_planner
     p.event("t", {"type": "program_started", "program": "a"})
     p.event("t", {"type": "tool_started", "program": "a", "tool": "shell", "call": "t1"})
     p.event("t", {"type": "tool_started", "program": "a", "tool": "shell", "call": "t2"})  # t1 timed out, retried
@@ -117,9 +116,8 @@ def test_no_late_result_across_an_epoch_and_no_new_call_after_a_cancel():
         p.submit_lease("t", {"program": "a", "model": "coder", "deadline_s": 10})
 
 
-def test_threads_wait_on_tools_side_by_side_and_a_retry_supersedes_only_its_own_thread():
-    clock = Clock()
-    p = planner(clock)
+def test_threads_wait_on_tools_side_by_side_and_a_retry_supersedes_only_its_own_thread(live_planner):
+    p, clock = live_planner, live_planner.clock
     p.event("t", {"type": "program_started", "program": "a"})
     for th, tid in (("map0", "s0"), ("map1", "s1")):  # two branches of a fork/join search at once
         p.event("t", {"type": "tool_started", "program": "a", "tool": "search", "call": tid, "thread": th})
@@ -160,7 +158,7 @@ def test_a_side_effect_runs_once_across_a_retried_call_and_a_restart(tmp_path):
     # The next call fails after emitting the same tool call again, under a new tool call id: the
     # payment was made once, so the runtime is told not to make it again, and nothing waits.
     again = p.event("t", {"type": "tool_started", "program": "a", "tool": "pay", "call": "t1-retry", "effect": "pay-42"})
-    assert again == {"tool": "pay", "status": "done", "effect": "pay-42", "of": "t1", "result": "receipt-7"}
+    assert again.body() == {"tool": "pay", "status": "done", "effect": "pay-42", "of": "t1", "result": "receipt-7"}
     assert not p.programs["a"].tools and not p.kv_waits
     # In flight on one thread, the same effect from another thread is refused; the thread's own
     # retry takes the key over, and a failure without the effect frees it for a later try.
@@ -178,8 +176,8 @@ def test_a_side_effect_runs_once_across_a_retried_call_and_a_restart(tmp_path):
         p.event("t", {"type": "tool_started", "program": "a", "tool": "mail", "effect": "mail-2"})
 
 
-def test_every_kv_released_at_finish_and_at_cancel():
-    p = planner()
+def test_every_kv_released_at_finish_and_at_cancel(live_planner):
+    p = live_planner
     for prog, end in (("a", "program_finished"), ("b", "program_cancelled")):
         p.event("t", {"type": "program_started", "program": prog})
         for i, m in enumerate(MODELS):
@@ -278,7 +276,7 @@ class Runtime:
         return None
 
     def tool_event(self, i: int, ph: int, tid: str | None = None) -> dict:
-        """A tool node's start or result; each tool node has a side effect, keyed `e{i}` (§16)."""
+        """A tool node's start or result; each tool node has a side effect, keyed `e{i}` ."""
         ev = {"type": ["tool_started", "tool_finished"][ph], "program": self.pid, "tool": "shell",
               "call": tid or f"t{i}.{self.tool_try[i]}", "thread": self.thread[i]}
         return {**ev, "effect": f"e{i}"} if ph == 0 else ev
@@ -463,8 +461,8 @@ def test_chaos_random_dags_cancels_timeouts_and_repeats_converge(scenario):
     check_books(p, ended)
 
 
-def test_a_cancelled_call_frees_the_predictor_and_a_program_end_abandons_unfinished_calls():
-    p = planner()
+def test_a_cancelled_call_frees_the_predictor_and_a_program_end_abandons_unfinished_calls(live_planner):
+    p = live_planner
     p.event("t", {"type": "program_started", "program": "a"})
     p.event("t", {"type": "call_arrived", "program": "a", "call": "c1", "model": "coder"})
     p.event("t", {"type": "call_started", "program": "a", "call": "c1"})

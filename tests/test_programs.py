@@ -15,7 +15,8 @@ from statebudget.models.load import write_trace
 from statebudget.core.waits import ResumeModel, ToolWaitModel
 from statebudget.core.programs import ADMIT_STARVE_S, parse_spec, queue_key
 from statebudget.core.toolwait import BACKGROUND_SHARE, adaptive_choice
-from statebudget.sim import engine
+from statebudget.sim import programs as sim_programs, transfers as sim_transfers
+from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 from statebudget.policies import REGISTRY, make_policy
 from statebudget.core.costs import LATENCY_S
@@ -116,7 +117,8 @@ def test_adaptive_learns_to_discard_kv_its_programs_never_resume():
     cl, cat = cluster(hbm_gb=40.0, tflops=10.0), catalog(("m", 10.0, 1_000_000), ("n", 5.0, 1000))
     progs = [program(f"p{i}", [call("a", "m", ctx=5_000, out=0), tool("t", ["a"], duration=30.0, name="build"),
                                call("b", "n", ["t"], ctx=100, out=0)], start=40.0 * i) for i in range(12)]
-    sim = Simulator(cl, cat, trace(*progs), make_policy("lru-keepwarm"), kv_rule="adaptive", check_invariants=True)
+    sim = Simulator(cl, cat, trace(*progs), make_policy("lru-keepwarm"),
+                    config=SimConfig(kv_rule="adaptive", check_invariants=True))
     res = sim.run()
     assert res.kv_actions["swap"] >= 1 and res.kv_actions["discard"] >= 6
     assert sim.kvw.resume.p("build", "m") < 0.3
@@ -134,8 +136,8 @@ def test_adaptive_moves_a_preserved_kv_out_when_the_wait_runs_long():
     cl, cat = cluster(hbm_gb=40.0, tflops=1.0), catalog(("m", 10.0, 100_000))
     nodes = [call("a", "m", ctx=10_000, out=0), tool("t", ["a"], duration=50.0, name="quick"),
              call("b", "m", ["t"], ctx=10_000, out=0)]
-    sim = Simulator(cl, cat, trace(program("p", nodes)), make_policy("lru-keepwarm"), kv_rule="adaptive",
-                    check_invariants=True)
+    sim = Simulator(cl, cat, trace(program("p", nodes)), make_policy("lru-keepwarm"),
+                    config=SimConfig(kv_rule="adaptive", check_invariants=True))
     sim.kvw.waits = ToolWaitModel({"quick": (1.0, 1.5)})
     res = sim.run()
     kv = 10_000 * 100_000
@@ -152,8 +154,8 @@ def test_a_ttl_that_finds_another_thread_running_is_judged_again_later():
     nodes = [call("a", "m", ctx=10_000, out=0), tool("t", ["a"], duration=80.0, name="quick"),
              tool("t0", [], duration=16.0, name="other"), call("b", "n", ["t0"], ctx=20_000, out=0),
              call("c", "m", ["t", "b"], ctx=10_000, out=0)]
-    sim = Simulator(cl, cat, trace(program("p", nodes)), make_policy("lru-keepwarm"), kv_rule="adaptive",
-                    check_invariants=True)
+    sim = Simulator(cl, cat, trace(program("p", nodes)), make_policy("lru-keepwarm"),
+                    config=SimConfig(kv_rule="adaptive", check_invariants=True))
     sim.kvw.waits = ToolWaitModel({"quick": (1.0, 1.5), "other": (16.0, 0.1)})
     res = sim.run()
     a, b, _ = res.calls
@@ -171,7 +173,8 @@ def _tool_wait_trace(wait=50.0):
 @pytest.mark.parametrize("rule", ["preserve", "swap", "discard"])
 def test_tool_wait_kv_rules(rule):
     cl, cat = cluster(tflops=10.0), catalog(("m", 10.0, 100_000))
-    sim = Simulator(cl, cat, _tool_wait_trace(), make_policy("lru-keepwarm"), kv_rule=rule, check_invariants=True)
+    sim = Simulator(cl, cat, _tool_wait_trace(), make_policy("lru-keepwarm"),
+                    config=SimConfig(kv_rule=rule, check_invariants=True))
     res = sim.run()
     kv = 10_000 * 100_000
     assert res.kv_actions[rule] == 1
@@ -195,8 +198,8 @@ def test_a_call_that_comes_back_during_the_swap_out_keeps_its_kv():
     # planner does the same with its open demote op).
     cl, cat = cluster(tflops=10.0), catalog(("m", 10.0, 100_000))
     kv = 10_000 * 100_000
-    sim = Simulator(cl, cat, _tool_wait_trace(wait=0.01), make_policy("lru-keepwarm"), kv_rule="swap",
-                    check_invariants=True)
+    sim = Simulator(cl, cat, _tool_wait_trace(wait=0.01), make_policy("lru-keepwarm"),
+                    config=SimConfig(kv_rule="swap", check_invariants=True))
     res = sim.run()
     assert res.kv_actions["swap"] == 1
     assert 0 < res.bytes_by_pair["gpu->host"] < kv  # stopped part way
@@ -214,8 +217,8 @@ def test_a_kv_leased_for_the_next_call_is_kept_through_the_tool_wait():
     hints = [{"issued_at": "t", "for": "b", "model": "m", "confidence": 0.9}]
     out = {}
     for policy in ("statebudget", "statebudget-lease"):
-        res = Simulator(cl, cat, trace(program("p", nodes, hints=hints)), make_policy(policy), kv_rule="swap",
-                        check_invariants=True).run()
+        res = Simulator(cl, cat, trace(program("p", nodes, hints=hints)), make_policy(policy),
+                        config=SimConfig(kv_rule="swap", check_invariants=True)).run()
         out[policy] = dict(+res.kv_actions), res.bytes_by_pair["gpu->host"]
     assert out["statebudget"] == ({"swap": 1}, pytest.approx(10_000 * 100_000))
     assert out["statebudget-lease"] == ({"preserve": 1}, 0.0)
@@ -225,7 +228,8 @@ def test_adaptive_swaps_ahead_of_the_predicted_return():
     # A build (median ~11 s) on a large KV: swapping beats holding a big share of the GPU, and the
     # KV is brought back before the predicted end, so the next call finds it in HBM.
     cl, cat = cluster(hbm_gb=40.0, tflops=10.0), catalog(("m", 10.0, 1_000_000))
-    sim = Simulator(cl, cat, _tool_wait_trace(wait=30.0), make_policy("lru-keepwarm"), kv_rule="adaptive")
+    sim = Simulator(cl, cat, _tool_wait_trace(wait=30.0), make_policy("lru-keepwarm"),
+                    config=SimConfig(kv_rule="adaptive"))
     res = sim.run()
     assert res.kv_actions["swap"] == 1
     assert res.calls[1].ready - res.calls[1].arrive == 0.0
@@ -278,7 +282,7 @@ def test_no_call_is_overtaken_beyond_the_stated_window_under_load(queue):
     res = {}
     for q in ("fcfs", queue):
         sim = Simulator(load_cluster("hetero16"), load_catalog("agent-team"), tr, make_policy("statebudget"),
-                        queue=q, prefill_slots=1)
+                        config=SimConfig(queue=q, prefill_slots=1))
         res[q] = sim.run()
         service = {pid: pr.service for pid, pr in sim.programs.items()}  # final: an upper bound of it at start
         calls = [c for c in res[q].calls if c.start >= 0 and c.group is not None]
@@ -311,7 +315,7 @@ def test_a_long_program_is_not_starved_by_a_stream_of_short_ones():
     big = program("big", [call("b1", "m", ctx=5000), tool("t", ["b1"], 1.0), call("b2", "m", ["t"], ctx=250)])
     small = [program(f"s{i:03d}", [call("c", "m", ctx=250)], start=10 + 0.8 * i) for i in range(150)]
     sim = Simulator(cluster(tflops=1.0), catalog(("m", 1.0)), trace(big, *small), make_policy("statebudget"),
-                    queue="plas", prefill_slots=1)
+                    config=SimConfig(queue="plas", prefill_slots=1))
     res = sim.run()
     b2 = next(c for c in res.calls if c.program == "big" and c.node == "b2")
     service = sim.programs["big"].service - (b2.end - b2.start)  # its service while b2 waited
@@ -341,7 +345,7 @@ def test_like_sized_programs_stay_fcfs_under_plas_and_a_twice_larger_one_falls_b
 
 
 def test_max_batch_bounds_the_calls_a_gpu_runs_at_once():
-    """`replay(..., max_batch=1)`: a GPU runs one call at a time, so calls on one GPU never overlap
+    """`max_batch=1`: a GPU runs one call at a time, so calls on one GPU never overlap
     and the later ones queue (the default of 32 lets them share it)."""
     from statebudget.sim.runner import replay
 
@@ -349,7 +353,8 @@ def test_max_batch_bounds_the_calls_a_gpu_runs_at_once():
     tr = trace(*progs)
     spans = {}
     for mb in (1, 32):
-        res = replay(cluster(tflops=1.0), catalog(("m", 1.0)), tr, ["statebudget"], max_batch=mb).results["statebudget"]
+        res = replay(cluster(tflops=1.0), catalog(("m", 1.0)), tr, ["statebudget"],
+                     SimConfig(max_batch=mb)).results["statebudget"]
         spans[mb] = sorted((c.start, c.end) for c in res.calls)
         assert len(spans[mb]) == 4 and all(e > s >= 0 for s, e in spans[mb])
     assert all(spans[1][i][1] <= spans[1][i + 1][0] + 1e-9 for i in range(3))  # one after another
@@ -364,8 +369,8 @@ def _big_behind_small(*small, starve=ADMIT_STARVE_S, big_start=1.0, **sim_kw) ->
     pinned; the run's calls."""
     cl, cat = cluster(hbm_gb=40.0), catalog(("small", 5.0), ("big", 36.0))
     progs = [*small, program("big", [call("a", "big", ctx=100, out=10)], start=big_start)]
-    return Simulator(cl, cat, trace(*progs), make_policy("ondemand"), check_invariants=True, admit_starve_s=starve,
-                     **sim_kw).run().calls
+    return Simulator(cl, cat, trace(*progs), make_policy("ondemand"),
+                     config=SimConfig(check_invariants=True, admit_starve_s=starve, **sim_kw)).run().calls
 
 
 def _stream(n, gap, out=2000, first=0.0) -> list:
@@ -422,14 +427,16 @@ def test_a_tool_wait_swap_yields_the_link_to_a_weight_load(monkeypatch, share):
     # A 20 GB KV swaps out through the node's 10 GB/s root complex while another GPU loads 14 GB
     # of weights through it. As a background transfer (weight 0.25) the swap gets a fifth of the
     # root and the load four fifths; at full weight they would split it evenly.
-    monkeypatch.setattr(engine, "BACKGROUND_SHARE", share)
+    monkeypatch.setattr(sim_programs, "BACKGROUND_SHARE", share)
+    monkeypatch.setattr(sim_transfers, "BACKGROUND_SHARE", share)
     cl = cluster(gpus=2, hbm_gb=80.0, h2d=25.0, nvme_read=30.0, root=10.0, cold=0.0)
     cat = catalog(("m", 10.0, 1_000_000), ("n", 14.0))
     a = program("a", [call("a", "m", ctx=20_000, out=0), tool("t", ["a"], duration=100.0, name="build"),
                       call("b", "m", ["t"], ctx=20_000, out=0)])
-    end_a = Simulator(cl, cat, trace(a), make_policy("ondemand"), kv_rule="swap").run().calls[0].end
+    end_a = Simulator(cl, cat, trace(a), make_policy("ondemand"), config=SimConfig(kv_rule="swap")).run().calls[0].end
     b = program("b", [call("x", "n", ctx=100, out=0)], start=end_a + 0.5)
-    res = Simulator(cl, cat, trace(a, b), make_policy("ondemand"), kv_rule="swap", check_invariants=True).run()
+    res = Simulator(cl, cat, trace(a, b), make_policy("ondemand"),
+                    config=SimConfig(kv_rule="swap", check_invariants=True)).run()
     x = next(c for c in res.calls if c.program == "b")
     root_share = 10.0 * 1.0 / (1.0 + share)
     assert x.ready - x.arrive == pytest.approx(14.0 / root_share + LATENCY_S["nvme"], abs=1e-6)
@@ -448,8 +455,8 @@ def test_weighted_fair_share_gives_a_heavier_tenant_more_of_a_contended_gpu():
     for w in ({}, {"a": 3.0}):
         tr = Trace(header=TraceHeader(tenant_weights=w), programs=[Program.model_validate(p) for p in progs])
         for q in ("fcfs", "plas"):
-            res = Simulator(cluster(tflops=1.0), catalog(("m", 1.0)), tr, make_policy("statebudget"), queue=q,
-                            prefill_slots=1).run()
+            res = Simulator(cluster(tflops=1.0), catalog(("m", 1.0)), tr, make_policy("statebudget"),
+                            config=SimConfig(queue=q, prefill_slots=1)).run()
             first = [c.program[0] for c in sorted(res.calls, key=lambda c: c.start)][:20]
             share[(q, bool(w))] = first.count("a") / len(first)
     assert share[("fcfs", True)] == share[("fcfs", False)] == 0.5
@@ -565,7 +572,7 @@ def test_the_live_queue_follows_the_starvation_promotion_that_a_fixed_priority_c
     with pytest.raises(Invalid, match="unknown model"):
         p.waiting_calls(model="nope")
     fcfs = LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock)
-    assert fcfs.waiting_calls() == {"queue": "fcfs", "calls": []}
+    assert fcfs.waiting_calls().body() == {"queue": "fcfs", "calls": []}
 
 
 def test_the_slack_boost_lets_a_call_make_its_ttft_and_the_report_measures_the_waits():
@@ -583,8 +590,8 @@ def test_the_slack_boost_lets_a_call_make_its_ttft_and_the_report_measures_the_w
     tr = Trace(header=TraceHeader(slo_classes=slo), programs=[Program.model_validate(p) for p in batch + [soon]])
     got = {}
     for q in ("fcfs", "plas"):
-        res = Simulator(cluster(tflops=1.0), catalog(("m", 1.0)), tr, make_policy("statebudget"), queue=q,
-                        prefill_slots=1).run()
+        res = Simulator(cluster(tflops=1.0), catalog(("m", 1.0)), tr, make_policy("statebudget"),
+                        config=SimConfig(queue=q, prefill_slots=1)).run()
         s = next(c for c in res.calls if c.program == "s")
         ahead = [c for c in res.calls if c.program != "s" and c.start < s.start]
         got[q] = (s.first_token - s.arrive, len(ahead))
@@ -607,8 +614,8 @@ def test_a_failed_attempt_is_retried_keeps_its_service_and_loses_its_kv():
     p = program("p", [call("a", "m", ctx=4000, out=50), tool("t", ["a"], 1.0), call("b", "m", ["t"], ctx=4100, out=50)])
 
     def run(rate, seed=3, keep=True):
-        sim = Simulator(cluster(tflops=1.0), catalog(("m", 1.0)), trace(p), make_policy("statebudget"), seed=seed,
-                        call_failure_rate=rate, check_invariants=True, retry_keeps_service=keep)
+        cfg = SimConfig(seed=seed, call_failure_rate=rate, check_invariants=True, retry_keeps_service=keep)
+        sim = Simulator(cluster(tflops=1.0), catalog(("m", 1.0)), trace(p), make_policy("statebudget"), config=cfg)
         return sim.run()
 
     clean, failed = run(0.0), run(0.5)
@@ -677,7 +684,7 @@ def test_auto_in_the_simulator_is_fcfs_on_light_tails_and_switches_on_heavy_ones
 
     def run(preset, load, q, **kw):
         sim = Simulator(load_cluster("hetero16"), load_catalog("agent-team"), generate(preset, 2, 0.3, load=load),
-                        make_policy("statebudget"), queue=q, **kw)
+                        make_policy("statebudget"), config=SimConfig(queue=q, **kw))
         return sim, [(c.program, c.node, c.start) for c in sim.run().calls]
 
     light = {q: run("mixed-tenants", 8, q, prefill_slots=1) for q in ("fcfs", "plas", "auto")}
@@ -791,7 +798,7 @@ def test_auto_back_on_fcfs_restores_the_order_the_calls_joined_in():
     from statebudget.models.load import load_catalog, load_cluster
 
     sims = {q: Simulator(load_cluster("toy2"), load_catalog("toy"), trace(program("p", [call("a", "coder")])),
-                         make_policy("statebudget"), queue=q) for q in ("fcfs", "auto")}
+                         make_policy("statebudget"), config=SimConfig(queue=q)) for q in ("fcfs", "auto")}
     left_by_atlas = [SimpleNamespace(seq=s) for s in (3, 1, 4, 2)]
     assert sims["fcfs"]._order(list(left_by_atlas)) == left_by_atlas  # plain fcfs lists stay as they are kept
     assert sims["auto"].sizes.discipline("auto") == "fcfs"

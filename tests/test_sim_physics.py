@@ -3,6 +3,7 @@
 import pytest
 
 from helpers import GB, call, catalog, cluster, program, tool, trace
+from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 from statebudget.sim.flows import FairShare
 from statebudget.policies import make_policy
@@ -11,7 +12,7 @@ from statebudget.core.decisions import Promote
 
 
 def run(cl, cat, tr, policy="ondemand"):
-    sim = Simulator(cl, cat, tr, make_policy(policy), check_invariants=True)
+    sim = Simulator(cl, cat, tr, make_policy(policy), config=SimConfig(check_invariants=True))
     return sim, sim.run()
 
 
@@ -183,7 +184,8 @@ def test_a_speculative_promote_yields_the_link_to_a_call_s_load(yields):
 
     cl = cluster(gpus=2, hbm_gb=80.0, nvme_read=30.0, root=10.0, cold=0.0)
     tr = trace(program("a", [call("x", "m", out=0)]))
-    res = Simulator(cl, catalog(("m", 10.0), ("n", 14.0)), tr, _speculator(yields, gpu=1), check_invariants=True).run()
+    res = Simulator(cl, catalog(("m", 10.0), ("n", 14.0)), tr, _speculator(yields, gpu=1),
+                    config=SimConfig(check_invariants=True)).run()
     x = res.calls[0]
     share = BACKGROUND_SHARE if yields else 1.0
     assert x.ready - x.arrive == pytest.approx(10.0 / (10.0 / (1.0 + share)) + LATENCY_S["nvme"], abs=1e-6)
@@ -199,7 +201,7 @@ def test_a_call_cancels_a_speculative_load_that_holds_its_room(yields):
     cl = cluster(gpus=1, hbm_gb=40.0, nvme_read=7.0, cold=0.0)
     tr = trace(program("a", [call("x", "k", ctx=10, out=0)]), program("b", [call("y", "m", out=0)], start=1.0))
     res = Simulator(cl, catalog(("k", 0.001), ("m", 20.0), ("n", 30.0)), tr, _speculator(yields, gpu=0),
-                    check_invariants=True).run()
+                    config=SimConfig(check_invariants=True)).run()
     y = next(c for c in res.calls if c.program == "b")
     lat = LATENCY_S["nvme"]
     if yields:
@@ -214,7 +216,8 @@ def test_a_lease_on_a_speculative_load_in_flight_raises_it_to_full_weight():
     # speculation, and the call's load of `m` gets an equal share of the root (5 GB/s), not 8.
     cl = cluster(gpus=2, hbm_gb=80.0, nvme_read=30.0, root=10.0, cold=0.0)
     tr = trace(program("a", [call("x", "m", out=0)]), program("lease", [call("y", "m", out=0)]))
-    res = Simulator(cl, catalog(("m", 10.0), ("n", 14.0)), tr, _speculator(True, gpu=1), check_invariants=True).run()
+    res = Simulator(cl, catalog(("m", 10.0), ("n", 14.0)), tr, _speculator(True, gpu=1),
+                    config=SimConfig(check_invariants=True)).run()
     x = next(c for c in res.calls if c.program == "a")
     assert x.ready - x.arrive == pytest.approx(10.0 / 5.0 + LATENCY_S["nvme"], abs=1e-6)
 
@@ -228,7 +231,8 @@ def test_a_speculative_load_waiting_for_its_victims_drain_is_cancelled_only_once
     cat = catalog(("o", 30.0), ("k", 0.001), ("m", 20.0), ("n", 30.0))
     tr = trace(program("o0", [call("c", "o", ctx=10, out=0)]), program("a", [call("x", "k", ctx=10, out=0)], start=10.0),
                program("b", [call("y", "m", out=0)], start=10.5))
-    res = Simulator(cl, cat, tr, _speculator(True, gpu=0, demote_to="host"), check_invariants=True).run()
+    res = Simulator(cl, cat, tr, _speculator(True, gpu=0, demote_to="host"),
+                    config=SimConfig(check_invariants=True)).run()
     y = next(c for c in res.calls if c.program == "b")
     drained = 10.0 + 30.0 / 25.0
     lat = LATENCY_S["nvme"]
@@ -243,7 +247,38 @@ def test_a_speculative_load_whose_bytes_are_all_in_is_not_cancelled():
     cl = cluster(gpus=1, hbm_gb=40.0, nvme_read=7.0, cold=35.0)
     tr = trace(program("a", [call("x", "k", ctx=10, out=0)]), program("b", [call("y", "m", out=0)], start=10.0))
     res = Simulator(cl, catalog(("k", 0.001), ("m", 20.0), ("n", 30.0)), tr, _speculator(True, gpu=0),
-                    check_invariants=True).run()
+                    config=SimConfig(check_invariants=True)).run()
     y = next(c for c in res.calls if c.program == "b")
     n_ready = LATENCY_S["nvme"] + 30.0 / 7.0 + 35.0
     assert y.ready == pytest.approx(n_ready + LATENCY_S["nvme"] + 20.0 / 7.0 + 35.0, abs=0.5)
+
+
+def test_sim_config_is_frozen_and_checks_the_failure_rate():
+    import dataclasses
+
+    with pytest.raises(ValueError, match="call_failure_rate"):
+        SimConfig(call_failure_rate=1.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SimConfig().seed = 1
+
+
+def test_the_join_order_counts_joins_only_and_the_heap_its_own_ties():
+    # `CallRec.seq` orders the calls that joined a waiting list; the heap's tie-break is apart.
+    sim, res = run(cluster(), catalog(("m", 1.0)), trace(program("p", [call("a", "m"), call("b", "m", ["a"])])))
+    assert [c.seq for c in res.calls] == [1, 2]
+    assert sim._tie > sim._joined == 2
+
+
+def test_the_recorder_integrates_the_warm_tax_until_the_last_program_ends():
+    from collections import Counter
+    from types import SimpleNamespace as NS
+
+    from statebudget.sim.recorder import Recorder
+
+    tiers = NS(gpu={"w": NS(key=("w", "m"), per_gpu=5.0, group=(0,))}, hbm_cap=[10.0])
+    rec = Recorder(tiers, Counter(), sample_dt=15.0)
+    rec.advance(0.0, 10.0)   # half of HBM holds weights no call runs on
+    rec.end = 10.0
+    rec.advance(10.0, 30.0)  # after the end: not counted
+    res = rec.result([], {}, NS(work_done={}), NS(actions=Counter(), ttl_errors=[]), NS(changes=[]))
+    assert res.warm_tax == 0.5 and res.sim_end == 10.0 and res.hbm_samples == [(0.0, 5.0, 0.0, 0.0)]

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from helpers import GB, cluster, program, trace
 from statebudget.models import Catalog
+from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 from statebudget.policies import REGISTRY, make_policy
 
@@ -57,7 +58,8 @@ def scenarios(draw):
 @given(scenarios())
 def test_books_balance_and_every_call_ends(sc):
     cl, cat, tr, policy, failure_rate = sc
-    sim = Simulator(cl, cat, tr, make_policy(policy), check_invariants=True, call_failure_rate=failure_rate)
+    sim = Simulator(cl, cat, tr, make_policy(policy),
+                    config=SimConfig(check_invariants=True, call_failure_rate=failure_rate))
     res = sim.run()
     assert {c.state for c in res.calls} <= {"done", "cancelled", "unplaceable"}
     assert len(res.calls) == tr.n_calls

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ..service.live import Telemetry
+from ..service.telemetry import Telemetry
 
 _SECONDS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _STALL = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class ServiceMetrics(Telemetry):
+    """The planner's `Telemetry` hooks as Prometheus counters, histograms and gauges."""
+
     def __init__(self):
         r = self.registry = CollectorRegistry()
         self.decisions = Counter("statebudget_decisions", "planning steps taken", registry=r)

@@ -64,7 +64,7 @@ class EventPublic(BaseModel):
 
 
 class LeaseCreate(BaseModel):
-    """A HandoffLease (seed 000 §3): prepare `model` (and the program's KV for it) before
+    """A HandoffLease: prepare `model` (and the program's KV for it) before
     `deadline_s` seconds from now."""
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
     program: str = Name

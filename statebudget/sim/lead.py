@@ -9,6 +9,7 @@ import numpy as np
 from ..policies import REGISTRY
 from ..policies.oracle import Oracle, state_keys
 from ..solvers.milp import Guide, affinity
+from .config import SimConfig
 from .engine import Simulator
 
 
@@ -43,7 +44,7 @@ def planner_guide(cluster, catalog, trace, cost, inst, index, policy: str = "sta
                     choice[affinity(ci, c)] = groups.index(group)
             return group
 
-    Simulator(cluster, catalog, trace, Recorder(), cost=cost, seed=seed).run()
+    Simulator(cluster, catalog, trace, Recorder(), cost=cost, config=SimConfig(seed=seed)).run()
     for t in range(inst.T):  # a slot whose first call never came (cancelled): the tiers before it
         if tiers[0, t] < 0:
             tiers[:, t] = tiers[:, t - 1] if t > 0 else 2

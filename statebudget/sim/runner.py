@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import __version__
 from ..models.catalog import Catalog
@@ -12,9 +12,10 @@ from ..models.trace import Trace
 from ..core.costs import CostModel
 from ..traces.graph import count_handoffs
 from ..traces.timeline import nominal_timeline
+from .config import SimConfig
 from .engine import SimResult, Simulator
 from .metrics import policy_report
-from ..core.programs import ADMIT_STARVE_S, parse_spec
+from ..core.programs import parse_spec
 from ..policies import REGISTRY, make_policy
 
 
@@ -24,13 +25,11 @@ class Replay:
     results: dict[str, SimResult]
 
 
-def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str], seed: int = 0,
-           check_invariants: bool = False, progress=None, profile: dict | None = None,
-           prefill_slots: int | None = None, max_batch: int = 32,
-           admit_starve_s: float | None = ADMIT_STARVE_S, call_failure_rate: float = 0.0,
-           retry_keeps_service: bool = True) -> Replay:
+def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str], config: SimConfig = SimConfig(),
+           progress=None, profile: dict | None = None) -> Replay:
     """Each entry of `policies` is a spec `POLICY[:QUEUE[:KV]]`; the report keys it by that exact
-    string. `progress(spec, sim_time)` is called now and then while a policy runs."""
+    string, and its queue and KV rule replace those of `config` for that policy.
+    `progress(spec, sim_time)` is called now and then while a policy runs."""
     cost = CostModel(cluster, catalog, profile=profile)
     results, blocks = {}, {}
     oracle = None
@@ -38,10 +37,7 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
     for name in policies:
         base, queue, kv = parse_spec(name, REGISTRY)
         policy = make_policy(base)
-        sim = Simulator(cluster, catalog, trace, policy, cost=cost, seed=seed, check_invariants=check_invariants,
-                        queue=queue, kv_rule=kv, prefill_slots=prefill_slots, max_batch=max_batch,
-                        admit_starve_s=admit_starve_s, call_failure_rate=call_failure_rate,
-                        retry_keeps_service=retry_keeps_service)
+        sim = Simulator(cluster, catalog, trace, policy, cost=cost, config=replace(config, queue=queue, kv_rule=kv))
         res = sim.run(progress=(lambda t, n=name: progress(n, t)) if progress else None)
         results[name] = res
         blocks[name] = policy_report(res, trace.header.slo_classes, nominal)
@@ -55,7 +51,7 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
         for name, block in blocks.items():
             if parse_spec(name, REGISTRY)[0] == "oracle":
                 continue
-            # Online policies against the oracle replayed in the same closed loop (§ issue 4).
+            # Online policies against the oracle replayed in the same closed loop.
             mine = block.handoff_stall_s
             block.vs_oracle = {
                 "handoff_stall_total": round(mine.mean * mine.n / (ref.mean * ref.n), 6) if ref.mean * ref.n > 0 else None,

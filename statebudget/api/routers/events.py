@@ -15,4 +15,4 @@ async def post_event(ev: EventCreate, svc: ServiceDep, who: RuntimeDep):
     """One event; the tenant is the token's. A stale epoch or an event after a cancel gets 409."""
     out = svc.planner.event(who.tenant, ev.model_dump(exclude_none=True))
     svc.changed()
-    return {"type": ev.type, "program": ev.program, **out}
+    return {"type": ev.type, "program": ev.program, **out.body()}

@@ -1,4 +1,4 @@
-"""POST /v1/leases, GET and DELETE /v1/leases/{lease_id}: HandoffLeases (seed 000 §3)."""
+"""POST /v1/leases, GET and DELETE /v1/leases/{lease_id}: HandoffLeases."""
 
 from __future__ import annotations
 
@@ -18,15 +18,15 @@ async def submit_lease(body: LeaseCreate, svc: ServiceDep, who: RuntimeDep):
     """Quote and admit: `accepted` (all of it by the P95), `partial` (weights only) or `rejected`."""
     out = svc.planner.submit_lease(who.tenant, body.model_dump())
     svc.changed()
-    log.info("lease", extra={"fields": {"lease_id": out["lease_id"], "tenant": who.tenant, "program": body.program,
-                                        "model": body.model, "decision": out["decision"], "p95_s": out["quote"]["p95_s"]}})
-    return out
+    log.info("lease", extra={"fields": {"lease_id": out.lease_id, "tenant": who.tenant, "program": body.program,
+                                        "model": body.model, "decision": out.decision, "p95_s": out.quote.p95_s}})
+    return out.body()
 
 
 @router.get("/{lease_id}", response_model=LeasePublic)
 async def get_lease(lease_id: str, svc: ServiceDep, who: RuntimeDep):
     p = svc.planner
-    return p.lease_view(p.get_lease(who.tenant, lease_id))
+    return p.lease_view(p.get_lease(who.tenant, lease_id)).body()
 
 
 @router.delete("/{lease_id}", response_model=LeasePublic)
@@ -34,4 +34,4 @@ async def cancel_lease(lease_id: str, svc: ServiceDep, who: RuntimeDep):
     """Cancel: transfers stop, reservations are freed; a second cancel changes nothing."""
     out = svc.planner.cancel_lease(who.tenant, lease_id)
     svc.changed()
-    return out
+    return out.body()

@@ -21,7 +21,7 @@ async def get_plan(svc: ServiceDep, who: AdapterDep, node: Annotated[str, Query(
     if node != who.node:
         raise HTTPException(403, f"this adapter token is for node {who.node!r}, not {node!r}")
     await svc.wait_for_version(after, wait)
-    return svc.planner.plan_for(node, after)
+    return svc.planner.plan_for(node, after).body()
 
 
 @router.post("/ops/{op_id}", response_model=OpAck)
@@ -29,6 +29,6 @@ async def report_op(op_id: str, body: OpReport, svc: ServiceDep, who: AdapterDep
     """`done` commits when version and epoch match the op and the books; stale or cancelled: 409."""
     out = svc.planner.report(who.node, op_id, body.model_dump())
     svc.changed()
-    log.info("op", extra={"fields": {"op_id": op_id, "node": who.node, "status": out["status"],
+    log.info("op", extra={"fields": {"op_id": op_id, "node": who.node, "status": str(out.status),
                                      "bytes": body.bytes, "seconds": body.seconds}})
-    return out
+    return out.body()

@@ -18,4 +18,4 @@ async def get_queue(svc: ServiceDep, who: PrincipalDep, model: str | None = Quer
     cannot. For a runtime or gateway that holds calls and picks the next itself. A runtime token
     sees its tenant's calls only, each with its rank among all."""
     # plain JSON types already: skip FastAPI's per-field encoder (most of a read's time with 1,000 calls)
-    return JSONResponse(svc.planner.waiting_calls(model, who.tenant if who.role == "runtime" else None))
+    return JSONResponse(svc.planner.waiting_calls(model, who.tenant if who.role == "runtime" else None).body())

@@ -13,7 +13,7 @@ router = APIRouter(tags=["operators"])
 @router.get("/v1/residency")
 async def residency(svc: ServiceDep, who: AdminDep):
     """Every copy in HBM and host DRAM, ready or in flight, with its version; open ops; counts."""
-    return svc.planner.residency()
+    return svc.planner.residency().body()
 
 
 @router.get("/v1/cluster")
@@ -29,4 +29,4 @@ async def put_cluster(body: ClusterPut, svc: ServiceDep, who: AdminDep):
     versions on the same cluster (stale copies go, leases of the old version go stale)."""
     out = svc.planner.set_cluster(body.cluster, body.catalog)
     svc.changed()
-    return out
+    return out.body()

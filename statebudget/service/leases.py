@@ -1,0 +1,87 @@
+"""HandoffLeases as the runtime sees them: submit (quote, rank, admit), view, get and cancel, as a
+part of `LivePlanner`. The lease ledger itself is the planning core's (`planner/leases.py`); the
+policy decides, this part checks the caller and turns the lease into its answer."""
+
+from __future__ import annotations
+
+from ..models.state import kv_key
+from ..planner.leases import Lease, LeaseRequest, LeaseState
+from ..policies.baselines import place_model
+from .errors import Forbidden, Invalid, NotFound
+from .journal import gpu_tier
+from .results import LeaseView, QuoteView
+
+
+class LeaseDesk:
+    """Submit, view, get and cancel leases."""
+
+    def submit_lease(self, tenant: str, body: dict) -> LeaseView:
+        """Quote, rank and admit one HandoffLease for the program's next call; an accepted one gets
+        its ops now, and one with no room to prepare is refused at once rather than left to expire.
+
+        Called by POST /v1/leases with the token's tenant and a `LeaseCreate` as a dict. Returns
+        the lease as the runtime sees it. Raises NotFound, Forbidden, Conflict (the program
+        ended, a stale epoch) or Invalid (an unknown model, or one that fits no GPU group)."""
+        with self.store.tx():
+            rec = self._program(tenant, body["program"], body.get("epoch"))
+            self._live(rec, "lease")
+            model = body["model"]
+            m = self.catalog.by_name.get(model)
+            if m is None:
+                raise Invalid(f"unknown model {model!r}; the catalog has {sorted(self.catalog.by_name)}")
+            now = self.now
+            kvk = kv_key(rec.program, model)
+            group = place_model(self, model, program=rec.program)
+            if group is None:
+                raise Invalid(f"model {model!r} fits no GPU group of cluster {self.cluster.name!r}")
+            req = LeaseRequest(program=rec.program, tenant=tenant, model=model, version=m.version,
+                               deadline_s=now + float(body["deadline_s"]), confidence=float(body.get("confidence", 1.0)),
+                               cancel_token=body.get("cancel_token") or f"{rec.program}/{body.get('for_call') or model}",
+                               earliest_s=now + float(body.get("earliest_s", 0.0)),
+                               kv_version=(self.kv_tokens.get(kvk) or None) if body.get("with_kv", True) else None,
+                               for_call=body.get("for_call"))
+            leases, decisions = self.policy.request_leases(self, [(req, group)])
+            self._apply(decisions)
+            lease = leases[0]
+            missing = [k for k in lease.objects if (k, group) not in self.tiers.gpu] if lease.state.live else []
+            if missing:  # no room to prepare it now: say so instead of letting it expire
+                self._apply(self.policy.stop_leases(self, [(lease.lease_id, self.ledger.refuse(
+                    lease.lease_id, self.now, f"no room on {gpu_tier(group)} for {'/'.join(map(str, missing[0]))}"))]))
+            self._flush()
+        self.telemetry.lease(lease.decision)
+        self.plan_due = True
+        return self.lease_view(lease)
+
+    def lease_view(self, lease: Lease) -> LeaseView:
+        """A lease as the runtime sees it now (its deadline counted from now). Used by the lease
+        routes' answers."""
+        q = lease.quote
+        return LeaseView(lease.lease_id, lease.decision, lease.state.name.lower(), QuoteView(q.p50_s, q.p95_s),
+                         lease.request.version, lease.request.kv_version,
+                         lease.state in (LeaseState.READY, LeaseState.CONSUMED), lease.request.deadline_s - self.now,
+                         lease.reason, {"/".join(map(str, k)): v for k, v in lease.objects.items()})
+
+    def get_lease(self, tenant: str, lease_id: str) -> Lease:
+        """The lease `lease_id` of `tenant`. Called by GET and DELETE /v1/leases/{id}. Raises
+        NotFound, or Forbidden for another tenant's lease."""
+        lease = self.ledger.leases.get(lease_id)
+        if lease is None:
+            raise NotFound(f"no lease {lease_id!r}")
+        if lease.request.tenant != tenant:
+            raise Forbidden(f"lease {lease_id!r} belongs to another tenant")
+        return lease
+
+    def cancel_lease(self, tenant: str, lease_id: str) -> LeaseView:
+        """Cancel a lease: its transfers stop and what they reserved is freed. A second cancel
+        changes nothing.
+
+        Called by DELETE /v1/leases/{id}. Returns the lease as it is after the cancel. Raises
+        NotFound, or Forbidden for another tenant's lease."""
+        with self.store.tx():
+            lease = self.get_lease(tenant, lease_id)
+            stop = self.ledger.cancel(lease_id, self.now, "cancelled by the runtime")
+            self._apply(self.policy.stop_leases(self, [(lease_id, stop)]))
+            self._flush()
+        self.telemetry.lease("cancelled")
+        return self.lease_view(lease)
+

@@ -1,0 +1,151 @@
+"""Saving the live planner's books to the ledger `Store` and rebuilding them after a restart, as a
+part of `LivePlanner`. Every change a request makes is written inside its transaction (`Store.tx`)
+before the answer leaves; what is not on disk (the predictor, tool-wait timers) is soft state that
+the planner relearns or takes up again."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from ..core.books import GpuCopy, HostCopy
+from ..models.plan import Op
+from ..models.state import kv_key, weights_key
+from ..models.trace import MAIN_THREAD
+from ..planner.leases import Lease, LeaseRequest, LeaseState, Quote
+from .journal import OpRec, OpStatus, gpu_tier, object_key, tier_group
+from .programs import CallStatus, HookProgram, ProgramRec, ProgramStatus
+
+
+class Persist:
+    """Write-through of copies, ops, programs and leases; `_restore` at start."""
+
+    def _save_meta(self) -> None:
+        """Plan version, op counter and catalog epoch: what numbers the next op and version."""
+        self.store.set_meta("plan_version", self.plan_version)
+        self.store.set_meta("op_seq", self._op_seq)
+        self.store.set_meta("catalog_epoch", self.catalog_epoch)
+
+    def _save_gpu(self, c: GpuCopy) -> None:
+        tier = gpu_tier(c.group)
+        self.store.put_copy(c.key, tier, c.nbytes, c.ready, self.version_of(c.key), self.epoch_of(c.key),
+                            self.writer.get((c.key, tier)), c.last_use)
+
+    def _save_host(self, hc: HostCopy, op_id: str | None = None) -> None:
+        tier = f"host:{hc.node}"
+        self.store.put_copy(hc.key, tier, hc.nbytes, hc.ready, self.version_of(hc.key), self.epoch_of(hc.key),
+                            op_id or self.writer.get((hc.key, tier)), hc.last_use)
+
+    def _save_op(self, rec: OpRec) -> None:
+        self.store.put_op(rec.op.op_id, rec.node, rec.status, rec.plan_version, rec.offered, rec.op.model_dump(),
+                          rec.result, rec.reason, rec.order, rec.not_before, rec.tries)
+
+    def _save_program(self, rec: ProgramRec) -> None:
+        self.store.put_program(rec.program, rec.tenant, dict(rec.__dict__))  # json copies it; no deepcopy
+
+    def _flush(self) -> None:
+        """Leases the ledger changed since the last flush go to disk."""
+        for lid in sorted(self.ledger.changed):
+            lease = self.ledger.leases[lid]
+            self.store.put_lease(lid, lease.request.tenant, lease.request.program, lease.state.name.lower(),
+                                 lease_body(lease, self.policy.group_of.get(lid)))
+        self.ledger.changed.clear()
+
+    def _restore(self) -> None:
+        """Rebuild the books from disk after a restart. Open ops are offered again (an adapter that
+        already ran one reports its result again; it never runs it twice); ops of leases that are
+        no longer live are cancelled. The predictor starts afresh (soft state: it relearns)."""
+        s = self.store
+        self.plan_version = s.get_meta("plan_version", 0)
+        self._op_seq = s.get_meta("op_seq", 0)
+        self.catalog_epoch = s.get_meta("catalog_epoch", 1)
+        self.kv_tokens = s.kv()
+        for body in s.programs():
+            body = dict(body)
+            if "tool" in body:  # a ledger without threads holds one tool wait: the main thread's
+                old = body.pop("tool")
+                body["tools"] = {MAIN_THREAD: old} if old else {}
+            rec = self.programs[body["program"]] = ProgramRec(**body)
+            self.tenant_service[rec.tenant] += rec.service_s
+            if rec.status == ProgramStatus.RUNNING:
+                self.running[rec.program] = rec
+                self.policy.on_program_start(self, HookProgram(rec.program, rec.tenant))
+        finished = [r for r in self.programs.values() if r.status == ProgramStatus.FINISHED] if self.queue == "auto" else []
+        for rec in sorted(finished, key=lambda r: r.ended_s or 0.0):
+            self.sizes.observe(rec.service_s, rec.ended_s or 0.0)  # in the order they finished
+        if finished:
+            self.publish_sizes()
+        for row in s.copies():
+            key, tier = row["key"], row["tier"]
+            if key[0] == "e":
+                key = (key[0], key[1], int(key[2]))
+            if tier.startswith("gpu:"):
+                group = tier_group(tier)
+                per_gpu = row["bytes"] / len(group)
+                self.tiers.alloc_gpu(group, per_gpu)
+                self.tiers.add_gpu_copy(GpuCopy(key, group, per_gpu, row["ready"], row["last_use"], row["last_use"]))
+            else:
+                node = tier.split(":", 1)[1]
+                self.tiers.alloc_host(node, row["bytes"])
+                self.tiers.host[(key, node)] = HostCopy(key, node, row["bytes"], row["ready"], row["last_use"])
+        for body in s.leases():
+            lease = lease_from(body)
+            self.ledger.restore(lease)
+            if body.get("group") is not None:
+                self.policy.group_of[lease.lease_id] = tuple(body["group"])
+            if lease.state.live and lease.request.for_call:
+                self.core.lease_of_call[(lease.request.program, lease.request.for_call)] = lease.lease_id
+        for lid, group in self.policy.group_of.items():  # leases wait on in-flight copies again
+            lease = self.ledger.leases.get(lid)
+            for key, st in (lease.objects.items() if lease is not None and lease.state.live else ()):
+                c = self.tiers.gpu.get((key, group))
+                if st == "moving" and c is not None and not c.ready and lid not in (c.lease or ()):
+                    c.lease = (c.lease or ()) + (lid,)
+        for rec in self.programs.values():  # calls running at the crash pin their state again
+            for call in rec.calls.values():
+                if call["status"] == CallStatus.STARTED and call["group"] is not None:
+                    group = tuple(call["group"])
+                    self.running_models[(call["model"], group)] += 1
+                    for key in [weights_key(call["model"]), kv_key(rec.program, call["model"])]:
+                        c = self.tiers.gpu.get((key, group))
+                        if c is not None:
+                            c.pins += 1
+        with s.tx():
+            for row in s.ops(OpStatus.OPEN):
+                op = Op(**row["op"])
+                rec = self.ops[op.op_id] = OpRec(op, row["node"], OpStatus.OPEN, row["offered"], row["plan_version"],
+                                                 order=row["order"], not_before=row["not_before"],
+                                                 tries=row["tries"])
+                self._on_link(op, +1)
+                key = object_key(op.object)
+                if op.kind == "promote":
+                    self.writer[(key, op.dst)] = op.op_id
+                elif op.dst.startswith("host:"):
+                    self.writer[(key, op.dst)] = op.op_id
+            for rec in list(self.ops.values()):
+                lease = self.ledger.leases.get(rec.op.lease_id) if rec.op.lease_id else None
+                if lease is not None and not lease.state.live:
+                    self._close(rec, OpStatus.CANCELLED, f"lease {lease.lease_id} is {lease.state.name.lower()}")
+            self.ledger.changed.clear()
+            for rec in self.programs.values():
+                if rec.status == ProgramStatus.RUNNING and rec.tools and not self._busy(rec):
+                    self._resume_tool_wait(rec)
+            self._bump()  # adapters polling with the old version see the open ops again
+
+
+
+def lease_body(lease: Lease, group) -> dict:
+    """A lease as its ledger row's JSON body, with the GPU group it prepares."""
+    return {"lease_id": lease.lease_id, "request": asdict(lease.request),
+            "quote": {**asdict(lease.quote), "objects": [list(k) for k in lease.quote.objects]},
+            "state": lease.state.name, "objects": [[list(k), v] for k, v in lease.objects.items()],
+            "created_s": lease.created_s, "ready_s": lease.ready_s, "ended_s": lease.ended_s, "reason": lease.reason,
+            "group": list(group) if group else None}
+
+
+def lease_from(body: dict) -> Lease:
+    """The lease a ledger row's body holds (`lease_body` read back)."""
+    q = body["quote"]
+    quote = Quote(**{**q, "objects": tuple(object_key(k) for k in q["objects"])})
+    lease = Lease(body["lease_id"], LeaseRequest(**body["request"]), LeaseState[body["state"]], quote, body["created_s"],
+                  {object_key(k): v for k, v in body["objects"]}, body["ready_s"], body["ended_s"], body["reason"])
+    return lease

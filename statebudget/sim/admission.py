@@ -1,0 +1,202 @@
+"""Admission: a call that has arrived is placed by the policy, then admitted on its group when its
+weights, expert pages, KV and new KV fit there (evicting in the policy's order, cancelling loads
+the policy lets go), or waits. The oldest call that has waited `admit_starve_s` holds its GPUs:
+only calls that end before the drain backfill there."""
+
+from __future__ import annotations
+
+from ..models.state import expert_key, kv_key, weights_key
+from .calls import CallRec
+
+
+class AdmissionMixin:
+    """Arrival, placement, the admission rule, the reservation against starvation, and the retry
+    of waiting calls whenever room may have been freed."""
+
+    def _call_arrive(self, c: CallRec):
+        c.arrive = self.now
+        c.state = "waiting"
+        self.kvw.outcome(kv_key(c.program, c.model), True)
+        self._keep_kv(kv_key(c.program, c.model))
+        self._apply(self._hook("on_call_arrive", c))
+        c.group = self._decide(self.policy.place, c)
+        self.last_use[c.model] = self.now
+        if c.group is None or not self.could_ever_fit(c, c.group):
+            return self._unplaceable(c)
+        self._reserve()
+        if not self._admit(c):
+            self._join(self.waiting, c)
+        return None
+
+    def _reserve(self) -> None:
+        """Keep `reserved` the oldest call that has waited `admit_starve_s` for admission."""
+        if self.reserved is not None and self.reserved.state == "waiting":
+            return
+        self.reserved = None
+        if self.admit_starve_s is not None and self.waiting:
+            old = min(self.waiting, key=lambda w: (w.arrive, w.program, w.node))
+            if self.now - old.arrive >= self.admit_starve_s:
+                self.reserved = old
+                # Backfill must end before the calls there now should: fixed once, so that a queue
+                # of calls not yet started cannot push it forward with the clock.
+                self._reserve_deadline = self._drain_end(old.group)
+
+    def _est_end(self, c: CallRec, new_per_gpu: float = 0.0) -> float:
+        """When a call should end, by the cost model's uncontended load (`new_per_gpu` bytes from
+        the slowest tier, NVMe), prefill and decode."""
+        m = self.catalog.by_name[c.model]
+        g0 = self.gpus[c.group[0]]
+        run = self.cost.prefill_s(m, max(0, c.context_tokens - c.kv_reused_tokens), c.group) + \
+            self.cost.decode_s(m, c.output_tokens, c.context_tokens, c.group) + \
+            self.cost.transfer_s(new_per_gpu, f"nvme:{g0.node}", f"gpu:{g0.index}")
+        return (c.start if c.state == "running" else self.now) + run
+
+    def _drain_end(self, group) -> float:
+        """When the calls holding room on `group` should all have ended."""
+        gs = set(group)
+        return max((self._est_end(a) for a in self.active.values() if not gs.isdisjoint(a.group)), default=self.now)
+
+    def _held_for_another(self, group) -> bool:
+        r = self.reserved
+        return r is not None and r.state == "waiting" and not set(r.group).isdisjoint(group)
+
+    def _unplaceable(self, c: CallRec):
+        c.state = "unplaceable"
+        pr = self.programs[c.program]
+        pr.node_state[c.node] = "cancelled"
+        pr.open_nodes -= 1
+        events = []
+        for child in pr.children.get(c.node, ()):
+            events += self._cancel_from(pr, child)
+        self._maybe_finish_program(pr)
+        return events
+
+    def call_need(self, c: CallRec, group) -> tuple[list, float, float]:
+        """(state keys the call needs on `group`, per-GPU bytes of the new copies, per-GPU bytes of
+        the call's own new KV)."""
+        m = self.catalog.by_name[c.model]
+        tp = len(group)
+        keys = [weights_key(m.name)] + [expert_key(m.name, p) for p in c.pages]
+        kvk = kv_key(c.program, c.model)
+        T = self.kv_tokens.get(kvk, 0)
+        if T > 0:
+            keys.append(kvk)
+        new = sum(self.size_of(k) for k in keys if (k, group) not in self.tiers.gpu) / tp
+        private = max(0, c.context_tokens + c.output_tokens - T) * m.kv_bytes_per_token / tp
+        return keys, new, private
+
+    def call_footprint(self, c: CallRec) -> float:
+        """Bytes the call needs in HBM at once: weights, its expert pages, its program's KV."""
+        m = self.catalog.by_name[c.model]
+        pages = len(c.pages) * (m.moe.page_bytes if m.moe else 0.0)
+        kv = max(self.kv_tokens.get(kv_key(c.program, c.model), 0), c.context_tokens + c.output_tokens)
+        return m.dense_bytes + pages + kv * m.kv_bytes_per_token
+
+    def group_capacity(self, group) -> float:
+        """HBM bytes of the smallest GPU of a group (cached)."""
+        cap = self._group_cap.get(group)
+        if cap is None:
+            cap = self._group_cap[group] = min(self.tiers.hbm_cap[i] for i in group)
+        return cap
+
+    def could_ever_fit(self, c: CallRec, group, footprint: float | None = None) -> bool:
+        """Whether the call's weights, pages and KV fit an empty `group` at all."""
+        need = self.call_footprint(c) if footprint is None else footprint
+        return need / len(group) <= self.group_capacity(group)
+
+    def _admit(self, c: CallRec) -> bool:
+        group = c.group
+        held = c is not self.reserved and self._held_for_another(group)
+        keys, new, private = self.call_need(c, group)
+        if held and self._est_end(c, new) > self._reserve_deadline:
+            return False  # on held GPUs only a call that ends before the drain goes in (backfill)
+        victims = self._victims_for_room(group, keys, new, private)
+        if victims is None or (held and victims):
+            return False
+        drains = []
+        for v in victims:
+            if not v.ready:
+                self.cancel_load(v)
+                continue
+            drains += self._evict(v, self.policy.demote_tier(self, v))
+        c.state = "loading"
+        loads = []
+        for key in keys:
+            copy = self.tiers.gpu.get((key, group))
+            if copy is None:
+                copy = self._new_gpu_copy(key, group, prefetch=False)
+                loads.append(copy)
+            copy.pins += 1
+            c.pins.append(copy)
+            self._end_suspension(copy)  # another thread's call uses it: no longer suspended
+            if not copy.ready:
+                c.waiting_on += 1
+                copy.waiters.append(c)
+                self._foreground(copy)  # a call waits for it now: full weight on the link
+        self.tiers.alloc_gpu(group, private)
+        self.tiers.private[id(c)] = (group, private)
+        self.active[id(c)] = c
+        kvk = kv_key(c.program, c.model)
+        c.kv_reused_tokens = self.kv_tokens.get(kvk, 0)
+        self.recorder.dirty = True
+        self._apply(self._hook("on_call_admitted", c))
+        events = self._after(drains, lambda now: self._start_loads(loads))
+        self._push_all(events)
+        if c.waiting_on == 0:
+            self._push_all(self._on_ready(c))
+        return True
+
+    def _victims_for_room(self, group, keys, new: float, private: float) -> list | None:
+        """The copies to evict or cancel so that a call's need (`call_need`) fits on `group`, None
+        if it does not fit now: the one admission rule of `_admit` and `has_room_now`."""
+        return self.plan_eviction(group, new + private, protect={(k, group) for k in keys}, cancel=self._cancel_rule())
+
+    def _cancel_rule(self):
+        """Which loads a call that needs room may cancel (`plan_eviction`), under a policy whose
+        speculation yields: promoted without a lease, no call waiting, bytes still moving over a
+        link. Not one still waiting for the demotions that make its room (no transfer yet: that
+        room is not free until their bytes are out), not a recompute (compute, not a link), and not
+        one whose bytes are all in (only its wake-up is left). A tool-wait swap-in is such a load
+        too; its host copy stays."""
+        if not self.policy.speculation_yields:
+            return None
+        return lambda c: (c.from_prefetch and c.lease is None and not c.waiters and c.transfer is not None
+                          and c.transfer.moving)
+
+    def _unstick(self, force: bool = False) -> list:
+        """Nothing left to happen but calls still wait for HBM: retry them, and report the first
+        that still cannot be admitted as unplaceable rather than wait forever."""
+        self._retry_waiting()
+        idle = not self.flows.flows and not self.queued and not any(self.running_on)
+        if self.waiting and (force or idle):
+            c = self.waiting.pop(0)
+            return self._unplaceable(c) or []
+        return []
+
+    def _when_idle(self) -> bool:
+        """The heap is empty: while calls still wait for HBM, retry them and give up on the first
+        that cannot be admitted (`_unstick`). True if that scheduled anything."""
+        while not self._heap and self.waiting:
+            self._push_all(self._unstick(force=True))
+        return bool(self._heap)
+
+    def _retry_waiting(self):
+        if not self.waiting:
+            return
+        while True:
+            self._reserve()
+            held = self.reserved
+            still = []
+            for c in self._order(self.waiting):
+                if not self._admit(c):
+                    still.append(c)
+            self.waiting = still
+            if held is None or held.state == "waiting" or not self.waiting:
+                return
+            # The starving call got in: the next one, if any, holds its GPUs, and the calls it
+            # held back try again under the new reservation.
+
+    def has_room_now(self, c: CallRec, group) -> bool:
+        """Whether the call could be admitted on `group` now, evicting only unpinned ready state (and
+        cancelling speculative loads, as `_admit` does)."""
+        return self._victims_for_room(group, *self.call_need(c, group)) is not None

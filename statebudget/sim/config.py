@@ -1,0 +1,46 @@
+"""The knobs of one simulated run, in one frozen object that the CLI, the runner, the sweep and
+the simulator pass along unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.programs import ADMIT_STARVE_S
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """How the simulator runs a trace; the cluster, catalog, trace and policy are given apart.
+
+    seed: draws the expert pages each call touches and which call attempts fail.
+    check_invariants: check the books (`Tiers.check`) after every event that changed them (slow).
+    max_batch: calls a GPU runs at once (an engine's max_num_seqs); later ones queue for compute.
+    sample_dt: seconds between two samples of the bytes in HBM (`SimResult.hbm_samples`).
+    queue: the compute and admission queue discipline (`core/programs.py`: fcfs, plas, atlas, auto).
+    kv_rule: what a tool wait does to its program's KV (`core/toolwait.py`); None: the policy's own.
+    prefill_slots: prefills a GPU runs at once (None: any number, sharing its FLOP/s). With a limit,
+        calls queue for compute and the discipline decides who goes first, as vLLM's token budget
+        per step serialises prefills.
+    admit_starve_s: a call that has waited this long for HBM holds its GPUs (no other admission,
+        no prefetch there) until it is in; None: no reservation.
+    call_failure_rate: the chance that a call attempt fails while it runs (an engine error, a lost
+        worker), at a uniform point of its uncontended run, drawn per (program, node, attempt) from
+        the seed. Its KV on that group is lost; the call is retried at once.
+    retry_keeps_service: the program keeps the service a failed attempt attained; False only for the
+        ablation in which a retry comes back as a new program id, starting from no service.
+    """
+
+    seed: int = 0
+    check_invariants: bool = False
+    max_batch: int = 32
+    sample_dt: float = 15.0
+    queue: str = "fcfs"
+    kv_rule: str | None = None
+    prefill_slots: int | None = None
+    admit_starve_s: float | None = ADMIT_STARVE_S
+    call_failure_rate: float = 0.0
+    retry_keeps_service: bool = True
+
+    def __post_init__(self):
+        if not 0.0 <= self.call_failure_rate < 1.0:
+            raise ValueError(f"call_failure_rate must be in [0, 1), got {self.call_failure_rate}")

@@ -1,0 +1,99 @@
+"""What a run measures: counters the mechanism bumps as it moves bytes and runs calls, the HBM
+samples and the warm-tax integral, and the `SimResult` built from them at the end."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .calls import CallRec
+    from .programs import ProgRun
+
+
+@dataclass
+class SimResult:
+    calls: list[CallRec]
+    programs: dict[str, ProgRun]
+    bytes_by_pair: Counter
+    bytes_by_link: dict[str, float]
+    wasted_bytes: float
+    warm_tax: float
+    hbm_samples: list[tuple[float, float, float, float]]  # t, weights, experts, kv bytes in HBM
+    decision_ms: list[float]
+    events: int
+    stale_events: int
+    sim_end: float
+    hbm_total: float
+    kv_actions: Counter = field(default_factory=Counter)
+    kv_hbm_byte_s: float = 0.0
+    recomputed_tokens: int = 0
+    ttl_errors: list = field(default_factory=list)
+    failed_attempts: int = 0      # call attempts that failed (`call_failure_rate`) and were retried
+    failed_service_s: float = 0.0  # compute seconds those attempts had run: lost, yet attained service
+    queue_switches: list = field(default_factory=list)  # `auto`'s switches (`ProgramSizes.changes`)
+
+
+class Recorder:
+    """The measurements of one run. `tiers` and `running_models` are the simulator's books, read
+    to sample HBM; whoever changes what HBM holds sets `dirty`."""
+
+    def __init__(self, tiers, running_models: Counter, sample_dt: float):
+        self.tiers, self.running_models, self.sample_dt = tiers, running_models, sample_dt
+        self.events = 0
+        self.stale_events = 0  # flow completions superseded by a re-pricing of their flow
+        self.bytes_by_pair: Counter = Counter()
+        self.wasted_bytes = 0.0
+        self.decision_ms: list[float] = []
+        self.kv_hbm_byte_s = 0.0
+        self.recomputed_tokens = 0
+        self.failed_attempts, self.failed_service_s = 0, 0.0
+        self.hbm_samples: list = []
+        self.end: float | None = None  # when the last program finished; the warm tax stops there
+        self.dirty = True
+        self._last_sample = -1e18
+        self._wt_value = 0.0
+        self._wt_integral = 0.0
+
+    def advance(self, old: float, new: float) -> None:
+        """The clock moves from `old` to `new`. HBM metrics are piecewise constant: computed once
+        per instant, from the state all events at `old` left behind."""
+        if self.dirty:
+            self._refresh_hbm(old)
+        if self.end is None:
+            self._wt_integral += self._wt_value * (new - old)
+
+    def _refresh_hbm(self, now: float) -> None:
+        self.dirty = False
+        idle = w = e = kv = 0.0
+        running = self.running_models
+        for c in self.tiers.gpu.values():
+            kind = c.key[0]
+            nb = c.per_gpu * len(c.group)
+            if kind == "kv":
+                kv += nb
+                continue
+            if kind == "w":
+                w += nb
+            else:
+                e += nb
+            if not running.get((c.key[1], c.group)):
+                idle += nb
+        self._wt_value = idle / sum(self.tiers.hbm_cap)
+        if now - self._last_sample >= self.sample_dt:
+            self._last_sample = now
+            self.hbm_samples.append((now, w, e, kv))
+
+    def result(self, calls, programs, flows, kvw, sizes) -> SimResult:
+        end = self.end
+        return SimResult(
+            calls=calls, programs=programs, bytes_by_pair=self.bytes_by_pair,
+            bytes_by_link={k: v for k, v in sorted(flows.work_done.items()) if not k.startswith("gpu:")},
+            wasted_bytes=self.wasted_bytes, warm_tax=self._wt_integral / end if end else 0.0,
+            hbm_samples=self.hbm_samples, decision_ms=self.decision_ms, events=self.events,
+            stale_events=self.stale_events, sim_end=end or 0.0,
+            hbm_total=sum(self.tiers.hbm_cap), kv_actions=kvw.actions, kv_hbm_byte_s=self.kv_hbm_byte_s,
+            recomputed_tokens=self.recomputed_tokens, ttl_errors=kvw.ttl_errors,
+            failed_attempts=self.failed_attempts, failed_service_s=self.failed_service_s,
+            queue_switches=sizes.changes)

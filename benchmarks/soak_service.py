@@ -20,10 +20,10 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(HERE / "tests"))
+sys.path.insert(0, str(HERE))  # a script, not a package: the end-to-end stack lives in the tests
 
-from helpers import wait_until  # noqa: E402
-from test_e2e_service import Stack  # noqa: E402
+from tests.helpers import wait_until  # noqa: E402
+from tests.test_e2e_service import Stack  # noqa: E402
 
 
 def soak(src: Path, seed: int, kv_rule: str, hours: float) -> dict:

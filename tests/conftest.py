@@ -1,11 +1,7 @@
 import os
-import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import settings
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 # CI replays the same generated examples every run, so a landing is never blocked by a new random
 # draw. `HYPOTHESIS_PROFILE=explore make test` draws new examples each run instead.
@@ -19,7 +15,7 @@ def live_planner():
     """A `LivePlanner` on the toy2 cluster and toy catalog with an in-memory ledger and a fake
     clock (`live_planner.clock`, a `helpers.Clock` at t = 1000 s: set `.t` to move time). Tests
     that need another ledger, queue, kv_rule or config build their own."""
-    from helpers import Clock
+    from tests.helpers import Clock
     from statebudget.models.load import load_catalog, load_cluster
     from statebudget.service.live import LivePlanner
 

@@ -20,7 +20,7 @@ import pytest
 from statebudget.api.driver import Driver
 from statebudget.models.load import parse_trace
 
-from helpers import toy_trace_jsonl, wait_until
+from tests.helpers import toy_trace_jsonl, wait_until
 
 # One worker runs these one after another (`make test` passes --dist loadgroup): each times real
 # copies against the quotes, and two of them at once on 2 cores would measure each other.

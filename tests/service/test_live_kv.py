@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from helpers import Clock, call, catalog, cluster, program, report_op, tool, trace
+from tests.helpers import Clock, call, catalog, cluster, program, report_op, tool, trace
 from statebudget.engine_adapters.base import gpu_indexes, run_order
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.models.plan import Op

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import helpers
+from tests import helpers
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.service.live import Conflict, Invalid, LivePlanner, NotFound
 

@@ -11,7 +11,7 @@ from statebudget.models.load import load_catalog, load_cluster
 from statebudget.service.ledger import Store
 from statebudget.service.live import LivePlanner
 
-from helpers import toy_trace_jsonl
+from tests.helpers import toy_trace_jsonl
 
 TOK = {"admin": "admin-token-0123456789", "a": "runtime-a-0123456789", "b": "runtime-b-0123456789",
        "n0": "adapter-n0-0123456789", "n1": "adapter-n1-0123456789"}
@@ -336,7 +336,7 @@ def test_the_auto_queue_gauges_are_set_from_the_start_and_after_a_restart(tmp_pa
 
     from fastapi.testclient import TestClient
 
-    from helpers import Clock
+    from tests.helpers import Clock
     from statebudget.api.app import create_app
     from statebudget.core.programs import AUTO_MIN
 

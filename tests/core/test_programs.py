@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from helpers import GB, Clock, call, catalog, cluster, program, tool, trace
+from tests.helpers import GB, Clock, call, catalog, cluster, program, tool, trace
 from statebudget.cli import app
 from statebudget.models.load import write_trace
 from statebudget.core.waits import ResumeModel, ToolWaitModel

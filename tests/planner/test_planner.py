@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import GB, call, catalog, cluster, program, tool, trace
+from tests.helpers import GB, call, catalog, cluster, program, tool, trace
 from statebudget.planner.core import PlannerConfig
 from statebudget.planner.leases import LeaseState
 from statebudget.planner.predictor import Predictor

@@ -2,7 +2,7 @@
 
 import pytest
 
-from helpers import GB, call, catalog, cluster, program, tool, trace
+from tests.helpers import GB, call, catalog, cluster, program, tool, trace
 from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 from statebudget.sim.flows import FairShare

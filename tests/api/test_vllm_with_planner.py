@@ -4,7 +4,7 @@ only when the engine is awake with its weights."""
 
 from fastapi.testclient import TestClient
 
-from fake_engines import FakeVllm, serve
+from tests.fake_engines import FakeVllm, serve
 from statebudget.api.app import create_app
 from statebudget.api.auth import Auth, TokenEntry
 from statebudget.engine_adapters.vllm import VllmAdapter

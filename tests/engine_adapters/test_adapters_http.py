@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from fake_engines import FakeLMCache, FakePlanner, FakeSglang, FakeVllm, serve
+from tests.fake_engines import FakeLMCache, FakePlanner, FakeSglang, FakeVllm, serve
 from statebudget.engine_adapters.lmcache import LMCacheAdapter
 from statebudget.engine_adapters.sglang import SglangAdapter
 from statebudget.engine_adapters.vllm import VllmAdapter

@@ -6,7 +6,7 @@ import pytest
 
 from typer.testing import CliRunner
 
-from helpers import GB, call, catalog, cluster, program, tool, trace
+from tests.helpers import GB, call, catalog, cluster, program, tool, trace
 from statebudget.cli import app
 from statebudget.models.load import load_catalog, load_cluster, write_trace
 from statebudget.sim.engine import Simulator

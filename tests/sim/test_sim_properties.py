@@ -5,7 +5,7 @@ and no program state left behind."""
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import GB, cluster, program, trace
+from tests.helpers import GB, cluster, program, trace
 from statebudget.models import Catalog
 from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator

@@ -4,7 +4,7 @@ not dropped when it grows, a failed demotion adopts its source, and a lease with
 
 import pytest
 
-from helpers import report_op
+from tests.helpers import report_op
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.service.ledger import Store
 from statebudget.service.live import Conflict, LivePlanner

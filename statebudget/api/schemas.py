@@ -6,7 +6,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..models.plan import Op
 
 Name = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:/@+-]+$")
 EventType = Literal["program_started", "call_arrived", "call_started", "call_finished", "call_cancelled",
@@ -78,29 +77,6 @@ class LeaseCreate(BaseModel):
     epoch: int | None = Field(None, ge=0, le=1_000_000)
 
 
-class QuotePublic(BaseModel):
-    p50_s: float
-    p95_s: float
-
-
-class LeasePublic(BaseModel):
-    lease_id: str
-    decision: Literal["accepted", "partial", "rejected"]
-    state: str
-    quote: QuotePublic
-    version: str
-    kv_version: int | None
-    ready: bool
-    deadline_in_s: float
-    reason: str
-    objects: dict[str, str]
-
-
-class PlanPublic(BaseModel):
-    version: int
-    ops: list[Op]
-
-
 class OpReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
     status: Literal["done", "failed", "cancelled"]
@@ -110,12 +86,6 @@ class OpReport(BaseModel):
     version: int = Field(0, ge=0)
     epoch: int = Field(0, ge=0)
     error: str = Field("", max_length=10_000)
-
-
-class OpAck(BaseModel):
-    op_id: str
-    status: str
-    duplicate: bool = False
 
 
 class OracleRunCreate(BaseModel):

@@ -31,3 +31,12 @@ class Plan(BaseModel):
     model_config = ConfigDict(frozen=True)
     version: int
     ops: list[Op] = Field(default_factory=list)
+
+
+class OpAck(BaseModel):
+    """The planner's answer to an adapter's report of one op: the op's status; `duplicate` for a
+    done report of a closed op sent again."""
+    model_config = ConfigDict(frozen=True)
+    op_id: str
+    status: str
+    duplicate: bool = False

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ..core.books import GpuCopy
-from ..models.plan import Op
+from ..models.plan import Op, OpAck, Plan
 from ..planner.leases import Lease
 from .errors import Conflict, Forbidden, NotFound
-from .results import OpAck, PlanView
 
 log = logging.getLogger("statebudget.planner")
 # An engine busy with requests may refuse a release for a while, and one without per-program
@@ -106,13 +105,13 @@ class Journal:
         self.plan_version += 1
         self._save_meta()
 
-    def plan_for(self, node: str, after: int) -> PlanView:
+    def plan_for(self, node: str, after: int) -> Plan:
         """The open ops of one node, in the order to run them: the order they were made, except
         that a drop in place of a move out of HBM that did not land takes that move's place, ahead
         of the promotes planned into the room the move was to free. Held drops wait (`_release_held`).
 
         Called by GET /v1/plan once the plan version passed `after` (the route waits for that).
-        Counts each op as offered once more. Returns the plan version and the ops as JSON.
+        Counts each op as offered once more. Returns the plan version and the ops.
         Raises NotFound for a node the cluster does not have."""
         if node not in self.cluster.node_by_name:
             raise NotFound(f"no node {node!r} in cluster {self.cluster.name!r}")
@@ -123,7 +122,7 @@ class Journal:
                 for r in ops:
                     r.offered += 1
                     self._save_op(r)
-        return PlanView(self.plan_version, [r.op.model_dump() for r in ops])
+        return Plan(version=self.plan_version, ops=[r.op for r in ops])
 
     def report(self, node: str, op_id: str, result: dict) -> OpAck:
         """An adapter's report. `done` with the op's version and epoch, while the books still hold
@@ -158,7 +157,7 @@ class Journal:
         self.plan_due = True
         if refused:
             raise Conflict(f"op {op_id}: {refused}")
-        return OpAck(op_id, rec.status)
+        return OpAck(op_id=op_id, status=rec.status.value)
 
     def _stale(self, op: Op) -> bool:
         """The state `op` is about has moved on (another version, or epoch) since it was made."""
@@ -173,7 +172,7 @@ class Journal:
         if row["node"] != node:
             raise Forbidden(f"op {op_id} belongs to node {row['node']}, not {node}")
         if row["status"] == result["status"] == OpStatus.DONE and (row["result"] or {}).get("checksum") == result.get("checksum"):
-            return OpAck(op_id, OpStatus.DONE, duplicate=True)
+            return OpAck(op_id=op_id, status=OpStatus.DONE.value, duplicate=True)
         raise Conflict(f"op {op_id} is already {row['status']}" + (f": {row['reason']}" if row["reason"] else ""))
 
     def _commit(self, rec: OpRec, result: dict) -> None:

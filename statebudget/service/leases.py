@@ -4,18 +4,18 @@ policy decides, this part checks the caller and turns the lease into its answer.
 
 from __future__ import annotations
 
+from ..models.lease import LeasePublic, QuotePublic
 from ..models.state import kv_key
 from ..planner.leases import Lease, LeaseRequest, LeaseState
 from ..policies.baselines import place_model
 from .errors import Forbidden, Invalid, NotFound
 from .journal import gpu_tier
-from .results import LeaseView, QuoteView
 
 
 class LeaseDesk:
     """Submit, view, get and cancel leases."""
 
-    def submit_lease(self, tenant: str, body: dict) -> LeaseView:
+    def submit_lease(self, tenant: str, body: dict) -> LeasePublic:
         """Quote, rank and admit one HandoffLease for the program's next call; an accepted one gets
         its ops now, and one with no room to prepare is refused at once rather than left to expire.
 
@@ -52,14 +52,16 @@ class LeaseDesk:
         self.plan_due = True
         return self.lease_view(lease)
 
-    def lease_view(self, lease: Lease) -> LeaseView:
+    def lease_view(self, lease: Lease) -> LeasePublic:
         """A lease as the runtime sees it now (its deadline counted from now). Used by the lease
         routes' answers."""
         q = lease.quote
-        return LeaseView(lease.lease_id, lease.decision, lease.state.name.lower(), QuoteView(q.p50_s, q.p95_s),
-                         lease.request.version, lease.request.kv_version,
-                         lease.state in (LeaseState.READY, LeaseState.CONSUMED), lease.request.deadline_s - self.now,
-                         lease.reason, {"/".join(map(str, k)): v for k, v in lease.objects.items()})
+        return LeasePublic(
+            lease_id=lease.lease_id, decision=lease.decision, state=lease.state.name.lower(),
+            quote=QuotePublic(p50_s=q.p50_s, p95_s=q.p95_s), version=lease.request.version,
+            kv_version=lease.request.kv_version, ready=lease.state in (LeaseState.READY, LeaseState.CONSUMED),
+            deadline_in_s=lease.request.deadline_s - self.now, reason=lease.reason,
+            objects={"/".join(map(str, k)): v for k, v in lease.objects.items()})
 
     def get_lease(self, tenant: str, lease_id: str) -> Lease:
         """The lease `lease_id` of `tenant`. Called by GET and DELETE /v1/leases/{id}. Raises
@@ -71,7 +73,7 @@ class LeaseDesk:
             raise Forbidden(f"lease {lease_id!r} belongs to another tenant")
         return lease
 
-    def cancel_lease(self, tenant: str, lease_id: str) -> LeaseView:
+    def cancel_lease(self, tenant: str, lease_id: str) -> LeasePublic:
         """Cancel a lease: its transfers stop and what they reserved is freed. A second cancel
         changes nothing.
 

@@ -116,44 +116,6 @@ class EffectDone(Result):
 EventAck = ProgramAck | CallAck | CallStartedAck | ToolAck | EffectDone
 
 
-# ---- /v1/leases ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class QuoteView(Result):
-    p50_s: float
-    p95_s: float
-
-
-@dataclass(frozen=True)
-class LeaseView(Result):
-    """A lease as the runtime sees it (`schemas.LeasePublic`)."""
-    lease_id: str
-    decision: str
-    state: str
-    quote: QuoteView
-    version: str
-    kv_version: int | None
-    ready: bool
-    deadline_in_s: float
-    reason: str
-    objects: dict[str, str]
-
-
-# ---- adapters -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PlanView(Result):
-    """GET /v1/plan: the plan version and the node's open ops (as JSON), in the order to run."""
-    version: int
-    ops: list[dict]
-
-
-@dataclass(frozen=True)
-class OpAck(Result):
-    """POST /v1/ops/{id}: the op's status; `duplicate` for a done report sent again."""
-    op_id: str
-    status: str
-    duplicate: bool | None = optional()
-
-
 # ---- queue, operators ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WaitingCall(Result):

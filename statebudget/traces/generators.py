@@ -28,6 +28,7 @@ import math
 
 import numpy as np
 
+from ..models.catalog import Catalog
 from ..models.trace import Cancel, Hint, Program, Trace, TraceHeader, TraceNode
 from .fit import QUANTILES, load_fitted
 
@@ -293,7 +294,7 @@ def generate(preset: str, seed: int, hours: float, load: float = 1.0) -> Trace:
     return Trace(header=header, programs=progs)
 
 
-def for_catalog(trace: Trace, source: "Catalog", target: "Catalog") -> tuple[Trace, dict[str, str]]:
+def for_catalog(trace: Trace, source: Catalog, target: Catalog) -> tuple[Trace, dict[str, str]]:
     """`trace` with each model that `target` lacks renamed, in calls and hints alike, so a preset
     trace (written for `source`, agent-team) runs on a small catalog such as `toy`: to the
     `target` model at the same rank by size (total bytes; the smallest to the smallest, the

@@ -232,22 +232,22 @@ def test_restart_keeps_leases_ops_and_residency(tmp_path):
     cl, cat = load_cluster("toy2"), load_catalog("toy")
     p = LivePlanner(cl, cat, Store(tmp_path / "sb.db"))
     p.event("a", {"type": "program_started", "program": "p1"})
-    lid = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60})["lease_id"]
+    lid = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60}).lease_id
     p.submit_lease("a", {"program": "p1", "model": "coder", "deadline_s": 60})
-    ops = [o for n in ("n0", "n1") for o in p.plan_for(n, 0)["ops"]]
-    first = next(o for o in ops if o["lease_id"] == lid)
-    node = p.ops[first["op_id"]].node
-    p.report(node, first["op_id"], done(first))
+    ops = [o for n in ("n0", "n1") for o in p.plan_for(n, 0).ops]
+    first = next(o for o in ops if o.lease_id == lid)
+    node = p.ops[first.op_id].node
+    p.report(node, first.op_id, done(first.model_dump()))
     before = p.residency()
     p.store.close()
     q = LivePlanner(cl, cat, Store(tmp_path / "sb.db"))
     after = q.residency()
     assert after["copies"] == before["copies"] and after["leases"] == before["leases"]
-    assert q.lease_view(q.ledger.leases[lid])["ready"]
+    assert q.lease_view(q.ledger.leases[lid]).ready
     assert q.plan_version > p.plan_version  # adapters see the open ops again
-    reoffered = {o["op_id"] for n in ("n0", "n1") for o in q.plan_for(n, 0)["ops"]}
-    assert reoffered == {o["op_id"] for o in ops} - {first["op_id"]}
-    assert q.report(node, first["op_id"], done(first))["duplicate"]  # acknowledged before: not twice
+    reoffered = {o.op_id for n in ("n0", "n1") for o in q.plan_for(n, 0).ops}
+    assert reoffered == {o.op_id for o in ops} - {first.op_id}
+    assert q.report(node, first.op_id, done(first.model_dump())).duplicate  # acknowledged before: not twice
 
 
 def test_a_token_added_to_the_file_works_without_a_restart(tmp_path):

@@ -31,8 +31,8 @@ def test_a_lease_wakes_the_vllm_server_of_its_model():
         assert client.post("/v1/events", json={"type": "program_started", "program": "p"}, headers=rt).status_code == 200
         lease = client.post("/v1/leases", json={"program": "p", "model": "planner", "deadline_s": 60}, headers=rt).json()
         assert lease["decision"] == "accepted" and not lease["ready"]
-        (op,) = planner.plan_for("n0", 0)["ops"]  # ties in free HBM go to the lower GPU index: gpu:0 on n0
-        assert op["dst"] == "gpu:0" and op["src"] == "nvme:n0" and op["lease_id"] == lease["lease_id"]
+        (op,) = planner.plan_for("n0", 0).ops  # ties in free HBM go to the lower GPU index: gpu:0 on n0
+        assert op.dst == "gpu:0" and op.src == "nvme:n0" and op.lease_id == lease["lease_id"]
         assert adapter.step(wait_s=0) == 1
         assert "POST /collective_rpc" in fakes["planner"].lines()  # from NVMe: wake, then reload the weights
         assert not fakes["planner"].asleep and fakes["planner"].weights_valid

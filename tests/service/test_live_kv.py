@@ -405,7 +405,7 @@ def test_a_kv_a_lease_asks_for_is_kept_through_the_tool_wait():
         group = after_a_call(p, clock)
         if leased:
             lease = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60, "for_call": "c2"})
-            assert lease["kv_version"] == TOKENS
+            assert lease.kv_version == TOKENS
         start_tool(p)
         if leased:
             assert not kv_ops(p) and p.kvw.actions == {"preserve": 1}
@@ -582,7 +582,7 @@ def test_a_drop_in_place_of_a_failed_move_keeps_its_place_in_the_plan_across_a_r
     p.store.close()
     q = LivePlanner(cl, cat, Store(old), clock=clock, kv_rule="swap")
     # ahead of the promotes planned into its room, though it was made after them
-    assert [o["op_id"] for o in q.plan_for(node, 0)["ops"]] == [drop, *promotes]
+    assert [o.op_id for o in q.plan_for(node, 0).ops] == [drop, *promotes]
 
 
 def test_a_failed_drop_of_an_out_of_date_kv_copy_is_not_taken_back_as_the_current_one():
@@ -623,15 +623,15 @@ def test_a_failed_drop_sent_again_later_is_kept_through_a_restart(tmp_path):
     node = drop.node
     report_op(p, drop.op, status="failed", error="busy")
     (held,) = kv_ops(p)
-    assert held.not_before == clock.t + 1.0 and not p.plan_for(node, 0)["ops"]  # held back for 1 s
+    assert held.not_before == clock.t + 1.0 and not p.plan_for(node, 0).ops  # held back for 1 s
     p.store.close()
     q = LivePlanner(cl, cat, Store(tmp_path / "sb.db"), clock=clock, kv_rule="preserve")
-    assert not q.plan_for(node, 0)["ops"] and q.due_in() == pytest.approx(1.0) and q.ops[held.op.op_id].tries == 1
+    assert not q.plan_for(node, 0).ops and q.due_in() == pytest.approx(1.0) and q.ops[held.op.op_id].tries == 1
     clock.t += 1.0
-    assert not q.plan_for(node, 0)["ops"]  # offered once the planning step has looked at it
+    assert not q.plan_for(node, 0).ops  # offered once the planning step has looked at it
     version = q.plan_version
     q.tick()
-    assert [o["op_id"] for o in q.plan_for(node, 0)["ops"]] == [held.op.op_id] and q.plan_version > version
+    assert [o.op_id for o in q.plan_for(node, 0).ops] == [held.op.op_id] and q.plan_version > version
 
 
 def test_a_drop_held_back_is_cancelled_when_the_books_take_that_copy_up_again():
@@ -652,7 +652,7 @@ def test_a_drop_held_back_is_cancelled_when_the_books_take_that_copy_up_again():
         apply([Promote(W, group)], p)  # wanted there again before that
     assert (W, group) in p.tiers.gpu
     clock.t += 1.0
-    assert held.op.op_id not in [o["op_id"] for o in p.plan_for(held.node, 0)["ops"]]  # not before the check
+    assert held.op.op_id not in [o.op_id for o in p.plan_for(held.node, 0).ops]  # not before the check
     p.tick()
     assert held.op.op_id not in p.ops and held.status == "cancelled"  # it would delete the copy promoted
     p.tiers.check()

@@ -20,7 +20,7 @@ def planner(db=None):
 def test_a_refused_report_is_closed_on_disk_too(tmp_path):
     p = planner(tmp_path / "sb.db")
     p.event("a", {"type": "program_started", "program": "p1"})
-    lid = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60})["lease_id"]
+    lid = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60}).lease_id
     op = next(r.op for r in p.ops.values() if r.op.lease_id == lid)
     node = p.ops[op.op_id].node
     with pytest.raises(Conflict, match="version"):
@@ -32,7 +32,7 @@ def test_a_refused_report_is_closed_on_disk_too(tmp_path):
     assert op.op_id not in q.ops and q.tiers.hbm_used == [0.0, 0.0]
     with pytest.raises(Conflict, match="already cancelled"):  # a later, correct report cannot publish it
         q.report(node, op.op_id, {"status": "done", "version": op.version, "epoch": op.epoch, "checksum": "c"})
-    assert not q.lease_view(q.ledger.leases[lid])["ready"]
+    assert not q.lease_view(q.ledger.leases[lid]).ready
 
 
 def test_a_lease_on_a_copy_in_flight_waits_for_its_commit_and_survives_the_other_cancel(live_planner):
@@ -41,12 +41,12 @@ def test_a_lease_on_a_copy_in_flight_waits_for_its_commit_and_survives_the_other
         p.event(t, {"type": "program_started", "program": prog})
     la = p.submit_lease("a", {"program": "pa", "model": "planner", "deadline_s": 60})
     lb = p.submit_lease("b", {"program": "pb", "model": "planner", "deadline_s": 60})
-    assert not lb["ready"] and lb["state"] == "transferring" and lb["quote"]["p95_s"] > 0
+    assert not lb.ready and lb.state == "transferring" and lb.quote.p95_s > 0
     (op,) = [r.op for r in p.ops.values()]  # one transfer serves both
-    p.cancel_lease("a", la["lease_id"])
+    p.cancel_lease("a", la.lease_id)
     assert op.op_id in p.ops  # b still needs it
     report_op(p, op)
-    assert p.lease_view(p.ledger.leases[lb["lease_id"]])["ready"]
+    assert p.lease_view(p.ledger.leases[lb.lease_id]).ready
 
 
 def test_a_growing_kv_on_its_own_group_is_not_dropped(live_planner):
@@ -82,7 +82,7 @@ def test_a_lease_with_no_room_is_rejected_with_the_reason(live_planner):
     p.event("a", {"type": "program_started", "program": "p1"})
     p.tiers.hbm_used = [cap for cap in p.tiers.hbm_cap]  # every GPU full of pinned state
     out = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60})
-    assert out["decision"] == "rejected" and "no room" in out["reason"] and not p.ops
+    assert out.decision == "rejected" and "no room" in out.reason and not p.ops
 
 
 def test_a_leased_promote_is_foreground_and_a_speculative_one_runs_in_the_background(live_planner):
@@ -91,7 +91,7 @@ def test_a_leased_promote_is_foreground_and_a_speculative_one_runs_in_the_backgr
     p = live_planner
     p.policy.speculation_yields = True  # off by default (measured not to pay, BENCHMARKS.md)
     p.event("a", {"type": "program_started", "program": "p1"})
-    lid = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60})["lease_id"]
+    lid = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60}).lease_id
     (leased,) = [r.op for r in p.ops.values()]
     assert leased.lease_id == lid and not leased.background
     other = next(m.name for m in p.catalog.models if m.name != "planner")

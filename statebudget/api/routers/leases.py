@@ -7,7 +7,8 @@ import logging
 from fastapi import APIRouter
 
 from ..deps import RuntimeDep, ServiceDep
-from ..schemas import LeaseCreate, LeasePublic
+from ...models.lease import LeasePublic
+from ..schemas import LeaseCreate
 
 router = APIRouter(prefix="/v1/leases", tags=["runtime"])
 log = logging.getLogger("statebudget.api")
@@ -20,13 +21,13 @@ async def submit_lease(body: LeaseCreate, svc: ServiceDep, who: RuntimeDep):
     svc.changed()
     log.info("lease", extra={"fields": {"lease_id": out.lease_id, "tenant": who.tenant, "program": body.program,
                                         "model": body.model, "decision": out.decision, "p95_s": out.quote.p95_s}})
-    return out.body()
+    return out
 
 
 @router.get("/{lease_id}", response_model=LeasePublic)
 async def get_lease(lease_id: str, svc: ServiceDep, who: RuntimeDep):
     p = svc.planner
-    return p.lease_view(p.get_lease(who.tenant, lease_id)).body()
+    return p.lease_view(p.get_lease(who.tenant, lease_id))
 
 
 @router.delete("/{lease_id}", response_model=LeasePublic)
@@ -34,4 +35,4 @@ async def cancel_lease(lease_id: str, svc: ServiceDep, who: RuntimeDep):
     """Cancel: transfers stop, reservations are freed; a second cancel changes nothing."""
     out = svc.planner.cancel_lease(who.tenant, lease_id)
     svc.changed()
-    return out.body()
+    return out

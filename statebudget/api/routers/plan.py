@@ -8,20 +8,21 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query
 
 from ..deps import AdapterDep, ServiceDep
-from ..schemas import OpAck, OpReport, PlanPublic
+from ...models.plan import OpAck, Plan
+from ..schemas import OpReport
 
 router = APIRouter(prefix="/v1", tags=["adapters"])
 log = logging.getLogger("statebudget.api")
 
 
-@router.get("/plan", response_model=PlanPublic)
+@router.get("/plan", response_model=Plan)
 async def get_plan(svc: ServiceDep, who: AdapterDep, node: Annotated[str, Query(min_length=1, max_length=200)],
                    after: Annotated[int, Query(ge=0)] = 0, wait: Annotated[float, Query(ge=0, le=60)] = 0.0):
     """The open ops of `node` once the plan version passes `after`, waiting up to `wait` seconds."""
     if node != who.node:
         raise HTTPException(403, f"this adapter token is for node {who.node!r}, not {node!r}")
     await svc.wait_for_version(after, wait)
-    return svc.planner.plan_for(node, after).body()
+    return svc.planner.plan_for(node, after)
 
 
 @router.post("/ops/{op_id}", response_model=OpAck)
@@ -31,4 +32,4 @@ async def report_op(op_id: str, body: OpReport, svc: ServiceDep, who: AdapterDep
     svc.changed()
     log.info("op", extra={"fields": {"op_id": op_id, "node": who.node, "status": str(out.status),
                                      "bytes": body.bytes, "seconds": body.seconds}})
-    return out.body()
+    return out

@@ -2,8 +2,8 @@
 
 `body()` is the JSON the API sends (field names are the wire names). A field declared with
 `OPTIONAL` is left out of the body while it is None: an answer that has nothing to say about it
-(a repeated event, for instance) does not send it, as the protocol always did. Reading a result
-by its wire name (`result["ops"]`) reads the body, for callers written against the JSON.
+(a repeated event, for instance) does not send it. The plan, op and lease answers are the
+pydantic models of `models/` (`Plan`, `OpAck`, `LeasePublic`), which the API sends as they are.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _plain(v):
 
 @dataclass(frozen=True)
 class Result:
-    """Base of the answers: `body()` for the wire, read by wire name like the body."""
+    """Base of the answers: `body()` for the wire."""
 
     def body(self) -> dict[str, Any]:
         out = {}
@@ -50,15 +50,6 @@ class Result:
                 continue
             out[name] = _plain(v)
         return out
-
-    def __getitem__(self, name: str):
-        return self.body()[name]
-
-    def get(self, name: str, default=None):
-        return self.body().get(name, default)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.body()
 
 
 # ---- POST /v1/events ----------------------------------------------------------------------------

@@ -242,7 +242,7 @@ def test_restart_keeps_leases_ops_and_residency(tmp_path):
     p.store.close()
     q = LivePlanner(cl, cat, Store(tmp_path / "sb.db"))
     after = q.residency()
-    assert after["copies"] == before["copies"] and after["leases"] == before["leases"]
+    assert after.copies == before.copies and after.leases == before.leases
     assert q.lease_view(q.ledger.leases[lid]).ready
     assert q.plan_version > p.plan_version  # adapters see the open ops again
     reoffered = {o.op_id for n in ("n0", "n1") for o in q.plan_for(n, 0).ops}

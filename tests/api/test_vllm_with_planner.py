@@ -43,5 +43,5 @@ def test_a_lease_wakes_the_vllm_server_of_its_model():
             apply([Demote(("w", "planner"), (0,), "host")], planner)
         assert adapter.step(wait_s=0) == 1
         assert fakes["planner"].lines()[-2:] == ["POST /sleep?level=1", "GET /is_sleeping"] and fakes["planner"].asleep
-        where = {(tuple(c["object"]), c["tier"]): c["ready"] for c in planner.residency()["copies"]}
+        where = {(tuple(c["object"]), c["tier"]): c["ready"] for c in planner.residency().copies}
         assert where == {(("w", "planner"), "host:n0"): True}

@@ -500,13 +500,13 @@ def test_the_live_priority_weighs_tenants_and_ttft_slack():
         return p
 
     p = setup({})  # new programs, no service of their own (plas alone ties them)
-    a, b = arrive(p, "a2", "c")["priority"], arrive(p, "b2", "c")["priority"]
+    a, b = arrive(p, "a2", "c").priority, arrive(p, "b2", "c").priority
     assert b < a  # the tenant above its fair share waits
     p = setup({"a": 50.0})
-    a, b = arrive(p, "a2", "c")["priority"], arrive(p, "b2", "c")["priority"]
+    a, b = arrive(p, "a2", "c").priority, arrive(p, "b2", "c").priority
     assert a < b  # weighted 50, tenant a is below its share
     p = setup({})
-    no_slack = arrive(p, "a2", "c", ttft_s=1.0, context_tokens=100)["priority"]
+    no_slack = arrive(p, "a2", "c", ttft_s=1.0, context_tokens=100).priority
     p.submit_lease("a", {"program": "a2", "model": "coder", "deadline_s": 60})
     for rec in list(p.ops.values()):  # the coder's weights are in HBM now: its prefill can be predicted
         p.report(rec.node, rec.op.op_id, {"status": "done", "bytes": rec.op.bytes, "seconds": 0.1,
@@ -514,9 +514,9 @@ def test_the_live_priority_weighs_tenants_and_ttft_slack():
     assert [c for c in p.copies_of("coder") if c.ready]
     p.event("a", {"type": "call_finished", "program": "a2", "call": "c", "tokens": 100})
     p.event("a", {"type": "program_started", "program": "a3"})
-    urgent = arrive(p, "a3", "c", ttft_s=1.0, context_tokens=100)["priority"]
+    urgent = arrive(p, "a3", "c", ttft_s=1.0, context_tokens=100).priority
     assert urgent < no_slack - 5000  # the same call, now with its slack known
-    relaxed = arrive(p, "b2", "c", ttft_s=600.0, context_tokens=100)["priority"]
+    relaxed = arrive(p, "b2", "c", ttft_s=600.0, context_tokens=100).priority
     assert urgent < relaxed  # tight TTFT slack outweighs tenant a's excess (both bounded)
 
 
@@ -542,33 +542,33 @@ def test_the_live_queue_follows_the_starvation_promotion_that_a_fixed_priority_c
     send("old", "call_started", "c1")
     clock.t = 40.0
     send("old", "call_finished", "c1", tokens=100)
-    pri_old = send("old", "call_arrived", "c2", model="coder")["priority"]
+    pri_old = send("old", "call_arrived", "c2", model="coder").priority
     clock.t = 41.0
-    pri_new = send("new", "call_arrived", "c1", model="coder")["priority"]
+    pri_new = send("new", "call_arrived", "c1", model="coder").priority
     send("other", "call_arrived", "c1", model="planner")
     assert pri_new < pri_old
 
     def order(**kw):
-        return [(c["program"], c["call"], c["promoted"]) for c in p.waiting_calls(**kw)["calls"]]
+        return [(c.program, c.call, c.promoted) for c in p.waiting_calls(**kw).calls]
 
     clock.t = 42.0
     assert order(model="coder") == [("new", "c1", False), ("old", "c2", False)]
-    assert [c["program"] for c in p.waiting_calls()["calls"]] == ["new", "other", "old"]  # a tie (same
+    assert [c.program for c in p.waiting_calls().calls] == ["new", "other", "old"]  # a tie (same
     # service, same arrival) goes by program id, as in the simulator
     starve_old = 40.0 + STARVE_S + STARVE_RATIO * service_level(40.0)
     clock.t = starve_old - 1.0  # the new call is promoted (its allowance is 30 s), the old not yet
     assert order(model="coder") == [("new", "c1", True), ("old", "c2", False)]
     clock.t = starve_old
     assert order(model="coder") == [("old", "c2", True), ("new", "c1", True)]  # FCFS among the promoted
-    waited = {c["program"]: c["waited_s"] for c in p.waiting_calls(model="coder")["calls"]}
+    waited = {c.program: c.waited_s for c in p.waiting_calls(model="coder").calls}
     assert waited == {"old": pytest.approx(starve_old - 40.0), "new": pytest.approx(starve_old - 41.0)}
     again = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"), clock=clock, queue="plas")
-    assert [c["program"] for c in again.waiting_calls()["calls"]] == ["old", "new", "other"]  # all promoted
+    assert [c.program for c in again.waiting_calls().calls] == ["old", "new", "other"]  # all promoted
     assert again.waiting_calls() == p.waiting_calls()  # a restart rebuilds the queue from the ledger
     send("old", "call_started", "c2")  # a started call leaves the queue
     assert order(model="coder") == [("new", "c1", True)]
     p.event("a", {"type": "program_finished", "program": "other"})  # ... and so do an ended program's
-    assert [c["program"] for c in p.waiting_calls()["calls"]] == ["new"]
+    assert [c.program for c in p.waiting_calls().calls] == ["new"]
     with pytest.raises(Invalid, match="unknown model"):
         p.waiting_calls(model="nope")
     fcfs = LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock)
@@ -728,10 +728,10 @@ def test_the_live_queue_under_auto_follows_the_finished_programs_and_survives_a_
         clock.t += 100.0
         p.event("a", {"type": "call_finished", "program": "old", "call": "c1", "tokens": 10})
         old = p.event("a", {"type": "call_arrived", "program": "old", "call": "c2", "model": "coder",
-                            "after": ["c1"]})["priority"]
+                            "after": ["c1"]}).priority
         clock.t += 1.0
         p.event("a", {"type": "program_started", "program": "new"})
-        new = p.event("a", {"type": "call_arrived", "program": "new", "call": "c1", "model": "coder"})["priority"]
+        new = p.event("a", {"type": "call_arrived", "program": "new", "call": "c1", "model": "coder"}).priority
         return old, new
 
     for kind, sizes in (("light", [50.0, 70.0] * AUTO_MIN), ("heavy", [5.0] * (AUTO_MIN - 1) + [2000.0])):
@@ -741,19 +741,19 @@ def test_the_live_queue_under_auto_follows_the_finished_programs_and_survives_a_
             finish(p, clock, f"{kind}{i}", s, running=s == 2000.0 or i % 10 == 3)
         old, new = waiting(p)
         q = p.waiting_calls(model="coder")
-        order = [c["program"] for c in q["calls"]]
+        order = [c.program for c in q.calls]
         if kind == "light":
-            assert q["ordering_by"] == "fcfs" and order == ["old", "new"] and old < new  # arrival order
+            assert q.ordering_by == "fcfs" and order == ["old", "new"] and old < new  # arrival order
         else:
-            assert q["ordering_by"] == "atlas" and order == ["new", "old"] and new < old
-        assert q["program_service_cv"] == pytest.approx(float(np.std(sizes) / np.mean(sizes)))
+            assert q.ordering_by == "atlas" and order == ["new", "old"] and new < old
+        assert q.program_service_cv == pytest.approx(float(np.std(sizes) / np.mean(sizes)))
         again = planner(tmp_path / f"{kind}.db", clock)  # the ledger holds what auto judged on
         assert again.waiting_calls(model="coder") == q and again.sizes.changes == p.sizes.changes
         for pl in (p, again):  # and Prometheus says so
             sample = pl.telemetry.registry.get_sample_value
-            assert sample("statebudget_queue_ordering", {"discipline": q["ordering_by"]}) == 1.0
+            assert sample("statebudget_queue_ordering", {"discipline": q.ordering_by}) == 1.0
             assert sample("statebudget_queue_ordering", {"discipline": "fcfs" if kind == "heavy" else "atlas"}) == 0.0
-            assert sample("statebudget_program_service_cv") == pytest.approx(q["program_service_cv"])
+            assert sample("statebudget_program_service_cv") == pytest.approx(q.program_service_cv)
 
 
 def test_auto_priorities_keep_arrival_order_when_it_goes_back_to_fcfs():
@@ -779,14 +779,14 @@ def test_auto_priorities_keep_arrival_order_when_it_goes_back_to_fcfs():
         finish(f"a{i}", s)
     assert p.sizes.discipline("auto") == "atlas"
     p.event("a", {"type": "program_started", "program": "old"})
-    old = p.event("a", {"type": "call_arrived", "program": "old", "call": "c1", "model": "coder"})["priority"]
+    old = p.event("a", {"type": "call_arrived", "program": "old", "call": "c1", "model": "coder"}).priority
     for i in range(AUTO_MIN):
         finish(f"b{i}", 5.0)
     assert p.sizes.discipline("auto") == "fcfs"
     p.event("a", {"type": "program_started", "program": "new"})
-    new = p.event("a", {"type": "call_arrived", "program": "new", "call": "c1", "model": "coder"})["priority"]
+    new = p.event("a", {"type": "call_arrived", "program": "new", "call": "c1", "model": "coder"}).priority
     assert old < new
-    assert [c["program"] for c in p.waiting_calls(model="coder")["calls"]] == ["old", "new"]
+    assert [c.program for c in p.waiting_calls(model="coder").calls] == ["old", "new"]
 
 
 

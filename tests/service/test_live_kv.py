@@ -60,7 +60,7 @@ def test_swap_moves_the_kv_to_host_in_the_background_and_discard_drops_it():
         assert (rec.op.kind, rec.op.src, rec.op.dst.startswith(dst)) == (kind, f"gpu:{group[0]}", True)
         assert rec.op.background == (rule == "swap") and rec.op.bytes == pytest.approx(KV_BYTES)
         assert (KV, group) not in p.tiers.gpu and p.kv_tokens[KV] == TOKENS  # the version stays: recompute it
-        assert p.residency()["tool_wait_kv"]["actions"] == {rule: 1}
+        assert p.residency().tool_wait_kv["actions"] == {rule: 1}
         report_op(p, rec.op)
         if rule == "swap":
             assert p.tiers.host[(KV, p.gpus[group[0]].node)].ready
@@ -72,12 +72,12 @@ def test_preserve_holds_the_kv_suspended_until_the_tool_returns():
     group = after_a_call(p, clock)
     start_tool(p)
     assert not kv_ops(p) and p.due_in() is None  # no op, and no timer: preserve never decides again
-    assert p.residency()["tool_wait_kv"]["suspended"] == [["kv", "p1", "planner"]]
+    assert p.residency().tool_wait_kv["suspended"] == [["kv", "p1", "planner"]]
     clock.t = 30.0
     p.tick()
     assert p.tiers.gpu[(KV, group)].ready and not kv_ops(p)
     p.event("a", {"type": "tool_finished", "program": "p1", "tool": "build", "call": "t1"})
-    assert p.residency()["tool_wait_kv"]["suspended"] == []
+    assert p.residency().tool_wait_kv["suspended"] == []
 
 
 def test_the_residency_cli_marks_a_kv_held_through_a_tool_wait_whatever_its_name(monkeypatch, tmp_path):
@@ -310,7 +310,7 @@ def test_a_call_that_comes_back_stops_its_kvs_swap_out_in_flight():
     p.event("a", {"type": "call_arrived", "program": "p1", "call": "c2", "model": "planner"})
     assert out.op.op_id not in p.ops and not kv_ops(p)  # stopped: no drop, no round trip
     assert p.tiers.gpu[(KV, group)].ready and (KV, host.split(":")[1]) not in p.tiers.host
-    assert p.event("a", {"type": "call_started", "program": "p1", "call": "c2"})["group"] == f"gpu:{group[0]}"
+    assert p.event("a", {"type": "call_started", "program": "p1", "call": "c2"}).group == f"gpu:{group[0]}"
     assert p.tiers.gpu[(KV, group)].pins == 1
     p.tiers.check()
 
@@ -330,7 +330,7 @@ def test_a_kv_grown_in_place_under_an_unfinished_swap_out_is_not_dropped(rule):
     p.event("a", {"type": "tool_finished", "program": "p1", "tool": "build", "call": "t1"})
     p.event("a", {"type": "call_arrived", "program": "p1", "call": "c2", "model": "planner"})
     assert out.op.op_id in p.ops  # no room to take it back: the move goes on
-    assert p.event("a", {"type": "call_started", "program": "p1", "call": "c2"})["group"] == f"gpu:{group[0]}"
+    assert p.event("a", {"type": "call_started", "program": "p1", "call": "c2"}).group == f"gpu:{group[0]}"
     filler = next(r for r in p.ops.values() if r.op.object == ["w", "reviewer"])
     with p.store.tx():
         p._close(filler, "cancelled", "test: room for the grown KV")
@@ -424,9 +424,9 @@ def test_a_kv_stays_suspended_while_another_thread_still_waits():
         p.event("a", {"type": "tool_started", "program": "p1", "tool": "search", "call": tid, "thread": th})
     clock.t += 1
     p.event("a", {"type": "tool_finished", "program": "p1", "tool": "search", "call": "ta"})
-    assert p.residency()["tool_wait_kv"]["suspended"] == [list(KV)]
+    assert p.residency().tool_wait_kv["suspended"] == [list(KV)]
     p.event("a", {"type": "tool_finished", "program": "p1", "tool": "search", "call": "tb"})
-    assert p.residency()["tool_wait_kv"]["suspended"] == []
+    assert p.residency().tool_wait_kv["suspended"] == []
 
 
 def bridged(p, tmp_path, fail=lambda op: None, during_report=None):
@@ -595,7 +595,7 @@ def test_a_failed_drop_of_an_out_of_date_kv_copy_is_not_taken_back_as_the_curren
         report_op(p, rec.op)
     assert p.tiers.gpu[(KV, other)].ready  # a copy on each GPU
     p.event("a", {"type": "call_arrived", "program": "p1", "call": "c2", "model": "planner"})
-    ran = gpu_indexes(p.event("a", {"type": "call_started", "program": "p1", "call": "c2"})["group"])
+    ran = gpu_indexes(p.event("a", {"type": "call_started", "program": "p1", "call": "c2"}).group)
     stale = other if ran == group else group
     p.event("a", {"type": "call_finished", "program": "p1", "call": "c2", "tokens": TOKENS + 500})
     (drop,) = [r for r in kv_ops(p) if r.op.kind == "drop" and r.op.src == f"gpu:{stale[0]}"]

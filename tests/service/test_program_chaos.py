@@ -43,7 +43,7 @@ def test_one_valid_commit_per_logical_call(live_planner):
     p.event("t", {"type": "call_started", "program": "a", "call": "c1"})
     first = p.event("t", {"type": "call_finished", "program": "a", "call": "c1", "tokens": 100})
     again = p.event("t", {"type": "call_finished", "program": "a", "call": "c1", "tokens": 999})
-    assert first["kv_version"] == 100 and again["status"] == "finished" and "kv_version" not in again
+    assert first.kv_version == 100 and again.status == "finished" and "kv_version" not in again.body()
     assert p.kv_tokens[("kv", "a", "coder")] == 100  # the repeat did not commit a second result
     with pytest.raises(Conflict, match="commits once"):
         p.event("t", {"type": "call_arrived", "program": "a", "call": "c1", "model": "coder", "attempt": 1})
@@ -60,7 +60,7 @@ def test_a_retry_keeps_one_commit_and_refuses_the_old_attempt(live_planner):
     with pytest.raises(Conflict, match="attempt 0 is stale"):
         p.event("t", {"type": "call_arrived", "program": "a", "call": "c1", "model": "coder", "attempt": 0})
     p.event("t", {"type": "call_started", "program": "a", "call": "c1", "attempt": 1})
-    assert p.event("t", {"type": "call_finished", "program": "a", "call": "c1", "tokens": 70, "attempt": 1})["kv_version"] == 70
+    assert p.event("t", {"type": "call_finished", "program": "a", "call": "c1", "tokens": 70, "attempt": 1}).kv_version == 70
     assert not p.running_models  # the first attempt's hold went with the retry
 
 
@@ -80,7 +80,7 @@ def test_a_retry_keeps_its_attained_service_and_plas_priority_follows_service():
     assert p.programs["long"].service_s == 45.0
     a = p.event("t", {"type": "call_arrived", "program": "long", "call": "c2", "model": "coder", "after": ["c1"]})
     b = p.event("t", {"type": "call_arrived", "program": "short", "call": "c1", "model": "coder"})
-    assert b["priority"] < a["priority"]  # less attained service goes first (lower is earlier)
+    assert b.priority < a.priority  # less attained service goes first (lower is earlier)
 
 
 def test_no_call_before_its_dependencies(live_planner):
@@ -91,7 +91,7 @@ def test_no_call_before_its_dependencies(live_planner):
         p.event("t", {"type": "call_arrived", "program": "a", "call": "c2", "model": "reviewer", "after": ["c1"]})
     p.event("t", {"type": "call_finished", "program": "a", "call": "c1", "tokens": 10})
     assert p.event("t", {"type": "call_arrived", "program": "a", "call": "c2", "model": "reviewer",
-                         "after": ["c1"]})["status"] == "arrived"
+                         "after": ["c1"]}).status == "arrived"
 
 
 def test_no_late_result_across_an_epoch_and_no_new_call_after_a_cancel(live_planner):
@@ -103,7 +103,7 @@ def test_no_late_result_across_an_epoch_and_no_new_call_after_a_cancel(live_plan
         p.event("t", {"type": "tool_finished", "program": "a", "tool": "shell", "call": "t1"})
     with pytest.raises(Conflict, match="over"):  # a repeated start of the superseded call
         p.event("t", {"type": "tool_started", "program": "a", "tool": "shell", "call": "t1"})
-    assert p.event("t", {"type": "program_cancelled", "program": "a"})["epoch"] == 1
+    assert p.event("t", {"type": "program_cancelled", "program": "a"}).epoch == 1
     with pytest.raises(Conflict, match="stale"):
         p.event("t", {"type": "tool_finished", "program": "a", "tool": "shell", "call": "t2", "epoch": 0})
     for late in ({"call": "t2"}, {}):  # without an epoch too: the program is over, nothing awaits it
@@ -129,12 +129,12 @@ def test_threads_wait_on_tools_side_by_side_and_a_retry_supersedes_only_its_own_
     seen = []
     p.kvw.waits.observe = lambda tool, s: seen.append((tool, s))
     out = p.event("t", {"type": "tool_finished", "program": "a", "tool": "search", "call": "s0"})
-    assert out["duration_s"] == 5.0  # ... map0's goes on: its result is on time, timed from its own start
-    assert p.event("t", {"type": "tool_finished", "program": "a", "tool": "search", "call": "s1b"})["duration_s"] == 3.0
+    assert out.duration_s == 5.0  # ... map0's goes on: its result is on time, timed from its own start
+    assert p.event("t", {"type": "tool_finished", "program": "a", "tool": "search", "call": "s1b"}).duration_s == 3.0
     assert seen == [("search", 5.0), ("search", 3.0)] and not p.programs["a"].tools
     # a result delivered twice (the answer to the first was lost) is taken once, and not refused
     again = p.event("t", {"type": "tool_finished", "program": "a", "tool": "search", "call": "s0"})
-    assert again["repeated"] and len(seen) == 2
+    assert again.repeated and len(seen) == 2
     with pytest.raises(Conflict, match="late"):  # the superseded call's result stays late
         p.event("t", {"type": "tool_finished", "program": "a", "tool": "search", "call": "s1"})
 
@@ -151,9 +151,9 @@ def test_a_side_effect_runs_once_across_a_retried_call_and_a_restart(tmp_path):
     p.event("t", {"type": "call_started", "program": "a", "call": "c1"})
     p.event("t", {"type": "call_finished", "program": "a", "call": "c1", "tokens": 300})
     assert p.event("t", {"type": "tool_started", "program": "a", "tool": "pay", "call": "t1",
-                         "effect": "pay-42"})["status"] == "started"
+                         "effect": "pay-42"}).status == "started"
     assert p.event("t", {"type": "tool_finished", "program": "a", "tool": "pay", "call": "t1",
-                         "result": "receipt-7"})["effect"] == "pay-42"
+                         "result": "receipt-7"}).effect == "pay-42"
     p = fresh()  # the planner restarts; the effect it saw applied is on disk
     # The next call fails after emitting the same tool call again, under a new tool call id: the
     # payment was made once, so the runtime is told not to make it again, and nothing waits.
@@ -169,9 +169,9 @@ def test_a_side_effect_runs_once_across_a_retried_call_and_a_restart(tmp_path):
     with pytest.raises(Conflict, match="late"):
         p.event("t", {"type": "tool_finished", "program": "a", "tool": "mail", "call": "m1"})
     out = p.event("t", {"type": "tool_finished", "program": "a", "tool": "mail", "call": "m1b", "ok": False})
-    assert "effect" not in out
+    assert "effect" not in out.body()
     assert p.event("t", {"type": "tool_started", "program": "a", "tool": "mail", "call": "m3", "thread": "B",
-                         "effect": "mail-1"})["status"] == "started"
+                         "effect": "mail-1"}).status == "started"
     with pytest.raises(Invalid, match="needs its tool call id"):
         p.event("t", {"type": "tool_started", "program": "a", "tool": "mail", "effect": "mail-2"})
 
@@ -347,13 +347,13 @@ def send(p: LivePlanner, ev: dict, commits: dict, cancelled: set, valid: bool = 
     if ev["program"] in cancelled:
         assert ev["type"] not in ("call_arrived", "call_started", "tool_started"), f"accepted {ev} after a cancel"
     key = (ev["program"], ev.get("call"))
-    if ev["type"] == "call_finished" and "kv_version" in out:
+    if ev["type"] == "call_finished" and "kv_version" in out.body():
         commits[key] = commits.get(key, 0) + 1
-    if ev["type"] == "tool_finished" and "effect" in out:
-        commits[(ev["program"], out["effect"])] = commits.get((ev["program"], out["effect"]), 0) + 1
+    if ev["type"] == "tool_finished" and "effect" in out.body():
+        commits[(ev["program"], out.effect)] = commits.get((ev["program"], out.effect), 0) + 1
     if ev["type"] == "tool_started":  # `done` exactly when the planner took a result with that key
-        assert (out["status"] == "done") == bool(commits.get((ev["program"], ev["effect"]))), (ev, out)
-    if ev["type"] == "call_arrived" and out["status"] == "arrived":  # no call before its dependencies
+        assert (out.status == "done") == bool(commits.get((ev["program"], ev["effect"]))), (ev, out)
+    if ev["type"] == "call_arrived" and out.status == "arrived":  # no call before its dependencies
         missing = [d for d in ev.get("after") or () if not commits.get((ev["program"], d))]
         assert not missing, f"{ev} arrived before {missing} committed"
     return out
@@ -413,7 +413,7 @@ def test_chaos_random_dags_cancels_timeouts_and_repeats_converge(scenario):
             send(p, ev, commits, cancelled, valid=True)
         elif action == "reemit" and rt.started and not rt.ended and (ev := rt.reemit(x)) is not None:
             out = send(p, ev, commits, cancelled, valid=True)
-            assert out is None or out["status"] == "done", out  # never a second run of the effect
+            assert out is None or out.status == "done", out  # never a second run of the effect
         elif action == "branch" and rt.started and not rt.ended and (got := rt.branch_cancel()) is not None:
             ev, refused = got
             send(p, ev, commits, cancelled, valid=True)

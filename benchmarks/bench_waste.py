@@ -68,7 +68,7 @@ class WasteSim(Simulator):
         self._remover = "room"
 
     def _count(self, copy, before):
-        wasted = self.wasted_bytes - before
+        wasted = self.recorder.wasted_bytes - before
         if wasted <= 0:
             return
         origin = "lease" if id(copy) in self.leased else "speculative" if copy.from_prefetch else "demand"
@@ -78,18 +78,18 @@ class WasteSim(Simulator):
         self.by_class[(origin, copy.key[0], self._remover, meanwhile)] += wasted
 
     def _evict(self, copy, to, **kw):
-        before = self.wasted_bytes
+        before = self.recorder.wasted_bytes
         out = super()._evict(copy, to, **kw)
         self._count(copy, before)
         return out
 
     def _drop_gpu_copy(self, copy):
-        before = self.wasted_bytes
+        before = self.recorder.wasted_bytes
         super()._drop_gpu_copy(copy)
         self._count(copy, before)
 
     def cancel_load(self, copy):
-        before = self.wasted_bytes
+        before = self.recorder.wasted_bytes
         out = super().cancel_load(copy)
         self._count(copy, before)
         return out

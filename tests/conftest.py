@@ -12,11 +12,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 @pytest.fixture
 def live_planner():
-    """A `LivePlanner` on the toy2 cluster and toy catalog with an in-memory ledger and a fake
-    clock (`live_planner.clock`, a `helpers.Clock` at t = 1000 s: set `.t` to move time). Tests
-    that need another ledger, queue, kv_rule or config build their own."""
-    from tests.helpers import Clock
-    from statebudget.models.load import load_catalog, load_cluster
-    from statebudget.service.live import LivePlanner
+    """`tests.helpers.make_live_planner()`: the toy2 cluster, the toy catalog, a fake clock at 1000 s.
+    Tests that need another ledger, queue, kv_rule or config build their own."""
+    from tests.helpers import make_live_planner
 
-    return LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=Clock(1000.0))
+    return make_live_planner()

@@ -93,3 +93,12 @@ def report_op(p, op, status="done", **kw):
     and epoch, as a correct adapter sends it."""
     return p.report(p.ops[op.op_id].node if op.op_id in p.ops else "n0", op.op_id,
                     {"status": status, "version": op.version, "epoch": op.epoch, "checksum": "c", **kw})
+
+
+def make_live_planner(clock=None, **kw):
+    """A `LivePlanner` on the toy2 cluster and toy catalog with an in-memory ledger and a fake
+    clock (a `Clock` at t = 1000 s unless given: set `.t` to move time), reachable as `.clock`."""
+    from statebudget.models.load import load_catalog, load_cluster
+    from statebudget.service.live import LivePlanner
+
+    return LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock or Clock(1000.0), **kw)

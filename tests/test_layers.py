@@ -1,4 +1,4 @@
-"""The package floors of DESIGN.md §2: a package imports only from its own floor or below, and the
+"""The package floors of docs/layout.md: a package imports only from its own floor or below, and the
 two drivers, `sim` and `service`, never import each other. Every import counts, including those
 made inside a function."""
 
@@ -59,7 +59,7 @@ def _violations(files, root: Path = ROOT) -> list[str]:
         if not mine:
             continue
         if mine not in FLOORS:
-            bad.append(f"{path.relative_to(root)}: package {mine!r} has no floor in DESIGN.md §2")
+            bad.append(f"{path.relative_to(root)}: package {mine!r} has no floor in docs/layout.md")
             continue
         for line, theirs in _imports(path, root):
             if theirs == mine or theirs == "__version__":

@@ -7,10 +7,6 @@ import typer
 
 from . import service, sim, trace
 
-# How long `drive` waits for a planner that refuses connections (still starting). It lives on the
-# package, where callers set it; `service._check_planner` reads it from here when it runs.
-PLANNER_WAIT_S = 10.0
-
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 trace_app = typer.Typer(no_args_is_help=True, help="Generate, inspect and fit traces.")
 app.add_typer(trace_app, name="trace")
@@ -35,4 +31,4 @@ token_app.command("add")(service.token_add)
 app.command("profile")(service.profile_cmd)
 app.command()(sim.presets)
 
-__all__ = ["PLANNER_WAIT_S", "app"]
+__all__ = ["app"]

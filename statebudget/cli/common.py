@@ -24,12 +24,12 @@ CatalogOpt = Annotated[str, typer.Option(help="catalog file or preset (agent-tea
 TraceOpt = Annotated[Path, typer.Option(help="trace file (JSONL, format v1)")]
 
 
-def _fail(msg: str) -> None:
+def fail(msg: str) -> None:
     err.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
-def _outputs(files=(), folders=()) -> None:
+def check_outputs(files=(), folders=()) -> None:
     """Refuse, before any work, output paths that cannot be written: a file option naming a
     folder, a folder option naming a file. `files`, `folders`: (option, path or None)."""
     for want_folder, pairs in ((False, files), (True, folders)):
@@ -44,12 +44,12 @@ def _outputs(files=(), folders=()) -> None:
                 raise InputError(str(path), "", f"{parent} is a file, so {option} cannot be written there")
 
 
-def _write_json(path: Path, obj) -> None:
+def write_json(path: Path, obj) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=1) + "\n")
 
 
-def _guard(fn):
+def guard(fn):
     """Turn bad input into one clear line and exit code 2."""
     import functools
 
@@ -60,21 +60,21 @@ def _guard(fn):
         try:
             return fn(*a, **kw)
         except (InputError, ValueError, PermissionError) as e:
-            _fail(str(e))
+            fail(str(e))
         except OSError as e:  # a path that cannot be written; any other OSError keeps its traceback
             if e.filename is None:
                 raise
-            _fail(f"{e.filename}: {e.strerror or e}")
+            fail(f"{e.filename}: {e.strerror or e}")
         except httpx.HTTPError as e:  # a planner URL that is wrong, or a server that is down
             try:
                 where = f" at {e.request.url}"
             except RuntimeError:  # an error raised before any request was made
                 where = ""
-            _fail(f"cannot reach the planner{where}: {e or type(e).__name__} (is the URL right, with http://, "
+            fail(f"cannot reach the planner{where}: {e or type(e).__name__} (is the URL right, with http://, "
                   f"and the server up?)")
     return wrapper
 
 
-def _progress(*columns):
+def progress_bar(*columns):
     """A progress bar on stderr, left on screen only where stderr is a terminal."""
     return Progress(*columns, console=err, transient=not sys.stderr.isatty())

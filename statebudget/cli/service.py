@@ -13,16 +13,17 @@ import typer
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from ..models.errors import InputError
-from .common import CatalogOpt, ClusterOpt, TraceOpt, _fail, _guard, _outputs, _progress, _write_json, console, err
+from .common import CatalogOpt, ClusterOpt, TraceOpt, fail, guard, check_outputs, progress_bar, write_json, console, err
 from .render import print_profile, print_residency
 
+
+# How long `drive` waits for a planner that refuses connections (still starting).
+PLANNER_WAIT_S = 10.0
 
 def _check_planner(url: str) -> None:
     """GET /healthz before a long run, so that a wrong URL fails now: a refused connection is
     retried for PLANNER_WAIT_S (a planner still starting), any answer but 200 means it is not one."""
     import httpx
-
-    from . import PLANNER_WAIT_S  # read from the package when called, where it can be set
 
     deadline = time.monotonic() + PLANNER_WAIT_S
     while True:
@@ -46,7 +47,7 @@ def _check_port(host: str, port: int) -> None:
     try:
         addrs = {a[4]: a[0] for a in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)}
     except socket.gaierror as e:
-        _fail(f"--host {host}: {e.strerror}")
+        fail(f"--host {host}: {e.strerror}")
     for addr, family in addrs.items():
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -58,10 +59,10 @@ def _check_port(host: str, port: int) -> None:
                 if e.errno == errno.EADDRNOTAVAIL:
                     continue
                 hint = " (another server there? pick --port)" if e.errno == errno.EADDRINUSE else ""
-                _fail(f"cannot listen on {host}:{port}: {e.strerror or e}{hint}")
+                fail(f"cannot listen on {host}:{port}: {e.strerror or e}{hint}")
 
 
-@_guard
+@guard
 def serve(
     db: Annotated[Path, typer.Option(help="SQLite ledger (created if missing; a restart resumes from it)")] = Path("statebudget.db"),
     cluster: ClusterOpt = "hetero16",
@@ -96,11 +97,11 @@ def serve(
 
     for name, value, known in (("--queue", queue, QUEUES), ("--kv-rule", kv_rule, KV_RULES)):
         if value not in known:
-            _fail(f"{name} {value!r}: expected one of {', '.join(known)}")
+            fail(f"{name} {value!r}: expected one of {', '.join(known)}")
     try:
         weights = parse_tenant_weights(tenant_weights)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     setup_logging(log_level)
     _check_port(host, port)  # before anything is written
     cl, cat = load_cluster(cluster), load_catalog(catalog)  # bad input fails before anything is written
@@ -132,7 +133,7 @@ def serve(
     uvicorn.run(create_app(planner, auth, tick_s=tick_s), host=host, port=port, log_level="warning")
 
 
-@_guard
+@guard
 def adapter(
     kind: Annotated[str, typer.Argument(help="local | vllm | sglang (lmcache: from Python, it needs KV token ids)")],
     planner: Annotated[str, typer.Option(help="planner URL, e.g. http://127.0.0.1:8700")],
@@ -155,13 +156,13 @@ def adapter(
     setup_logging(log_level)
     cls = adapter_class(kind)  # an unknown kind fails here, naming the known ones
     if kind == "lmcache":
-        _fail("the lmcache adapter needs the token ids of each program's KV from the runtime: start it from Python "
+        fail("the lmcache adapter needs the token ids of each program's KV from the runtime: start it from Python "
               "(statebudget.engine_adapters.lmcache.LMCacheAdapter, tokens_of=...) or pass it to a vllm/sglang adapter")
     if kind in ("vllm", "sglang"):
         from ..engine_adapters.http import load_engine_file
 
         if engines is None:
-            _fail(f"adapter {kind} needs --engines FILE: where each (model, GPU group) server listens")
+            fail(f"adapter {kind} needs --engines FILE: where each (model, GPU group) server listens")
         cfg = load_engine_file(engines)
         extra = {"model_paths": cfg.model_paths, "cpu_backup": cfg.cpu_backup} if kind == "sglang" else {}
         a = cls(planner, node, token, cfg.endpoint_map(), engine_client=cfg.engine_client(), **extra)
@@ -169,7 +170,7 @@ def adapter(
         a.run(wait_s=wait_s)
         return
     if not 0 < bytes_scale <= 1:
-        _fail(f"--bytes-scale must be in (0, 1], got {bytes_scale}")
+        fail(f"--bytes-scale must be in (0, 1], got {bytes_scale}")
     a = cls(planner, node, token, root=root / node, arena_bytes=int(arena_mb * 1e6) if arena_mb else None,
             bytes_scale=bytes_scale)
     if catalog is not None:
@@ -180,7 +181,7 @@ def adapter(
         try:
             err.print(f"model store: {a.plane.stock(load_catalog(catalog))} objects under {root / node}")
         except DataPlaneError as e:
-            _fail(str(e))
+            fail(str(e))
 
     def write_inventory(_n: int) -> None:
         tmp = inventory.with_name(inventory.name + ".tmp")
@@ -191,7 +192,7 @@ def adapter(
     a.run(wait_s=wait_s, on_step=write_inventory if inventory else None)
 
 
-@_guard
+@guard
 def drive(
     planner: Annotated[str, typer.Option(help="planner URL, e.g. http://127.0.0.1:8700")],
     token: Annotated[str, typer.Option(envvar="STATEBUDGET_TOKEN", help="a runtime token")],
@@ -202,7 +203,7 @@ def drive(
 ):
     """Replay a trace against a live planner as an agent runtime: events, leases from the hints,
     and whether each lease was ready when its call came."""
-    _outputs(files=[("--json", json_out)])
+    check_outputs(files=[("--json", json_out)])
     import asyncio
 
     from ..api.driver import Driver
@@ -213,7 +214,7 @@ def drive(
     try:
         out = asyncio.run(Driver(planner, token, speed, call_s).replay(tr))
     except PermissionError as e:
-        _fail(f"the planner refused the token ({e}); a runtime token comes from "
+        fail(f"the planner refused the token ({e}); a runtime token comes from "
               f"`statebudget token add --tokens FILE --role runtime --tenant NAME`")
     late = out["rejected_quoted_after_deadline"]
     why = (f" ({late} rejected because the quote's P95 came after the deadline: deadlines shrink with "
@@ -222,32 +223,32 @@ def drive(
                   f"{out['ready_when_promised']}/{out['promised_by_quote']}; request p99 {out['request_ms']['p99']} ms; "
                   f"{out['n_errors']} errors")
     if json_out:
-        _write_json(json_out, out)
+        write_json(json_out, out)
     if out["n_errors"]:
         err.print(f"[bold red]{out['n_errors']} requests failed[/], the first: {out['errors'][0]}", highlight=False)
         raise typer.Exit(1)
 
 
-@_guard
+@guard
 def residency(
     planner: Annotated[str, typer.Option(help="planner URL, e.g. http://127.0.0.1:8700")],
     token: Annotated[str, typer.Option(envvar="STATEBUDGET_TOKEN", help="an admin token")],
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the raw answer here")] = None,
 ):
     """What a live planner holds: every copy per tier (ready or in flight), open ops, leases."""
-    _outputs(files=[("--json", json_out)])
+    check_outputs(files=[("--json", json_out)])
     import httpx
 
     r = httpx.get(planner.rstrip("/") + "/v1/residency", headers={"Authorization": f"Bearer {token}"}, timeout=10)
     if r.status_code != 200:
-        _fail(f"{planner}: {r.status_code} {r.json().get('detail', r.text) if r.headers.get('content-type', '').startswith('application/json') else r.text}")
+        fail(f"{planner}: {r.status_code} {r.json().get('detail', r.text) if r.headers.get('content-type', '').startswith('application/json') else r.text}")
     body = r.json()
     print_residency(body)
     if json_out:
-        _write_json(json_out, body)
+        write_json(json_out, body)
 
 
-@_guard
+@guard
 def token_add(
     tokens: Annotated[Path, typer.Option(help="token file (created if missing)")],
     role: Annotated[str, typer.Option(help="runtime | adapter | admin")],
@@ -262,10 +263,10 @@ def token_add(
     try:
         console.print(add_token(tokens, role, tenant, node))
     except ValidationError as e:
-        _fail(f"{tokens}: {e.errors()[0]['msg']}")
+        fail(f"{tokens}: {e.errors()[0]['msg']}")
 
 
-@_guard
+@guard
 def profile_cmd(
     cluster: ClusterOpt,
     out: Annotated[Path, typer.Option(help="JSON profile to write (for the --profile options)")],
@@ -274,13 +275,13 @@ def profile_cmd(
     repeats: Annotated[int, typer.Option(help="probes per figure (the median is kept)", min=1)] = 3,
 ):
     """Measure this machine's file, host<->device and prefill rates into a cost-model profile."""
-    _outputs(files=[("--out", out)])
+    check_outputs(files=[("--out", out)])
     from ..models.load import load_catalog, load_cluster
     from ..engine_adapters.local.profile import measure_profile, nominal_links
 
     cl = load_cluster(cluster)
     cat = load_catalog(catalog) if catalog else None
-    with _progress(TextColumn("{task.description:<16}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f}"),
+    with progress_bar(TextColumn("{task.description:<16}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f}"),
                    TimeElapsedColumn()) as prog:
         task = prog.add_task("profiling", total=1)
         prof = measure_profile(cl, size_mb=size_mb, repeats=repeats, catalog=cat,
@@ -291,5 +292,5 @@ def profile_cmd(
                   "adapter's device arena and prefill runs on the CPU. Right for `adapter local` without a GPU; "
                   "measure on the GPU host for anything else.", highlight=False)
     print_profile(prof, cl, cat, nominal_links(cl), repeats)
-    _write_json(out, prof)
+    write_json(out, prof)
     console.print(f"wrote {out}")

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
-from .common import CatalogOpt, ClusterOpt, TraceOpt, _fail, _guard, _outputs, _progress, _write_json, console
+from .common import CatalogOpt, ClusterOpt, TraceOpt, fail, guard, check_outputs, progress_bar, write_json, console
 from .render import print_oracle, print_replay, print_sweep
 
 
@@ -29,7 +29,7 @@ def _policy_list(spec: str) -> list[str]:
     return names
 
 
-@_guard
+@guard
 def replay(
     cluster: ClusterOpt,
     catalog: CatalogOpt,
@@ -53,7 +53,7 @@ def replay(
                                                      min=0.0, max=0.99)] = 0.0,
 ):
     """Replay a trace against policies; print a table, write the report and plots."""
-    _outputs(files=[("--json", json_out)], folders=[("--plots", plots)])
+    check_outputs(files=[("--json", json_out)], folders=[("--plots", plots)])
     from ..models.load import check_compatible, load_catalog, load_cluster, load_trace
     from ..core.programs import parse_admit_starve
     from ..sim.config import SimConfig
@@ -68,7 +68,7 @@ def replay(
         seed = tr.header.seed if tr.header.seed is not None else 0
     horizon = max(p.start for p in tr.programs) + 1.0
     t0 = time.perf_counter()
-    with _progress(TextColumn("{task.description:<14}"), BarColumn(), TextColumn("sim {task.fields[t]:>7.0f} s"),
+    with progress_bar(TextColumn("{task.description:<14}"), BarColumn(), TextColumn("sim {task.fields[t]:>7.0f} s"),
                    TimeElapsedColumn()) as prog:
         tasks = {n: prog.add_task(n, total=horizon, t=0.0) for n in names}
 
@@ -98,7 +98,7 @@ def replay(
         console.print(f"plots: {', '.join(str(p) for p in paths)}")
 
 
-@_guard
+@guard
 def oracle(
     cluster: ClusterOpt,
     catalog: CatalogOpt,
@@ -114,7 +114,7 @@ def oracle(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the oracle block and windows here")] = None,
 ):
     """Solve the offline MILP (full future knowledge) over a trace, window by window."""
-    _outputs(files=[("--json", json_out)])
+    check_outputs(files=[("--json", json_out)])
     from ..models.load import check_compatible, load_catalog, load_cluster, load_trace
     from ..core.costs import CostModel
     from ..solvers.milp import oracle_summary
@@ -122,14 +122,14 @@ def oracle(
     cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace(trace)
     check_compatible(cl, cat, tr, str(trace))
     if lead not in ("planner", "none"):
-        _fail(f"--lead: expected planner or none, got {lead!r}")
+        fail(f"--lead: expected planner or none, got {lead!r}")
     cost = CostModel(cl, cat)
     guide_from = None
     if lead == "planner":
         from ..sim.lead import planner_lead
 
         guide_from = planner_lead(cl, cat, tr, cost)
-    with _progress(TextColumn("MILP windows"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} slots"),
+    with progress_bar(TextColumn("MILP windows"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} slots"),
                    TimeElapsedColumn()) as prog:
         task = prog.add_task("milp", total=1)
         out = oracle_summary(cl, cat, tr, cost, window, overlap, backend, time_limit,
@@ -137,10 +137,10 @@ def oracle(
                              warm_start=warm_start, replicas=replicas, guide_from=guide_from)
     print_oracle(out)
     if json_out:
-        _write_json(json_out, out)
+        write_json(json_out, out)
 
 
-@_guard
+@guard
 def sweep(
     traces: Annotated[str, typer.Option(help="comma-separated trace presets")] = "swe-team,swe-team-shuffled",
     seeds: Annotated[str, typer.Option(help="comma-separated seeds")] = "1,2,3",
@@ -153,7 +153,7 @@ def sweep(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write all rows here")] = None,
 ):
     """Replay a grid (clusters x traces x seeds x policies) into one table."""
-    _outputs(files=[("--json", json_out)])
+    check_outputs(files=[("--json", json_out)])
     from ..models.load import load_catalog, load_cluster
     from ..sim import sweep as sw
     from ..traces.generators import PRESETS
@@ -172,17 +172,17 @@ def sweep(
         load_cluster(c)
     load_catalog(catalog)
     todo = sw.jobs(cluster_list, trace_list, seed_list, names, catalog, hours)
-    with _progress(TextColumn("sweep"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} replays"),
+    with progress_bar(TextColumn("sweep"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} replays"),
                    TimeElapsedColumn()) as prog:
         task = prog.add_task("sweep", total=len(todo))
         report = lambda done, total: prog.update(task, completed=done)  # noqa: E731
         rows = sw.run_ray(todo, ray, report) if ray else sw.run_local(todo, workers, report)
     print_sweep(rows, sw.COLUMNS, ray)
     if json_out:
-        _write_json(json_out, {"rows": rows})
+        write_json(json_out, {"rows": rows})
 
 
-@_guard
+@guard
 def bench_planner_cmd(
     cluster: ClusterOpt = "hetero16",
     catalog: CatalogOpt = "agent-team",
@@ -191,7 +191,7 @@ def bench_planner_cmd(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the result here")] = None,
 ):
     """Wall time of one online planning decision with N live programs."""
-    _outputs(files=[("--json", json_out)])
+    check_outputs(files=[("--json", json_out)])
     from ..models.load import check_compatible, load_catalog, load_cluster
     from ..sim.bench import bench_planner
 
@@ -201,7 +201,7 @@ def bench_planner_cmd(
     console.print(f"{programs} live programs: decision p50 {res['decision_ms']['p50']:.3f} ms, "
                   f"p99 {res['decision_ms']['p99']:.3f} ms ({iterations} decisions)")
     if json_out:
-        _write_json(json_out, res)
+        write_json(json_out, res)
 
 
 def presets():

@@ -9,11 +9,11 @@ from typing import Annotated, Optional
 import typer
 
 from ..models.errors import InputError
-from .common import _guard, _outputs, console
+from .common import guard, check_outputs, console
 from .render import print_trace_stats
 
 
-@_guard
+@guard
 def trace_gen(
     preset: Annotated[str, typer.Option(help="swe-team | swe-team-shuffled | mapreduce | mixed-tenants | long-tail")],
     out: Annotated[Path, typer.Option(help="JSONL file to write")],
@@ -27,7 +27,7 @@ def trace_gen(
                                                    "for a toy2 service on a laptop)")] = None,
 ):
     """Generate a deterministic trace (same preset, seed, hours and load: same bytes)."""
-    _outputs(files=[("--out", out)])
+    check_outputs(files=[("--out", out)])
     from ..models.load import load_catalog, write_trace
     from ..core.programs import parse_tenant_weights
     from ..traces.generators import for_catalog, generate
@@ -50,7 +50,7 @@ def trace_gen(
     console.print(f"wrote {out}: {len(trace.programs)} programs, {trace.n_calls} calls")
 
 
-@_guard
+@guard
 def trace_stats_cmd(
     trace: Annotated[Path, typer.Argument(help="trace file (JSONL, format v1)")],
     catalog: Annotated[Optional[str], typer.Option(help="catalog file or preset, for nominal call times")] = "agent-team",
@@ -68,7 +68,7 @@ def trace_stats_cmd(
     print_trace_stats(trace, s)
 
 
-@_guard
+@guard
 def trace_fit(
     data: Annotated[Path, typer.Option(help="folder with azure-llm-2023/ and tracelab/")] = Path("../shared/data/real"),
     out: Annotated[Optional[Path], typer.Option(help="where to write (default: the package's fitted.json)")] = None,

@@ -69,4 +69,4 @@ def apply(decisions: Iterable[Decision] | None, mech: Mechanism) -> None:
             case Cancel():
                 mech.cancel(d)
             case _:
-                raise TypeError(f"not a decision: {d!r}")
+                raise ValueError(f"unknown decision {d!r}")

@@ -37,7 +37,7 @@ under every discipline: the oldest call that has waited ADMIT_STARVE_S without f
 GPUs, and no other call is admitted and nothing is prefetched there until it is in, except calls
 that should end before the ones already there (backfill, against a deadline fixed when the
 reservation is made). So the oldest starving call waits at most ADMIT_STARVE_S plus the time the
-calls admitted there take to finish, plus its own load (`sim/engine.py`, `_reserve`). There is
+calls admitted there take to finish, plus its own load (`sim/admission.py`, `_reserve`). There is
 one reservation at a time: a second starving call gets its own once the first is in.
 Tests check the window on every pair of calls of a loaded replay, and on a long program facing a
 stream of short ones.

@@ -10,7 +10,7 @@ from statistics import NormalDist
 
 from ..traces.fit import load_fitted
 
-_SQRT2 = math.sqrt(2.0)
+SQRT2 = math.sqrt(2.0)
 _NORMAL = NormalDist()
 ANY = "any"  # the wait between a call's end and the program's next call, whatever the tool
 
@@ -51,7 +51,7 @@ class ToolWaitModel:
 
     def _cdf(self, tool: str):
         mu, sig = self.params(tool)
-        return lambda t: 0.5 * (1.0 + math.erf((math.log(max(t, 1e-6)) - mu) / (sig * _SQRT2)))
+        return lambda t: 0.5 * (1.0 + math.erf((math.log(max(t, 1e-6)) - mu) / (sig * SQRT2)))
 
     def p_end_within(self, tool: str, elapsed_s: float, horizon_s: float) -> float:
         """P(wait <= elapsed + h | wait > elapsed)."""
@@ -76,7 +76,7 @@ class ToolWaitModel:
             if t == math.inf:
                 return 0.0, 0.0
             z = (math.log(t) - mu) / sig
-            return 0.5 * math.erfc(z / _SQRT2), 0.5 * math.erfc((z - sig) / _SQRT2)
+            return 0.5 * math.erfc(z / SQRT2), 0.5 * math.erfc((z - sig) / SQRT2)
 
         s_e, m_e = tails(elapsed_s)
         if s_e <= 0.0:  # past anything the model can tell apart: it ends any moment
@@ -93,7 +93,7 @@ class ToolWaitModel:
     def remaining_quantiles(self, tool: str, elapsed_s: float, qs) -> list[float]:
         """`quantile_remaining` for several q at once, in closed form (the inverse normal)."""
         mu, sig = self.params(tool)
-        s_e = 0.5 * math.erfc((math.log(elapsed_s) - mu) / (sig * _SQRT2)) if elapsed_s > 0 else 1.0
+        s_e = 0.5 * math.erfc((math.log(elapsed_s) - mu) / (sig * SQRT2)) if elapsed_s > 0 else 1.0
         out = []
         for q in qs:
             tail = (1.0 - q) * s_e
@@ -112,8 +112,8 @@ class ResumeModel:
     exponentially weighted outcomes (seed 003 §9-§12: preserving suits a likely return, discarding
     an unlikely one; expected occupancy and restore cost are weighed by this probability).
 
-    It starts from `prior_p` (every interrupt resumes: the rule's old assumption) and learns from
-    outcomes: a later call of the program on the same model is a resume; the program ending
+    It starts from `prior_p` (every interrupt resumes, so no KV is discarded before there is
+    evidence) and learns from outcomes: a later call of the program on the same model is a resume; the program ending
     first is not. A (tool, model) pair with few outcomes leans on the model's pooled estimate."""
     prior_p: float = 1.0
     prior_weight: float = 2.0

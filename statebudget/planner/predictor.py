@@ -23,14 +23,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.waits import ANY, ToolWaitModel
+from ..core.waits import ANY, SQRT2, ToolWaitModel
 
-_SQRT2 = math.sqrt(2.0)
 
 
 def _norm_cdf(x: np.ndarray) -> np.ndarray:
     """Standard normal CDF, vectorised (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7)."""
-    z = np.abs(x) / _SQRT2
+    z = np.abs(x) / SQRT2
     t = 1.0 / (1.0 + 0.3275911 * z)
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
     erf = 1.0 - poly * np.exp(-z * z)

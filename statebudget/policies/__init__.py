@@ -7,8 +7,8 @@ from .baselines import BASELINES
 from .oracle import MilpStatic, Oracle
 from .ours import StateBudget, StateBudgetLease
 
-# Order: the baselines as DESIGN.md §6 lists them, then ours, then the oracle. The call-share
-# heuristic that `static` replaced (`baselines.Static`, named `static-share`) is kept for tests, not registered.
+# Order: the baselines in the order the report lists them, then ours, then the oracle. The
+# call-share placement (`baselines.Static`, named `static-share`) serves tests only: not registered.
 REGISTRY: dict[str, type[Policy]] = {}
 for _p in ("ondemand", "lru-keepwarm", "frequency", "prefetch-all"):
     REGISTRY[_p] = BASELINES[_p]

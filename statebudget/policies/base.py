@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 
+from ..models.state import expert_key, kv_key, weights_key
+
 
 class Policy:
     name = "base"
@@ -86,8 +88,6 @@ class Policy:
 
 def restore_estimate_s(sim, call, group) -> float:
     """Uncontended seconds to make a call's state ready on `group`, from the best tiers now."""
-    from ..models.state import expert_key, kv_key, weights_key  # local: keeps the import graph flat
-
     m = sim.catalog.by_name[call.model]
     cost = sim.cost
     node = sim.gpus[group[0]].node
@@ -114,7 +114,6 @@ def default_place(sim, call, groups=None, compute: float = 0.0):
     preferring groups with room now (after evicting unpinned state) over groups where it would
     wait for running calls; ties go to the less busy, then the one with more free HBM, then the
     lower index. Groups that could never hold the call are skipped."""
-    from ..models.state import kv_key
 
     m = sim.catalog.by_name[call.model]
     footprint = sim.call_footprint(call)

@@ -113,8 +113,8 @@ class Oracle(Policy):
 
 class MilpStatic(Static):
     """`static`: the best single placement for the whole trace from the MILP with time collapsed
-    (`solve_static`), loaded at time 0 and never changed. It replaced the call-share heuristic
-    (`baselines.Static`, kept for comparison in tests)."""
+    (`solve_static`), loaded at time 0 and never changed: the static baseline. `baselines.Static` places by
+    call share instead and is kept for comparison in tests."""
     name = "static"
 
     def plan(self, sim) -> dict[str, tuple]:

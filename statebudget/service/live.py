@@ -62,7 +62,7 @@ from .queue import QueueOrder
 from .results import ClusterView, EventAck, ResidencyReport
 from .telemetry import Telemetry
 
-__all__ = ["Conflict", "Forbidden", "Invalid", "LivePlanner", "NotFound", "Telemetry"]
+__all__ = ["Conflict", "Forbidden", "Invalid", "LivePlanner", "NotFound"]
 
 
 class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal, Persist, ResidencyView):

@@ -47,7 +47,7 @@ class Persist:
         for lid in sorted(self.ledger.changed):
             lease = self.ledger.leases[lid]
             self.store.put_lease(lid, lease.request.tenant, lease.request.program, lease.state.name.lower(),
-                                 lease_body(lease, self.policy.group_of.get(lid)))
+                                 _lease_body(lease, self.policy.group_of.get(lid)))
         self.ledger.changed.clear()
 
     def _restore(self) -> None:
@@ -88,7 +88,7 @@ class Persist:
                 self.tiers.alloc_host(node, row["bytes"])
                 self.tiers.host[(key, node)] = HostCopy(key, node, row["bytes"], row["ready"], row["last_use"])
         for body in s.leases():
-            lease = lease_from(body)
+            lease = _lease_from(body)
             self.ledger.restore(lease)
             if body.get("group") is not None:
                 self.policy.group_of[lease.lease_id] = tuple(body["group"])
@@ -133,7 +133,7 @@ class Persist:
 
 
 
-def lease_body(lease: Lease, group) -> dict:
+def _lease_body(lease: Lease, group) -> dict:
     """A lease as its ledger row's JSON body, with the GPU group it prepares."""
     return {"lease_id": lease.lease_id, "request": asdict(lease.request),
             "quote": {**asdict(lease.quote), "objects": [list(k) for k in lease.quote.objects]},
@@ -142,8 +142,8 @@ def lease_body(lease: Lease, group) -> dict:
             "group": list(group) if group else None}
 
 
-def lease_from(body: dict) -> Lease:
-    """The lease a ledger row's body holds (`lease_body` read back)."""
+def _lease_from(body: dict) -> Lease:
+    """The lease a ledger row's body holds (`_lease_body` read back)."""
     q = body["quote"]
     quote = Quote(**{**q, "objects": tuple(object_key(k) for k in q["objects"])})
     lease = Lease(body["lease_id"], LeaseRequest(**body["request"]), LeaseState[body["state"]], quote, body["created_s"],

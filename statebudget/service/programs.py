@@ -9,7 +9,7 @@ reports of the old epoch are refused). Each call moves forward only:
 Threads of a fork/join program wait on tools side by side; `tools` holds each thread's running
 tool wait, `effects` the side effects by idempotency key, so a retried tool call never repeats one.
 The records are saved to the ledger as JSON (`persist.py`): the enums below serialise as their
-plain string values, which is what older ledgers hold too.
+plain string values, so a ledger holds plain strings.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ class CallStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
-class CallRec(TypedDict, total=False):
-    """One call of a program (a dict: it is saved to the ledger as it is). Keys added later
-    than the first ledgers are read with `.get` and a default."""
+class CallRow(TypedDict, total=False):
+    """One call of a program (a dict: it is saved to the ledger as it is). Optional keys are
+    read with `.get` and a default."""
     model: str
     status: CallStatus
     attempt: int
@@ -65,7 +65,7 @@ class ProgramRec:
     tenant: str
     epoch: int = 0
     status: ProgramStatus = ProgramStatus.RUNNING
-    calls: dict[str, CallRec] = field(default_factory=dict)
+    calls: dict[str, CallRow] = field(default_factory=dict)
     last_model: str | None = None
     tools: dict = field(default_factory=dict)  # thread -> its running tool wait: [tool, since, tool call id or None]
     service_s: float = 0.0    # attained service: seconds its calls ran, failed attempts included
@@ -136,7 +136,7 @@ class ProgramEvents:
         self._save_program(rec)
         return ProgramAck(program, 0, ProgramStatus.RUNNING)
 
-    def _call_of(self, rec: ProgramRec, ev: dict) -> CallRec:
+    def _call_of(self, rec: ProgramRec, ev: dict) -> CallRow:
         """The call an event is about, at the attempt it names (default: the current one)."""
         call = rec.calls.get(ev["call"])
         if call is None:

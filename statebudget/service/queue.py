@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from ..core.programs import AGING, arrival_priority, queue_key, tenant_excess
 from .errors import Invalid
-from .programs import CallRec, CallStatus, ProgramRec
+from .programs import CallRow, CallStatus, ProgramRec
 from .results import QueueView, WaitingCall
 
 
 class QueueOrder:
     """Priorities given at arrival, the live queue order, and what `auto` judges."""
 
-    def _priority(self, rec: ProgramRec, call: CallRec) -> int:
+    def _priority(self, rec: ProgramRec, call: CallRow) -> int:
         """The queue discipline's key as the engine's fixed priority, in ms (lower first): the
         simulator's inputs, the program's (plas) or the critical path's (atlas) attained service,
         aging, the tenant's fair-share excess, and with `ttft_s` the TTFT slack left after the
@@ -24,7 +24,7 @@ class QueueOrder:
             return int(round(1000 * AGING * (now - self.epoch_s))) if self.queue == "auto" else 0
         return int(round(1000 * arrival_priority(queue, now, self.epoch_s, *self._key_inputs(rec, call, now))))
 
-    def _key_inputs(self, rec: ProgramRec, call: CallRec, now: float) -> tuple:
+    def _key_inputs(self, rec: ProgramRec, call: CallRow, now: float) -> tuple:
         """(program service, path service, TTFT slack at `now`, tenant excess): what `queue_key`
         weighs for a waiting call. The slack is the time left to the call's TTFT bound after the
         predicted prefill of its whole context on the fastest GPU group that holds its model

@@ -31,33 +31,28 @@ from ..models.catalog import Catalog
 from ..models.cluster import Cluster
 from ..models.trace import Trace
 from .admission import AdmissionMixin
+from ..policies.base import Policy
 from .calls import CallRec, CallsMixin
 from .config import SimConfig
 from .flows import FairShare
-from .loop import PRIO_FLOW, PRIO_NODE, PRIO_PROGRAM, PRIO_QUEUE, PRIO_TICK, PRIO_TIMER, EventLoop
+from .loop import PRIO_PROGRAM, PRIO_TICK, EventLoop
 from .programs import ProgRun, ProgramsMixin
 from .recorder import Recorder, SimResult
-from .transfers import Transfer, TransfersMixin
+from .transfers import TransfersMixin
 
-__all__ = ["CallRec", "ProgRun", "SimConfig", "SimResult", "Simulator", "Transfer", "PRIO_FLOW", "PRIO_NODE",
-           "PRIO_PROGRAM", "PRIO_QUEUE", "PRIO_TICK", "PRIO_TIMER"]
-
-
-def _recorded(name: str, doc: str) -> property:
-    return property(lambda self: getattr(self.recorder, name), doc=doc)
+__all__ = ["SimResult", "Simulator"]
 
 
 class Simulator(ProgramsMixin, AdmissionMixin, CallsMixin, TransfersMixin, EventLoop, ResidencyView):
     """One run of `trace` under `policy` on `cluster`, as `config` says; `run()` returns its
     `SimResult`. Policies receive the simulator itself as their read-only view: its clock `now`,
     books `tiers`, `kv_tokens`, `running_on`, `running_models`, `last_use`, and the recorder's
-    counters under their own names."""
+    `recorder` with what is measured."""
 
     def __init__(self, cluster: Cluster, catalog: Catalog, trace: Trace, policy, cost: CostModel | None = None,
                  config: SimConfig = SimConfig()):
         self.cluster, self.catalog, self.trace, self.policy = cluster, catalog, trace, policy
         self.cost = cost or CostModel(cluster, catalog)
-        self.config = config
         self.seed, self.check_invariants = config.seed, config.check_invariants
         self.max_batch, self.sample_dt = config.max_batch, config.sample_dt
         self.queue = config.queue
@@ -94,25 +89,12 @@ class Simulator(ProgramsMixin, AdmissionMixin, CallsMixin, TransfersMixin, Event
         self.last_use: dict[str, float] = {}      # model -> last call arrival
         self.recorder = Recorder(self.tiers, self.running_models, self.sample_dt)
         self._open_programs = 0
-        from ..policies.base import Policy as _Base
-        overridden = {name for name in dir(_Base)
-                      if name.startswith("on_") and getattr(type(policy), name, None) is not getattr(_Base, name)}
+        overridden = {name for name in dir(Policy)
+                      if name.startswith("on_") and getattr(type(policy), name, None) is not getattr(Policy, name)}
         if "on_hint" in overridden:
             overridden.add("on_hints")  # the base on_hints hands each hint to on_hint
         self._hooks = {name: getattr(policy, name) for name in overridden}
         self.stock_model_store(preload=True)
-
-    # What the recorder counts, under the names policies, reports and tests read.
-    events = _recorded("events", "events handled so far")
-    stale_events = _recorded("stale_events", "flow completions superseded by a re-pricing")
-    wasted_bytes = _recorded("wasted_bytes", "bytes promoted into HBM for copies removed before any use")
-    bytes_by_pair = _recorded("bytes_by_pair", "bytes moved, by tier pair")
-    decision_ms = _recorded("decision_ms", "wall time of each policy call")
-    hbm_samples = _recorded("hbm_samples", "(t, weights, experts, kv) bytes in HBM")
-    kv_hbm_byte_s = _recorded("kv_hbm_byte_s", "byte-seconds of suspended KV in HBM")
-    recomputed_tokens = _recorded("recomputed_tokens", "KV tokens recomputed rather than loaded")
-    failed_attempts = _recorded("failed_attempts", "call attempts that failed and were retried")
-    failed_service_s = _recorded("failed_service_s", "compute seconds of the failed attempts")
 
     def run(self, progress=None) -> SimResult:
         """Replay the trace; `progress(sim_time)` is called about once a simulated minute."""

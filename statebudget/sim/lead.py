@@ -25,7 +25,7 @@ def planner_guide(cluster, catalog, trace, cost, inst, index, policy: str = "sta
     choice: dict[int, int] = {}
     seen: set[int] = set()
 
-    class Recorder(REGISTRY[policy]):
+    class Watched(REGISTRY[policy]):
         def on_call_arrive(self, sim, call):
             t = slot_of.get((call.program, call.node))
             if t is not None and tiers[0, t] < 0:
@@ -44,7 +44,7 @@ def planner_guide(cluster, catalog, trace, cost, inst, index, policy: str = "sta
                     choice[affinity(ci, c)] = groups.index(group)
             return group
 
-    Simulator(cluster, catalog, trace, Recorder(), cost=cost, config=SimConfig(seed=seed)).run()
+    Simulator(cluster, catalog, trace, Watched(), cost=cost, config=SimConfig(seed=seed)).run()
     for t in range(inst.T):  # a slot whose first call never came (cancelled): the tiers before it
         if tiers[0, t] < 0:
             tiers[:, t] = tiers[:, t - 1] if t > 0 else 2

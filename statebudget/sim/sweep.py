@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import itertools
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
-from functools import partial
 
 from ..models.load import load_catalog, load_cluster
 from ..traces.generators import generate
@@ -23,11 +21,11 @@ def jobs(clusters, traces, seeds, policies, catalog: str, hours: float) -> list[
             for c, t, s, p in itertools.product(clusters, traces, seeds, policies)]
 
 
-def run_job(job: dict, config: SimConfig = SimConfig()) -> dict:
-    """One replay; the job's seed makes its trace and replaces the seed of `config`."""
+def run_job(job: dict) -> dict:
+    """One replay; the job's seed makes its trace and seeds the simulator."""
     cl, cat = load_cluster(job["cluster"]), load_catalog(job["catalog"])
     tr = generate(job["trace"], job["seed"], job["hours"])
-    r = replay(cl, cat, tr, [job["policy"]], replace(config, seed=job["seed"])).report.policies[job["policy"]]
+    r = replay(cl, cat, tr, [job["policy"]], SimConfig(seed=job["seed"])).report.policies[job["policy"]]
     return dict(job, handoff_p95_s=r.handoff_stall_s.p95, handoff_p99_s=r.handoff_stall_s.p99,
                 stall_mean_s=r.stall_s.mean, ttft_p95_s=r.ttft_s.p95, lease_late_p99_s=r.lease_lateness_s.p99,
                 warm_tax=r.warm_tax, wasted_tb=round(r.wasted_bytes / 1e12, 9), moved_tb=round(r.bytes_moved / 1e12, 9),
@@ -38,10 +36,10 @@ def _key(row: dict):
     return (row["cluster"], row["trace"], row["seed"], row["policy"])
 
 
-def run_local(todo: list[dict], workers: int | None = None, progress=None, config: SimConfig = SimConfig()) -> list[dict]:
+def run_local(todo: list[dict], workers: int | None = None, progress=None) -> list[dict]:
     rows = []
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        for row in pool.map(partial(run_job, config=config), todo):
+        for row in pool.map(run_job, todo):
             rows.append(row)
             if progress:
                 progress(len(rows), len(todo))
@@ -62,7 +60,7 @@ def _reachable(address: str, timeout_s: float = 5.0) -> None:
                          f"`ray start --head --port {port}` or drop --ray to use local processes") from None
 
 
-def run_ray(todo: list[dict], address: str, progress=None, config: SimConfig = SimConfig()) -> list[dict]:
+def run_ray(todo: list[dict], address: str, progress=None) -> list[dict]:
     import os
 
     if address.split(":")[0] in ("127.0.0.1", "localhost"):
@@ -80,7 +78,7 @@ def run_ray(todo: list[dict], address: str, progress=None, config: SimConfig = S
                          f"`ray start --head` or drop --ray to use local processes") from None
     try:
         remote = ray.remote(run_job)
-        pending = [remote.remote(j, config) for j in todo]
+        pending = [remote.remote(j) for j in todo]
         rows = []
         while pending:
             done, pending = ray.wait(pending, num_returns=1)

@@ -235,9 +235,9 @@ def test_a_planner_that_cannot_be_reached_is_one_line(tmp_path, monkeypatch):
 
     import httpx
 
-    from statebudget import cli
+    from statebudget.cli import service
 
-    monkeypatch.setattr(cli, "PLANNER_WAIT_S", 0.0)  # drive would wait 10 s for a planner still starting
+    monkeypatch.setattr(service, "PLANNER_WAIT_S", 0.0)  # drive would wait 10 s for a planner still starting
     write(tmp_path)
     with socket.socket() as s:  # bound, not listening: a connection is refused at once
         s.bind(("127.0.0.1", 0))

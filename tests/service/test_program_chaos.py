@@ -22,7 +22,7 @@ def Clock():
 
 
 def planner(clock=None):
-    return LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock or Clock())
+    return helpers.make_live_planner(clock)
 
 
 def kv_state_of(p: LivePlanner, program: str) -> list:

@@ -43,13 +43,9 @@ with the same copies, for the cost model; imported on demand).
 """
 
 from .adapter import LocalAdapter
-from .checksums import BLOCK_WORDS, WORD, checksum, split_sizes
-from .files import copy_ranges, file_name, make_bytes, object_seed, read_safetensors, write_safetensors
-from .plane import FORMAT, TIER_RANK, CapacityError, Copy, DataPlaneError, LocalDataPlane, Pending, Pool
+from .checksums import checksum, split_sizes
+from .files import copy_ranges, make_bytes, write_safetensors
+from .plane import DataPlaneError, LocalDataPlane
 
-__all__ = [
-    "BLOCK_WORDS", "FORMAT", "TIER_RANK", "WORD",
-    "CapacityError", "Copy", "DataPlaneError", "LocalAdapter", "LocalDataPlane", "Pending", "Pool",
-    "checksum", "copy_ranges", "file_name", "make_bytes", "object_seed", "read_safetensors", "split_sizes",
-    "write_safetensors",
-]
+__all__ = ["DataPlaneError", "LocalAdapter", "LocalDataPlane", "checksum", "copy_ranges", "make_bytes", "split_sizes",
+           "write_safetensors"]

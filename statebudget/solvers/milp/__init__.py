@@ -10,15 +10,11 @@ constraints, objective) is written out at the top of `model.py`.
     rolling.py     the rolling horizon (`solve_rolling`) and `oracle_summary`
 """
 
-from .backends import BACKENDS
 from .build import build_instance
 from .heuristics import Guide, evaluate, greedy_schedule, solve_static
-from .instance import (STATUS_FEASIBLE, STATUS_INFEASIBLE, STATUS_NOT_SOLVED, STATUS_OPTIMAL, Call, Instance, Obj,
-                       Solution, active, affinity, chosen, needers, object_model)
+from .instance import Call, Instance, Obj, Solution, affinity, chosen, object_model
 from .model import brute_force, solve
-from .rolling import RollingResult, oracle_summary, solve_rolling
+from .rolling import oracle_summary, solve_rolling
 
-__all__ = ["BACKENDS", "STATUS_FEASIBLE", "STATUS_INFEASIBLE", "STATUS_NOT_SOLVED", "STATUS_OPTIMAL", "Call", "Guide",
-           "Instance", "Obj", "RollingResult", "Solution", "active", "affinity", "brute_force", "build_instance",
-           "chosen", "evaluate", "greedy_schedule", "needers", "object_model", "oracle_summary", "solve",
-           "solve_rolling", "solve_static"]
+__all__ = ["Call", "Guide", "Instance", "Obj", "Solution", "affinity", "brute_force", "build_instance", "chosen",
+           "evaluate", "greedy_schedule", "object_model", "oracle_summary", "solve", "solve_rolling", "solve_static"]

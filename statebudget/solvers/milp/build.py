@@ -6,7 +6,11 @@ import numpy as np
 
 from ...core.costs import page_touch_probs
 from ...traces.timeline import nominal_timeline
-from .instance import Call, Instance, Obj, _group_name
+from .instance import Call, Instance, Obj
+
+
+def _group_name(g: tuple[int, ...]) -> str:
+    return "-".join(str(i) for i in g)
 
 
 def build_instance(cluster, catalog, trace, cost, max_slots: int | None = None, lam: float = 1e-12,

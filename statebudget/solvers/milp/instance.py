@@ -130,7 +130,3 @@ def object_model(name: str) -> tuple[str, str | None, str]:
         prog, model = rest.rsplit(":", 1)
         return kind, prog, model
     return kind, None, rest
-
-
-def _group_name(g: tuple[int, ...]) -> str:
-    return "-".join(str(i) for i in g)

@@ -1,16 +1,18 @@
 """What happens to a program's KV in HBM while it waits on a tool, as a part of `LivePlanner`.
 
-The rule is the simulator's (`core/toolwait.py`, `ToolWaitKV`: preserve, swap, discard, adaptive);
-here its decisions become ops. A preserved KV is judged again when its TTL runs out; a swapped-out
-KV comes back (a background swap-in) before the tool's predicted return. Timers are named by the
-tool wait (thread, since) they belong to and act only while that same wait goes on; they are not
-kept on disk: a restart takes each tool wait up again (`_resume_tool_wait`).
+The rule is the simulator's (`core/toolwait.py`, `ToolWaitKV`: preserve, swap, discard, adaptive),
+carried out by the same code (`core/kvwait.py`); the planner is its `KvWaitMechanism`: its
+actions become ops, and its timers (a preserved KV's recheck at its TTL, a swapped-out KV's
+swap-in before the tool's predicted return) wait on the heap `kv_timers` until `_kv_due`. Timers
+are named by the tool wait (thread, since) they belong to and act only while that same wait goes
+on; they are not kept on disk: a restart takes each tool wait up again (`_resume_tool_wait`).
 """
 
 from __future__ import annotations
 
 import heapq
 
+from ..core import kvwait
 from ..core.books import GpuCopy
 from ..core.decisions import Demote
 from ..core.toolwait import host_link_bps
@@ -67,93 +69,69 @@ class ToolWaitKVPart:
         """The keys a program's KV may have: one per model of the catalog."""
         return [kv_key(program, m.name) for m in self.catalog.models]
 
-    def _kv_copies(self, program: str) -> list[GpuCopy]:
-        """The program's KV copies in HBM that are ready and that no running call pins."""
-        return [c for kvk in self._kv_keys(program) for g in sorted(self.tiers.groups_of.get(kvk, ()))
-                if (c := self.tiers.gpu[(kvk, g)]).ready and not c.pins]
+    # ---- the planner as a `KvWaitMechanism` (`core/kvwait.py`): a program is its `ProgramRec`, a
+    # tool wait the (thread, since) it began on
 
     def _tool_wait_kv(self, rec: ProgramRec, thread: str) -> None:
-        """A tool started on `thread`: the rule for each KV copy of the program, unless another of
-        its calls still runs (then its KV is not suspended)."""
+        """A tool started on `thread`."""
         tool, since, _ = rec.tools[thread]
-        predicted = self.kv_waits[(rec.program, thread)] = self.kvw.started(tool)
-        if self._busy(rec):
-            return
-        copies = self._kv_copies(rec.program)
-        for kvk in sorted({c.key for c in copies}):
-            self.kvw.suspended(kvk, tool)
-        for c in copies:
-            self._suspend_kv(rec, c, predicted, thread)
+        self.kv_waits[(rec.program, thread)] = kvwait.tool_started(self, rec, (thread, since), tool, since)
 
-    def _awaited(self, program: str, wait: tuple) -> list | None:
-        """The tool wait `wait` = (thread, since) of a running program, if it still goes on."""
-        rec = self.programs.get(program)
-        w = rec.tools.get(wait[0]) if rec is not None and rec.status == ProgramStatus.RUNNING else None
-        return w if w is not None and w[1] == wait[1] else None
+    def kv_copies(self, rec: ProgramRec) -> list[GpuCopy]:
+        """By the catalog's models, then GPU group."""
+        return [c for kvk in self._kv_keys(rec.program) for g in sorted(self.tiers.groups_of.get(kvk, ()))
+                if (c := self.tiers.gpu[(kvk, g)]).ready and not c.pins]
 
-    def _suspend_kv(self, rec: ProgramRec, c: GpuCopy, predicted: float | None, thread: str) -> None:
-        tool, since, _ = rec.tools[thread]
-        act = self.kvw.decide_copy(self, tool, c, predicted, since)
-        if act.new:  # /metrics counts what the books' `actions` count
-            self.telemetry.kv_action(act.rule)
-        if act.rule == "preserve":
-            if c.suspended_since is None:
-                c.suspended_since = self.now
-            if act.recheck_at is not None:
-                self._kv_timer(act.recheck_at, "recheck", rec, thread, c.key, c.group)
-        elif act.rule == "swap":
-            self._demote(c.key, c.group, "host", background=True)
-            if act.swap_in_at is not None:
-                self._kv_timer(act.swap_in_at, "swap_in", rec, thread, c.key, c.group)
-        else:
-            self._demote(c.key, c.group, "none")
+    def kv_in_hbm(self, rec: ProgramRec) -> list[GpuCopy]:
+        return [self.tiers.gpu[(kvk, g)] for kvk in self._kv_keys(rec.program)
+                for g in self.tiers.groups_of.get(kvk, ())]
 
-    def _kv_timer(self, at: float, kind: str, rec: ProgramRec, thread: str, kvk, group) -> None:
-        """A recheck or swap-in at `at`, for the tool wait now running on `thread`."""
-        wait = (thread, rec.tools[thread][1])
-        heapq.heappush(self.kv_timers, (at, next(self._timer_seq), kind, rec.program, wait, kvk, group))
+    def kv_program_busy(self, rec: ProgramRec) -> bool:
+        return self._busy(rec)
 
-    def _kv_due(self) -> None:
-        """Timers that are due: a preserved KV whose TTL ran out is judged again on the wait still
-        expected; a swapped-out KV comes back before the predicted return. Both only while the
-        same tool wait goes on."""
-        while self.kv_timers and self.kv_timers[0][0] <= self.now:
-            _, _, kind, program, wait, kvk, group = heapq.heappop(self.kv_timers)
-            w = self._awaited(program, wait)
-            if w is None:
-                continue
-            if kind == "swap_in":
-                self._kv_back(program, wait, kvk, group)
-                continue
-            rec = self.programs[program]
-            c = self.tiers.gpu.get((kvk, group))
-            if c is None or c.suspended_since is None or c.pins or not c.ready:
-                continue
-            left = self.kvw.remaining(w[0], self.now - wait[1])
-            if self._busy(rec):  # another thread's call runs: judge it again later, as the simulator does
-                self._kv_timer(self.kvw.next_check(self.now, wait[1], left), "recheck", rec, wait[0], kvk, group)
-                continue
-            self._suspend_kv(rec, c, left, wait[0])
+    def kv_wait_goes_on(self, rec: ProgramRec, wait: tuple, kind: str) -> tuple[str, float] | None:
+        """While the program runs and its thread still waits on the tool call that began then."""
+        w = rec.tools.get(wait[0]) if rec.status == ProgramStatus.RUNNING else None
+        return (w[0], w[1]) if w is not None and w[1] == wait[1] else None
 
-    def _kv_back(self, program: str, wait: tuple, kvk, group) -> None:
-        """Swap a KV back in from host DRAM as a background op that evicts nothing; once the
-        swap-out is written if it is still on its way."""
-        if self._awaited(program, wait) is None or kvk not in self.kv_tokens or (kvk, group) in self.tiers.gpu:
-            return
-        hc = self.tiers.host.get((kvk, self.gpus[group[0]].node))
-        if hc is None:
-            return
-        if not hc.ready:
-            self.swap_in_after[kvk] = (program, wait, group)
-            return
-        if self.best_source(kvk, group).startswith("host:"):  # a swap-in, not a recompute
+    def kv_swap_out(self, c: GpuCopy) -> None:
+        self._demote(c.key, c.group, "host", background=True)
+
+    def kv_drop(self, c: GpuCopy) -> None:
+        self._demote(c.key, c.group, "none")
+
+    def kv_swap_in(self, kvk, group) -> None:
+        """Only from the host DRAM of the group's node (the promote op runs there)."""
+        if (kvk, self.gpus[group[0]].node) in self.tiers.host:
             self._promote(kvk, group, background=True)
 
-    def _end_suspensions(self, program: str) -> None:
-        """No thread of the program waits on a tool any more: its KV copies are no longer suspended."""
-        for kvk in self._kv_keys(program):
-            for g in self.tiers.groups_of.get(kvk, ()):
-                self.tiers.gpu[(kvk, g)].suspended_since = None
+    def kv_swap_in_once_written(self, rec: ProgramRec, wait: tuple, kvk, group, hc) -> None:
+        self.swap_in_after[kvk] = (rec.program, wait, group)  # `_kv_back` once the op commits
+
+    def kv_set_timer(self, at: float, kind: str, rec: ProgramRec, wait: tuple, kvk, group) -> None:
+        """On `kv_timers`, named by the program and its wait; `_kv_due` fires it."""
+        heapq.heappush(self.kv_timers, (at, next(self._timer_seq), kind, rec.program, wait, kvk, group))
+
+    def kv_on_action(self, rule: str, new: bool) -> None:
+        if new:  # /metrics counts what the books' `actions` count
+            self.telemetry.kv_action(rule)
+
+    def kv_end_suspension(self, c: GpuCopy) -> None:
+        c.suspended_since = None
+
+    def _kv_due(self) -> None:
+        """Timers that are due (a program that is gone has no wait that goes on)."""
+        while self.kv_timers and self.kv_timers[0][0] <= self.now:
+            _, _, kind, program, wait, kvk, group = heapq.heappop(self.kv_timers)
+            rec = self.programs.get(program)
+            if rec is not None:
+                kvwait.timer_due(self, kind, rec, wait, kvk, group)
+
+    def _kv_back(self, program: str, wait: tuple, kvk, group) -> None:
+        """A swap-out a swap-in waited for is written (`swap_in_after`)."""
+        rec = self.programs.get(program)
+        if rec is not None:
+            kvwait.swap_back(self, rec, wait, kvk, group)
 
     def _resume_tool_wait(self, rec: ProgramRec) -> None:
         """After a restart, a tool wait that goes on is taken up where it is (its timers were not on
@@ -165,10 +143,10 @@ class ToolWaitKVPart:
         thread = max(rec.tools, key=lambda th: rec.tools[th][1])
         tool, since, _ = rec.tools[thread]
         left = self.kvw.remaining(tool, self.now - since) if self.kv_waits[(rec.program, thread)] is not None else None
-        for c in self._kv_copies(rec.program):  # (a KV whose swap-out is open has left the books' HBM)
+        for c in self.kv_copies(rec):  # (a KV whose swap-out is open has left the books' HBM)
             self.kvw.suspended(c.key, tool)
             c.suspended_since = since  # held since the wait began: a preserve is not counted again
-            self._suspend_kv(rec, c, left, thread)
+            kvwait.suspend(self, rec, (thread, since), tool, since, c, left)
         for kvk in self._kv_keys(rec.program):
             group = next((tuple(call["group"]) for call in reversed(list(rec.calls.values()))
                           if call["model"] == kvk[2] and call["group"] is not None), None)
@@ -179,5 +157,5 @@ class ToolWaitKVPart:
                                      host_link_bps(self, group), self.now)
             if at is not None:
                 self.kvw.suspended(kvk, tool)
-                self._kv_timer(at, "swap_in", rec, thread, kvk, group)
+                self.kv_set_timer(at, kvwait.SWAP_IN, rec, (thread, since), kvk, group)
 

@@ -20,6 +20,7 @@ from typing import TypedDict
 
 from ..models.state import kv_key, weights_key
 from ..models.trace import MAIN_THREAD
+from ..core import kvwait
 from ..core.books import GpuCopy
 from ..policies.baselines import place_model
 from .errors import Conflict, Forbidden, Invalid, NotFound
@@ -363,9 +364,9 @@ class ProgramEvents:
             elif effect is not None:  # the tool failed without its effect: a later try may run it
                 del rec.effects[effect]
                 effect = None
-            self.kvw.ended(w[0], duration, self.kv_waits.pop((rec.program, thread), None))
-        if not rec.tools:  # another thread still waiting keeps the program's KV suspended (as in the simulator)
-            self._end_suspensions(rec.program)
+        # another thread still waiting keeps the program's KV suspended (as in the simulator)
+        kvwait.tool_ended(self, rec, w[0] if w is not None else None, duration,
+                          self.kv_waits.pop((rec.program, thread), None) if w is not None else None, bool(rec.tools))
         self.policy.on_tool_end(self, HookProgram(rec.program, rec.tenant), None, tool, duration)
         self._save_program(rec)
         return ToolAck(tool, "finished", duration, effect)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.books import GpuCopy
+from ..core import kvwait
 from ..core.costs import page_touch_probs
 from ..core.toolwait import BACKGROUND_SHARE
 from ..models.trace import Program
@@ -39,7 +40,7 @@ class ProgRun:
 
 class ProgramsMixin:
     """Program start, node ready and done, cancel propagation, and the tool-wait KV rule applied
-    (`core/toolwait.py`, shared with the live planner)."""
+    (`core/kvwait.py`, shared with the live planner: the simulator is its `KvWaitMechanism`)."""
 
     def _program_start(self, prog: Program):
         children = children_of(prog)
@@ -145,54 +146,64 @@ class ProgramsMixin:
         self._apply(self._hook("on_program_end", pr.prog))
         self._retry_waiting()
 
-    # ---- tool waits: what happens to the program's KV -------------------------------------------
-    def _program_busy(self, pr: ProgRun) -> bool:
-        return any(c.state in ("waiting", "loading", "queued", "running") for c in pr.calls.values())
+    # ---- tool waits: what happens to the program's KV (`core/kvwait.py`) ------------------------
+    # The simulator as a `KvWaitMechanism`: a program is its `ProgRun`, a tool wait its tool node.
 
     def _tool_wait_kv(self, pr: ProgRun, nid: str) -> None:
-        tool = pr.tools[nid]
-        predicted = self.kvw.started(tool)
-        pr.tool_wait[nid] = (self.now, predicted)
-        if self._program_busy(pr):
-            return  # another thread of the program still runs: its KV is not suspended
-        for kvk in sorted(self.kv_of_program.get(pr.prog.program, ())):
-            copies = [self.tiers.gpu[(kvk, g)] for g in sorted(self.tiers.groups_of.get(kvk, ()))]
-            copies = [c for c in copies if not c.pins and c.ready]
-            if copies:
-                self.kvw.suspended(kvk, tool)
-            for copy in copies:
-                self._suspend_kv(pr, nid, copy, predicted)
+        pr.tool_wait[nid] = (self.now, kvwait.tool_started(self, pr, nid, pr.tools[nid], self.now))
 
-    def _suspend_kv(self, pr: ProgRun, nid: str, copy: GpuCopy, predicted: float | None) -> None:
-        """Apply the tool-wait rule to one KV copy; `predicted` is the wait still expected (adaptive)."""
-        act = self.kvw.decide_copy(self, pr.tools[nid], copy, predicted, pr.tool_wait[nid][0])
-        if act.rule == "preserve":
-            if copy.suspended_since is None:
-                copy.suspended_since = self.now
-            if act.recheck_at is not None:
-                self.push(act.recheck_at, PRIO_TIMER, self._kv_reconsider, (pr, nid, copy))
-        elif act.rule == "swap":
-            self._evict(copy, "host", weight=BACKGROUND_SHARE)
-            if act.swap_in_at is not None:
-                self.push(act.swap_in_at, PRIO_TIMER, self._kv_back, (pr, nid, copy.key, copy.group))
-        else:
-            self._evict(copy, "none")
+    def _tool_end_kv(self, pr: ProgRun, nid: str) -> None:
+        start, predicted = pr.tool_wait.pop(nid, (self.now, None))
+        # another of its tools still running keeps its KV suspended
+        kvwait.tool_ended(self, pr, pr.tools[nid], self.now - start, predicted, bool(pr.tool_wait))
 
-    def _kv_reconsider(self, pr: ProgRun, nid: str, copy: GpuCopy):
-        """The TTL of a preserved KV ran out with the tool still running: decide again on the
-        remaining wait given how long it has lasted (§12: preserve first, offload once it is long)."""
-        if nid not in pr.tool_wait or copy.suspended_since is None or copy.pins or \
-                self.tiers.gpu.get((copy.key, copy.group)) is not copy:
-            return None
-        start, _ = pr.tool_wait[nid]
-        left = self.kvw.remaining(pr.tools[nid], self.now - start)
-        if self._program_busy(pr):
-            # Another thread's call runs (on another model: this KV stays suspended). Judge it again
-            # once that call may be over, rather than hold it until the tool returns.
-            self.push(self.kvw.next_check(self.now, start, left), PRIO_TIMER, self._kv_reconsider, (pr, nid, copy))
-            return None
-        self._suspend_kv(pr, nid, copy, left)
+    def kv_copies(self, pr: ProgRun) -> list[GpuCopy]:
+        """By KV key, then GPU group."""
+        return [c for kvk in sorted(self.kv_of_program.get(pr.prog.program, ()))
+                for g in sorted(self.tiers.groups_of.get(kvk, ()))
+                if not (c := self.tiers.gpu[(kvk, g)]).pins and c.ready]
+
+    def kv_in_hbm(self, pr: ProgRun) -> list[GpuCopy]:
+        return [self.tiers.gpu[(kvk, g)] for kvk in sorted(self.kv_of_program.get(pr.prog.program, ()))
+                for g in sorted(self.tiers.groups_of.get(kvk, ()))]
+
+    def kv_program_busy(self, pr: ProgRun) -> bool:
+        return any(c.state in ("waiting", "loading", "queued", "running") for c in pr.calls.values())
+
+    def kv_wait_goes_on(self, pr: ProgRun, nid: str, kind: str) -> tuple[str, float] | None:
+        """A recheck acts while the tool's wait is on the books (a cancelled tool node's stays); a
+        swap-in only while the tool node runs."""
+        on = nid in pr.tool_wait if kind == kvwait.RECHECK else pr.node_state.get(nid) == "running"
+        return (pr.tools[nid], pr.tool_wait[nid][0]) if on else None
+
+    def kv_swap_out(self, copy: GpuCopy) -> None:
+        self._evict(copy, "host", weight=BACKGROUND_SHARE)
+
+    def kv_drop(self, copy: GpuCopy) -> None:
+        self._evict(copy, "none")
+
+    def kv_swap_in(self, kvk, group) -> None:
+        self._prefetch(kvk, group, background=True)
+
+    def kv_swap_in_once_written(self, pr: ProgRun, nid: str, kvk, group, hc) -> None:
+        hc.waiters.append(lambda now: kvwait.swap_back(self, pr, nid, kvk, group))
+
+    def kv_set_timer(self, at: float, kind: str, pr: ProgRun, nid: str, kvk, group) -> None:
+        """On the event heap; a recheck judges the very copy it was set for (not a later one of the
+        same KV and group)."""
+        copy = self.tiers.gpu[(kvk, group)] if kind == kvwait.RECHECK else None
+        self.push(at, PRIO_TIMER, self._kv_timer_due, (kind, pr, nid, kvk, group, copy))
+
+    def _kv_timer_due(self, kind: str, pr: ProgRun, nid: str, kvk, group, copy):
+        if copy is None or self.tiers.gpu.get((kvk, group)) is copy:
+            kvwait.timer_due(self, kind, pr, nid, kvk, group)
         return None
+
+    def kv_on_action(self, rule: str, new: bool) -> None:
+        pass  # the rule counts its actions (`ToolWaitKV.actions`); the report takes them from there
+
+    def kv_end_suspension(self, copy: GpuCopy) -> None:
+        self._end_suspension(copy)
 
     def _keep_kv(self, kvk) -> None:
         """A call came back to this KV while a tool-wait swap-out still writes it to host DRAM:
@@ -210,22 +221,3 @@ class ProgramsMixin:
             self.tiers.add_gpu_copy(GpuCopy(kvk, src.group, src.per_gpu, True, src.created, self.now, used=src.used))
             self._remove_host(hc)  # whoever waited for it being written stops waiting
             self.recorder.dirty = True
-
-    def _kv_back(self, pr: ProgRun, nid: str, kvk, group):
-        if pr.node_state.get(nid) != "running" or kvk not in self.kv_tokens or (kvk, group) in self.tiers.gpu:
-            return None
-        hc = self.tiers.host.get((kvk, self.gpus[group[0]].node))
-        if hc is not None and not hc.ready:  # the swap-out is still being written: swap in once it is
-            hc.waiters.append(lambda now: self._kv_back(pr, nid, kvk, group))
-        elif self.best_source(kvk, group).startswith("host:"):  # a swap-in, not a recompute
-            self._prefetch(kvk, group, background=True)
-        return None
-
-    def _tool_end_kv(self, pr: ProgRun, nid: str) -> None:
-        start, predicted = pr.tool_wait.pop(nid, (self.now, None))
-        self.kvw.ended(pr.tools[nid], self.now - start, predicted)
-        if pr.tool_wait:
-            return  # another of its tools still runs: its KV stays suspended
-        for kvk in sorted(self.kv_of_program.get(pr.prog.program, ())):
-            for g in sorted(self.tiers.groups_of.get(kvk, ())):
-                self._end_suspension(self.tiers.gpu[(kvk, g)])

@@ -1,5 +1,5 @@
 """statebudget-lease with overrides of its `PlannerConfig` (`lease_config`): hetero16 + agent-team, 2-hour traces,
-seeds 1-3 (simulator seed = trace seed). Issue 3's P95 / wasted-bytes frontier and the stall /
+seeds 1-3 (simulator seed = trace seed). The P95 / wasted-bytes frontier and the stall /
 TTFT trade-off of placement come from it.
 
     .venv/bin/python benchmarks/bench_config.py "promote_min_p=1.01, page_min_touch=1.01" [--trace swe-team]

@@ -1,4 +1,4 @@
-"""Failed call attempts and attained service (issue 5, seed 003 §16, §26): call attempts fail with
+"""Failed call attempts and attained service (seed 003 §16, §26): call attempts fail with
 chance P while they run and are retried. Under plas, a retry keeps the service its program had
 (`keep`, the simulator's rule) or starts again from none, as a retry under a new program id would
 (`reset`, the ablation). Seed 003 §16 says that reset lets failing programs jump the queue at the

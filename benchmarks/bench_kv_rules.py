@@ -1,4 +1,4 @@
-"""Tool-wait KV rules (issue 5): preserve, swap, discard and adaptive on mixed-tenants and
+"""Tool-wait KV rules: preserve, swap, discard and adaptive on mixed-tenants and
 mapreduce, hetero16 + agent-team, seeds 1-3, at the preset load and at `--load` times it; a
 process pool. Prints means: programs/hour, suspended-KV TB*s held in HBM, recomputed tokens,
 program latency p95; then adaptive's programs/hour, and its `capacity_per_hour` (`window_rate`:

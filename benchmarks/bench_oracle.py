@@ -1,4 +1,4 @@
-"""Issue 4's closed-loop comparison: the replayed MILP `oracle` against `statebudget-lease`,
+"""The closed-loop comparison: the replayed MILP `oracle` against `statebudget-lease`,
 `static` and `lru-keepwarm` on hetero16 + agent-team, 2-hour traces, seeds 1-3 (simulator seed =
 trace seed), handoff-stall P95 per seed and the oracle's solve.
 

@@ -1,4 +1,4 @@
-"""Issue 3's comparison: every policy on hetero16 + agent-team, `swe-team` and
+"""The policy comparison: every policy on hetero16 + agent-team, `swe-team` and
 `swe-team-shuffled`, 2 hours, seeds 1-3, side by side in one run.
 
     .venv/bin/python benchmarks/bench_policies.py [--hours 2] [--seeds 1,2,3] [--json out/bench_policies.json]

@@ -1,4 +1,4 @@
-"""Queue disciplines under compute contention (issue 5): fcfs, plas and atlas on mixed-tenants and
+"""Queue disciplines under compute contention: fcfs, plas and atlas on mixed-tenants and
 mapreduce at 8x their preset load on hetero16, with one prefill slot per GPU (calls queue for
 compute; with the default compute model they never do and the disciplines tie). Seeds 1-3, a
 process pool; prints the means, the largest overtaking window seen, and plas and atlas paired

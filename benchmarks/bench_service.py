@@ -13,7 +13,7 @@ fixed time per phase:
           then GET /v1/queue?model=M (the waiting calls in the discipline's order now)
 
 The client is a minimal HTTP/1.1 keep-alive writer on asyncio streams: httpx would cost more CPU
-than the server on a 2-core machine and measure itself. Goal (issue 6): >= 2,000 events/s at
+than the server on a 2-core machine and measure itself. Goal: >= 2,000 events/s at
 p99 <= 20 ms on 2 cores.
 
     python benchmarks/bench_service.py --seconds 10 --connections 8 [--kv-rule adaptive] [--queue plas]

@@ -1,4 +1,4 @@
-"""Where statebudget-lease's wasted bytes come from (issue 3's unmet goal: at most 25 % of
+"""Where statebudget-lease's wasted bytes come from (an unmet goal: at most 25 % of
 prefetch-all's), and the P95 / wasted-bytes frontier of the two knobs that make most of them.
 
     .venv/bin/python benchmarks/bench_waste.py [--trace swe-team] [--seeds 1,2,3] [--config "promote_min_p=0.9"] [--grid]

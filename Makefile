@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	mkdir -p out
 	$(BIN)/statebudget trace gen --preset swe-team --seed 1 --hours 2 --out out/swe-team.jsonl
-	$(BIN)/statebudget replay --cluster hetero16 --catalog agent-team --trace out/swe-team.jsonl \
+	$(BIN)/statebudget replay --cluster hetero16 --catalog agent-team --trace out/swe-team.jsonl --start warm --warmup 1800 \
 	  --policy ondemand,lru-keepwarm,frequency,prefetch-all,static,llama-swap,ray-multiplex,statebudget,statebudget-lease \
 	  --json out/report.json --plots out/plots
 

@@ -1,82 +1,264 @@
-"""The policy comparison: every policy on hetero16 + agent-team, `swe-team` and
-`swe-team-shuffled`, 2 hours, seeds 1-3, side by side in one run.
+"""The fair policy table (DESIGN.md §4): every registered policy but the oracle, on hetero16 +
+agent-team, traces `swe-team`, `swe-team-shuffled`, `mixed-tenants` and `mapreduce`, 2-hour
+traces, evaluation seeds 100..109, every run `warm` (operator-preloaded host DRAM) with a 1800 s
+warm-up that no metric counts; `--cold` adds the same table from a cold start beside it.
 
-    .venv/bin/python benchmarks/bench_policies.py [--hours 2] [--seeds 1,2,3] [--json out/bench_policies.json]
+    .venv/bin/python benchmarks/bench_policies.py [--hours 2] [--seeds 100-109] [--warmup 1800] [--cold]
+        [--traces ...] [--policies ...] [--workers N] [--json out/bench_policies.json] [--markdown out/bench_policies.md]
 
-Prints, per trace, the mean over seeds of each metric and the ratios the issue asks for:
-statebudget-lease handoff-stall P95 against the best of the reactive baselines, its warm tax
-against static's, its lease-lateness P99 against prefetch-all's and frequency's, its wasted bytes
-against prefetch-all's, its non-lease TTFT P99 against ondemand's.
-"""
+One job = one (start, trace, seed, policy) replay, run on the sweep's local process pool
+(`statebudget/sim/sweep.py`), progress on stderr. The oracle (the offline MILP) is left out: it
+takes minutes per replay and sees the future, so it is no baseline (`benchmarks/bench_oracle.py`).
+
+Per trace and start, for every policy: the mean over seeds of each metric in `METRICS` with its
+95 % Student t interval over the per-seed values (`paired.t_interval`).
+
+Ours against the best baseline. Baselines = every registered policy that is neither ours
+(`statebudget`, `statebudget-lease`) nor the oracle, prefetch-all included. For each metric
+separately the best baseline is the one with the best mean over the seeds (lower is better,
+except SLO attainment). The comparison is the PAIRED DIFFERENCE ours - best, seed by seed on the
+same traces, with its 95 % t interval (`paired.paired_diff`); it is defined when the baseline's
+value is 0 (wasted bytes of ondemand), where a per-seed ratio is not. For reading, it is also shown
+as a ratio of means, ours/best = 1 + diff/mean(best), whose interval is the difference's interval
+divided by mean(best) (the best baseline's mean taken as fixed); there is no ratio when that mean
+is 0. Verdict per metric: `wins` when the difference's interval lies wholly on the better side of
+0, `loses` when wholly on the worse side, else `tie` (`n/a` with one seed). Picking the best
+baseline by its mean on the same seeds favours the baseline, so a `wins` is conservative.
+
+Decision p99 is wall time per whole policy hook, measured while the pool runs other replays on
+the other cores: compare policies within one run, not across machines.
+
+Seeds 1-10 are for tuning knobs; figures quoted in docs come from seeds >= 100, so seeds below 100
+are refused unless `--tuning` is given (the output then says TUNING)."""
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import shlex
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
-from statebudget.models.load import load_catalog, load_cluster
+from paired import paired_diff, t_interval
+from statebudget import __version__
 from statebudget.policies import REGISTRY
-from statebudget.sim.config import SimConfig
-from statebudget.sim.runner import replay
-from statebudget.traces.generators import generate
+from statebudget.sim import sweep as sw
+from statebudget.traces.generators import PRESETS
 
-REACTIVE = ["ondemand", "lru-keepwarm", "frequency", "static", "llama-swap", "ray-multiplex"]
+TRACES = ("swe-team", "swe-team-shuffled", "mixed-tenants", "mapreduce")
+OURS = ("statebudget-lease", "statebudget")
+EXCLUDED = ("oracle",)
+# row key -> (label, better). Keys are the sweep's row figures (`sweep.METRICS`).
 METRICS = {
-    "handoff_p95": lambda r: r.handoff_stall_s.p95,
-    "handoff_p99": lambda r: r.handoff_stall_s.p99,
-    "stall_mean": lambda r: r.stall_s.mean,
-    "lease_late_p99": lambda r: r.lease_lateness_s.p99,
-    "nonlease_ttft_p99": lambda r: r.nonlease_ttft_s.p99,
-    "warm_tax": lambda r: r.warm_tax,
-    "wasted_tb": lambda r: r.wasted_bytes / 1e12,
-    "moved_tb": lambda r: r.bytes_moved / 1e12,
+    "handoff_p95_s": ("handoff stall P95 (s)", "lower"),
+    "handoff_p99_s": ("handoff stall P99 (s)", "lower"),
+    "ttft_p95_s": ("TTFT P95 (s)", "lower"),
+    "slo_at5": ("SLO attainment @5", "higher"),
+    "program_p95_s": ("program latency P95 (s)", "lower"),
+    "wasted_tb": ("wasted (TB)", "lower"),
+    "warm_tax": ("warm tax", "lower"),
+    "stall_total_s": ("total stall (s)", "lower"),
+    "decision_p99_ms": ("decision p99 (ms)", "lower"),
 }
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def parse_seeds(spec: str) -> list[int]:
+    """`100-109`, `100..109` or `100,101,105`, or a mix: `1-3,7`."""
+    out = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        sep = ".." if ".." in part else ("-" if "-" in part[1:] else None)
+        if sep:
+            a, b = part.split(sep, 1)
+            out += list(range(int(a), int(b) + 1))
+        else:
+            out.append(int(part))
+    if not out:
+        raise ValueError(f"--seeds names no seed: {spec!r}")
+    return sorted(set(out))
+
+
+def _names(spec: str | None, known, what: str) -> list[str]:
+    if spec is None:
+        return list(known)
+    names = [x.strip() for x in spec.split(",") if x.strip()]
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise SystemExit(f"{what}: unknown {', '.join(bad)} (known: {', '.join(known)})")
+    return names
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def summarise(rows: list[dict], seeds: list[int], policies: list[str]) -> dict:
+    """One (start, trace) group of rows -> per-policy intervals, best baselines, ours vs best."""
+    val = {(r["policy"], r["seed"]): r for r in rows}
+    per = {p: {m: [val[p, s][m] for s in seeds] for m in METRICS if all(val[p, s].get(m) is not None for s in seeds)}
+           for p in policies}
+    table = {p: {m: dict(t_interval(v), per_seed=v) for m, v in per[p].items()} for p in policies}
+    baselines = [p for p in policies if p not in OURS and p not in EXCLUDED]
+    best, vs = {}, {}
+    for m, (_, better) in METRICS.items():
+        cands = [p for p in baselines if m in per[p]]
+        if not cands:
+            continue
+        sign = 1.0 if better == "lower" else -1.0
+        best[m] = min(cands, key=lambda p: (sign * table[p][m]["mean"], p))
+    for ours in [p for p in OURS if p in policies]:
+        vs[ours] = {}
+        for m, b in best.items():
+            if m not in per[ours]:
+                continue
+            d = paired_diff(per[b][m], per[ours][m])
+            bm = table[b][m]["mean"]
+            ci = d["ci95"]
+            ratio = 1.0 + d["mean"] / bm if bm else None
+            ratio_ci = [1.0 + ci[0] / bm, 1.0 + ci[1] / bm] if (bm and ci) else None
+            better = METRICS[m][1]
+            verdict = "n/a"  # one seed: no interval, no verdict
+            if ci is not None:
+                good, bad = (ci[1] < 0, ci[0] > 0) if better == "lower" else (ci[0] > 0, ci[1] < 0)
+                verdict = "wins" if good else ("loses" if bad else "tie")
+            vs[ours][m] = {"baseline": b, "ours_mean": table[ours][m]["mean"], "best_mean": bm,
+                           "diff_mean": d["mean"], "diff_ci95": ci, "ratio": ratio, "ratio_ci95": ratio_ci,
+                           "better_on_seeds": d["lower_on"] if better == "lower" else len(seeds) - d["lower_on"],
+                           "verdict": verdict}
+    return {"policies": table, "baselines": baselines, "best_baseline": best, "ours_vs_best": vs}
+
+
+def _cell(s: dict | None) -> str:
+    if s is None:
+        return "n/a"
+    if s["ci95"] is None:
+        return f"{s['mean']:.3g}"
+    return f"{s['mean']:.3g} ± {(s['ci95'][1] - s['ci95'][0]) / 2:.2g}"
+
+
+def markdown(out: dict) -> str:
+    seeds = out["seeds"]
+    lines = []
+    tag = " — TUNING SEEDS, not for docs" if out["tuning"] else ""
+    for start, by_trace in out["tables"].items():
+        for trace, g in by_trace.items():
+            lines += [f"### {trace}, {start} start, warm-up {out['warmup_s']:g} s{tag}", "",
+                      f"{out['cluster']} + {out['catalog']}, {out['hours']:g} h traces, seeds {seeds[0]}..{seeds[-1]} "
+                      f"({len(seeds)}); mean ± half-width of the 95 % t interval over seeds.", ""]
+            ms = [m for m in METRICS if any(m in g["policies"][p] for p in g["policies"])]
+            lines.append("| policy | " + " | ".join(METRICS[m][0] for m in ms) + " |")
+            lines.append("|---|" + "---:|" * len(ms))
+            for p, t in g["policies"].items():
+                name = f"**{p}**" if p in OURS else p
+                lines.append(f"| {name} | " + " | ".join(_cell(t.get(m)) for m in ms) + " |")
+            lines.append("")
+            ours = list(g["ours_vs_best"])
+            if ours:
+                lines.append("| metric | best baseline (mean) | " + " | ".join(f"{o} / best [95 % CI]" for o in ours) + " |")
+                lines.append("|---|---|" + "---|" * len(ours))
+                for m, b in g["best_baseline"].items():
+                    cells = []
+                    for o in ours:
+                        c = g["ours_vs_best"][o].get(m)
+                        if c is None:
+                            cells.append("n/a")
+                        elif c["ratio"] is not None and c["ratio_ci95"] is not None:
+                            cells.append(f"{c['ratio']:.3f} [{c['ratio_ci95'][0]:.3f}, {c['ratio_ci95'][1]:.3f}] "
+                                         f"**{c['verdict']}**")
+                        elif c["diff_ci95"] is not None:
+                            cells.append(f"diff {c['diff_mean']:+.3g} [{c['diff_ci95'][0]:+.3g}, {c['diff_ci95'][1]:+.3g}] "
+                                         f"**{c['verdict']}**")
+                        else:
+                            cells.append(f"diff {c['diff_mean']:+.3g} (one seed, no interval)")
+                    lines.append(f"| {METRICS[m][0]} | {b} ({g['policies'][b][m]['mean']:.3g}) | " + " | ".join(cells) + " |")
+                lines.append("")
+    lines.append(f"Command: `{out['command']}` (commit {out['git']}, {out['date']}). Best baseline per metric over "
+                 f"{', '.join(out['baselines'])}; oracle left out (offline MILP). Verdict `wins` only when the paired "
+                 f"difference's 95 % interval excludes parity.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hours", type=float, default=2.0)
-    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--seeds", default="100-109", help="evaluation seeds (>= 100): 100-109, 100..109 or 100,101")
+    ap.add_argument("--tuning", action="store_true", help="allow seeds below 100 (tuning seeds 1-10)")
+    ap.add_argument("--warmup", type=float, default=None,
+                    help="seconds simulated but left out of every metric (default 1800, or a quarter of a shorter trace)")
+    ap.add_argument("--cold", action="store_true", help="add the cold-start table (same warm-up) beside the warm one")
+    ap.add_argument("--traces", default=None, help=f"comma-separated subset of {','.join(TRACES)} (or any preset)")
+    ap.add_argument("--policies", default=None, help="comma-separated subset of the registered policies but oracle")
+    ap.add_argument("--cluster", default="hetero16")
+    ap.add_argument("--catalog", default="agent-team")
+    ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
-    cl, cat = load_cluster("hetero16"), load_catalog("agent-team")
-    policies = list(REGISTRY)
-    out = {}
-    for preset in ("swe-team", "swe-team-shuffled"):
-        per_seed = {}
-        for seed in seeds:
-            rep = replay(cl, cat, generate(preset, seed, args.hours), policies, SimConfig(seed=seed)).report
-            per_seed[seed] = {p: {k: f(r) for k, f in METRICS.items()} for p, r in rep.policies.items()}
-        mean = {p: {k: float(np.mean([per_seed[s][p][k] for s in seeds])) for k in METRICS} for p in policies}
-        ours = mean["statebudget-lease"]
-        best = min(REACTIVE, key=lambda p: mean[p]["handoff_p95"])
-        ratios = {
-            "best_reactive": best,
-            "handoff_p95_vs_best_reactive": ours["handoff_p95"] / mean[best]["handoff_p95"],
-            "warm_tax_vs_static": ours["warm_tax"] / mean["static"]["warm_tax"],
-            "lease_late_p99_vs_prefetch_all": ours["lease_late_p99"] / mean["prefetch-all"]["lease_late_p99"],
-            "lease_late_p99_vs_frequency": ours["lease_late_p99"] / mean["frequency"]["lease_late_p99"],
-            "wasted_vs_prefetch_all": ours["wasted_tb"] / max(mean["prefetch-all"]["wasted_tb"], 1e-12),
-            "nonlease_ttft_p99_vs_ondemand": ours["nonlease_ttft_p99"] / mean["ondemand"]["nonlease_ttft_p99"],
-            "statebudget_handoff_p95_vs_frequency": mean["statebudget"]["handoff_p95"] / mean["frequency"]["handoff_p95"],
-        }
-        out[preset] = {"per_seed": per_seed, "mean": mean, "ratios": ratios}
-        print(f"\n## {preset} (hetero16 + agent-team, {args.hours} h, seeds {args.seeds}; mean over seeds)\n")
-        print("| policy | " + " | ".join(METRICS) + " |")
-        print("|---|" + "---|" * len(METRICS))
-        for p in policies:
-            print(f"| {p} | " + " | ".join(f"{mean[p][k]:.3f}" for k in METRICS) + " |")
-        print()
-        for k, v in ratios.items():
-            print(f"- {k}: {v if isinstance(v, str) else round(v, 3)}")
+    ap.add_argument("--markdown", type=Path, default=None)
+    args = ap.parse_args(argv)
+    seeds = parse_seeds(args.seeds)
+    if min(seeds) < 100 and not args.tuning:
+        raise SystemExit(f"--seeds {args.seeds}: seeds below 100 are tuning seeds (DESIGN.md §4); figures for docs "
+                         f"come from seeds >= 100. Pass --tuning to run them anyway.")
+    if len(seeds) < 10 and not args.tuning:
+        print(f"note: {len(seeds)} seeds; figures quoted in docs need at least ten", file=sys.stderr)
+    traces = _names(args.traces, PRESETS, "--traces") if args.traces else list(TRACES)
+    allowed = [p for p in REGISTRY if p not in EXCLUDED]
+    policies = _names(args.policies, allowed, "--policies (the oracle is left out of the fair table)")
+    span = args.hours * 3600.0
+    warmup = args.warmup if args.warmup is not None else min(1800.0, span / 4)
+    if warmup >= span:
+        raise SystemExit(f"--warmup {warmup:g} s leaves nothing of a {args.hours:g} h trace to measure")
+    starts = ["warm"] + (["cold"] if args.cold else [])
+    todo = [j for st in starts
+            for j in sw.jobs([args.cluster], traces, seeds, policies, args.catalog, args.hours, start=st, warmup_s=warmup)]
+    # The slowest replays first, so the pool's tail is short: our planners and prefetch-all, long traces.
+    todo.sort(key=lambda j: (j["policy"] not in OURS + ("prefetch-all",), j["trace"] != "mixed-tenants"))
+    t0 = time.time()
+
+    def progress(done, total):
+        el = time.time() - t0
+        print(f"\r[{done}/{total}] {el:6.0f} s elapsed, ~{el / done * (total - done):6.0f} s left", end="",
+              file=sys.stderr, flush=True)
+
+    print(f"{len(todo)} replays on {args.workers} processes", file=sys.stderr)
+    rows = sw.run_local(todo, args.workers, progress)
+    print(file=sys.stderr)
+    wall = time.time() - t0
+    tables = {st: {tr: summarise([r for r in rows if r["start"] == st and r["trace"] == tr], seeds, policies)
+                   for tr in traces} for st in starts}
+    out = {"benchmark": "bench_policies", "statebudget": __version__,
+           "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]), "python": sys.executable,
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "git": git_commit(),
+           "cluster": args.cluster, "catalog": args.catalog, "hours": args.hours, "seeds": seeds, "tuning": args.tuning,
+           "starts": starts, "warmup_s": warmup, "traces": traces, "policies": policies, "ours": [p for p in OURS if p in policies],
+           "baselines": [p for p in policies if p not in OURS], "excluded": list(EXCLUDED),
+           "metrics": {m: {"label": lab, "better": b} for m, (lab, b) in METRICS.items()},
+           "comparison": "paired difference ours - best baseline per seed, 95 % Student t interval; ratio = "
+                         "1 + diff / mean(best); verdict wins/loses only when the interval excludes 0",
+           "workers": args.workers, "wall_s": round(wall, 1), "tables": tables, "rows": rows}
+    md = markdown(out)
+    print(md)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1) + "\n")
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(md)
+    print(f"{len(rows)} replays in {wall:.0f} s", file=sys.stderr)
+    return out
 
 
 if __name__ == "__main__":
+    np.seterr(all="ignore")
     main()

@@ -32,12 +32,12 @@ def wait_until(cond, timeout_s: float, what: str):
 
 
 def cluster(gpus=1, hbm_gb=40.0, h2d=25.0, nvme_read=7.0, root=50.0, wake=0.5, cold=10.0, nodes=1, tflops=312.0,
-            reserve=0.0, host_gb=256.0) -> Cluster:
+            reserve=0.0, host_gb=256.0, overhead=0.0) -> Cluster:
     return Cluster.model_validate({
         "name": "test",
         "hbm_reserve_frac": reserve,
         "gpu_kinds": {"G": {"hbm_gb": hbm_gb, "hbm_gbps": 1555, "h2d_gbps": h2d, "d2h_gbps": h2d, "tflops": tflops,
-                            "wake_s": wake, "cold_start_s": cold}},
+                            "wake_s": wake, "cold_start_s": cold, "engine_overhead_gb": overhead}},
         "nodes": [{"name": f"n{i}", "host_dram_gb": host_gb, "nvme_gb": 4000, "nvme_read_gbps": nvme_read,
                    "nvme_write_gbps": 5, "root_gbps": root, "gpus": {"G": gpus}} for i in range(nodes)],
     })
@@ -49,8 +49,11 @@ def catalog(*models) -> Catalog:
          "active_params_b": 1.0, "tp": m[3] if len(m) > 3 else 1} for m in models]})
 
 
-def call(nid, model, after=(), ctx=100, out=10):
-    return {"id": nid, "kind": "call", "model": model, "context_tokens": ctx, "output_tokens": out, "after": list(after)}
+def call(nid, model, after=(), ctx=100, out=10, max_tokens=None):
+    """A call node. It asks for `max_tokens`, by default exactly what it writes (at least 1): the
+    hand-made tests' calls reserve just the KV they leave, as before calls carried `max_tokens`."""
+    return {"id": nid, "kind": "call", "model": model, "context_tokens": ctx, "output_tokens": out,
+            "max_tokens": max(out, 1) if max_tokens is None else max_tokens, "after": list(after)}
 
 
 def tool(nid, after, duration=1.0, name="test"):

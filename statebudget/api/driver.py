@@ -1,7 +1,8 @@
 """A runtime client that replays a v1 trace against a live planner, as an agent runtime would.
 
 Each program runs as a task: its nodes start when their dependencies end; a call is announced
-(`call_arrived`), runs for `call_s` (there is no engine here) and ends with its KV length; a tool
+(`call_arrived`, with its `max_tokens`), runs for `call_s` (there is no engine here) and ends with its
+KV length and what it wrote (`call_finished`: its `output_tokens` are known at its end only); a tool
 waits its duration. Hints become HandoffLeases when their node starts, with the deadline at the
 hinted call's expected arrival; at that call the driver asks whether the lease is ready. Times are
 the trace's divided by `speed`.
@@ -140,9 +141,11 @@ class Driver:
                 if n.id in dropped:  # dropped while its leases were asked for: it never arrives
                     return
                 await self._event(client, type="call_arrived", program=p.program, call=n.id, model=by_id[n.id].model,
-                                  context_tokens=n.context_tokens, output_tokens=n.output_tokens, ttft_s=ttft_s,
+                                  context_tokens=n.context_tokens, max_tokens=n.requested_tokens, ttft_s=ttft_s,
                                   after=[a for a in n.after if by_id[a].kind == "call"])
-                for ev in ({"type": "call_started"}, None, {"type": "call_finished", "tokens": n.context_tokens + n.output_tokens}):
+                # what the call wrote is told at its end only (DESIGN.md §5)
+                for ev in ({"type": "call_started"}, None, {"type": "call_finished", "output_tokens": n.output_tokens,
+                                                            "tokens": n.context_tokens + n.output_tokens}):
                     if n.id in dropped:
                         await self._event(client, type="call_cancelled", program=p.program, call=n.id)
                         return

@@ -19,6 +19,8 @@ class EventCreate(BaseModel):
     """One runtime event. `call` names a call inside its program (for tool events: the tool call's
     id, so a late result is recognised); `tokens` (call_finished) is the program's KV length for
     that model after the call, which is the KV's version; `attempt` numbers a call's retries;
+    `max_tokens` (call_arrived) is what the runtime asks the engine for; `output_tokens`
+    (call_finished only) what the engine wrote, known once the call has ended (DESIGN.md §5);
     `epoch` (optional) must be the program's current one; `thread` (tool events, optional,
     default `main`) names the program's thread that waits, so the threads of a fork/join program
     wait on tools side by side (a new tool call on a thread that still waits is a retry)."""
@@ -30,7 +32,10 @@ class EventCreate(BaseModel):
     tool: str | None = Field(None, min_length=1, max_length=200)
     thread: str | None = Field(None, min_length=1, max_length=200)
     context_tokens: int = Field(0, ge=0, le=10_000_000)
-    output_tokens: int = Field(0, ge=0, le=10_000_000)
+    max_tokens: int | None = Field(None, ge=1, le=10_000_000, description="call_arrived: the output tokens the "
+                                   "runtime asks the engine for (default 4096)")
+    output_tokens: int | None = Field(None, ge=0, le=10_000_000, description="call_finished: the output tokens the "
+                                      "engine wrote")
     tokens: int = Field(0, ge=0, le=10_000_000)
     duration_s: float | None = Field(None, ge=0, le=86_400)
     ttft_s: float | None = Field(None, ge=0, le=86_400, description="call_arrived: the call's TTFT bound, seconds "
@@ -51,6 +56,11 @@ class EventCreate(BaseModel):
         missing = [f for f in _NEEDS.get(self.type, ()) if getattr(self, f) is None]
         if missing:
             raise ValueError(f"a {self.type} event needs {', '.join(missing)}")
+        if self.output_tokens is not None and self.type != "call_finished":
+            raise ValueError("output_tokens is known once a call has ended: send it with call_finished "
+                             "(call_arrived takes max_tokens)")
+        if self.max_tokens is not None and self.type != "call_arrived":
+            raise ValueError("max_tokens belongs to call_arrived")
         if self.effect is not None and self.call is None:
             raise ValueError("an event with an effect key needs its tool call id (call)")
         return self

@@ -37,14 +37,20 @@ def print_replay(rep, tr, cl, cat, wall: float) -> None:
     """`replay`: one row per policy of the report `rep` on trace `tr`, then the auto queue's switches."""
     t = Table(Column("policy", no_wrap=True), "handoff stall p50/p95/p99 s", "stall mean s", "TTFT p95 s",
               "lease late p99 s", "non-lease TTFT p99 s", "program p95 s", "moved TB", "wasted TB", "warm tax", "SLO viol.",
+              "SLO@5",
               title=f"{tr.n_calls} calls, {rep.trace.handoffs} handoffs on {cl.name} + {cat.name} ({wall:.1f} s wall)")
     for n, r in rep.policies.items():
         h = r.handoff_stall_s
         t.add_row(n, f"{h.p50:.2f} / {h.p95:.2f} / {h.p99:.2f}", f"{r.stall_s.mean:.2f}", f"{r.ttft_s.p95:.2f}",
                   f"{r.lease_lateness_s.p99:.2f}", f"{r.nonlease_ttft_s.p99:.2f}", f"{r.program_latency_s.p95:.1f}",
                   f"{r.bytes_moved / 1e12:.2f}",
-                  f"{r.wasted_bytes / 1e12:.2f}", f"{r.warm_tax:.2f}", f"{r.slo_violations:.1%}")
+                  f"{r.wasted_bytes / 1e12:.2f}", f"{r.warm_tax:.2f}", f"{r.slo_violations:.1%}",
+                  f"{r.slo_attainment['5']:.1%}" if "5" in r.slo_attainment else "-")
     console.print(t)
+    if rep.run is not None:
+        console.print(f"start {rep.run.start}, warm-up {rep.run.warmup_s:g} s"
+                      + (": calls arriving in the warm-up are left out" if rep.run.warmup_s > 0 else "")
+                      + "; SLO@5: share of calls with TTFT <= 5 x their ideal TTFT", highlight=False)
     for n, r in rep.policies.items():
         if r.queue_switches:
             console.print(f"{n}: the auto queue ordered by " + ", then ".join(

@@ -51,6 +51,10 @@ def replay(
     call_failure_rate: Annotated[float, typer.Option(help="chance that a call attempt fails while it runs (its KV on "
                                                           "that GPU is lost; it is retried, keeping its service)",
                                                      min=0.0, max=0.99)] = 0.0,
+    start: Annotated[str, typer.Option(help="state at t = 0: warm (every model's weights in host DRAM of every node "
+                                            "that holds them, no engine awake) or cold (all weights on NVMe)")] = "warm",
+    warmup: Annotated[float, typer.Option("--warmup", help="seconds simulated first whose arriving calls every "
+                                                           "metric leaves out", min=0.0)] = 0.0,
 ):
     """Replay a trace against policies; print a table, write the report and plots."""
     check_outputs(files=[("--json", json_out)], folders=[("--plots", plots)])
@@ -62,6 +66,9 @@ def replay(
 
     names = _policy_list(policy)
     starve = parse_admit_starve(admit_starve)
+    from ..sim.config import START_MODES
+    if start not in START_MODES:
+        raise ValueError(f"--start must be one of {', '.join(START_MODES)}, got {start!r}")
     cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace(trace)
     check_compatible(cl, cat, tr, str(trace))
     if seed is None:
@@ -80,7 +87,7 @@ def replay(
             from ..engine_adapters.local.profile import load_profile
             prof = load_profile(profile, cl)
         config = SimConfig(seed=seed, check_invariants=check, prefill_slots=prefill_slots, max_batch=max_batch,
-                           admit_starve_s=starve, call_failure_rate=call_failure_rate)
+                           admit_starve_s=starve, call_failure_rate=call_failure_rate, start=start, warmup_s=warmup)
         result = run_replay(cl, cat, tr, names, config, progress=progress, profile=prof)
         for n in names:
             prog.update(tasks[n], completed=horizon)
@@ -144,10 +151,14 @@ def oracle(
 def sweep(
     traces: Annotated[str, typer.Option(help="comma-separated trace presets")] = "swe-team,swe-team-shuffled",
     seeds: Annotated[str, typer.Option(help="comma-separated seeds")] = "1,2,3",
-    policy: Annotated[str, typer.Option(help="comma-separated policies")] = "ondemand,lru-keepwarm,frequency,prefetch-all,static,llama-swap,ray-multiplex,statebudget,statebudget-lease",
+    policy: Annotated[str, typer.Option(help="comma-separated policies; all: every registered policy but the "
+                                              "oracle (a MILP, slow)")] = "all",
     clusters: Annotated[str, typer.Option(help="comma-separated cluster presets or files")] = "hetero16",
     catalog: CatalogOpt = "agent-team",
     hours: Annotated[float, typer.Option(help="trace length")] = 2.0,
+    start: Annotated[str, typer.Option(help="state at t = 0: cold (weights on NVMe) or warm (weights in host DRAM, "
+                                            "as an operator preloads them); DESIGN.md §4")] = "warm",
+    warmup: Annotated[float, typer.Option("--warmup", help="seconds simulated but left out of every metric", min=0.0)] = 0.0,
     workers: Annotated[Optional[int], typer.Option(help="local processes (default: one per core)")] = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help="run on a Ray cluster: auto or HOST:PORT")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write all rows here")] = None,
@@ -158,7 +169,13 @@ def sweep(
     from ..sim import sweep as sw
     from ..traces.generators import PRESETS
 
-    names = _policy_list(policy)
+    from ..policies import REGISTRY
+
+    names = [p for p in REGISTRY if p != "oracle"] if policy.strip() == "all" else _policy_list(policy)
+    if start not in ("cold", "warm"):
+        raise ValueError(f"--start: expected cold or warm, got {start!r}")
+    if warmup >= hours * 3600.0:
+        raise ValueError(f"--warmup {warmup:g} s leaves nothing of a {hours:g} h trace to measure")
     trace_list = [t.strip() for t in traces.split(",") if t.strip()]
     for t in trace_list:
         if t not in PRESETS:
@@ -171,37 +188,58 @@ def sweep(
     for c in cluster_list:
         load_cluster(c)
     load_catalog(catalog)
-    todo = sw.jobs(cluster_list, trace_list, seed_list, names, catalog, hours)
+    todo = sw.jobs(cluster_list, trace_list, seed_list, names, catalog, hours, start=start, warmup_s=warmup)
     with progress_bar(TextColumn("sweep"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} replays"),
                    TimeElapsedColumn()) as prog:
         task = prog.add_task("sweep", total=len(todo))
         report = lambda done, total: prog.update(task, completed=done)  # noqa: E731
         rows = sw.run_ray(todo, ray, report) if ray else sw.run_local(todo, workers, report)
-    print_sweep(rows, sw.COLUMNS, ray)
+    print_sweep(rows, [c for c in sw.COLUMNS if all(r.get(c) is not None for r in rows)], ray)
     if json_out:
-        write_json(json_out, {"rows": rows})
+        write_json(json_out, {"start": start, "warmup_s": warmup, "hours": hours, "rows": rows})
 
 
 @guard
 def bench_planner_cmd(
     cluster: ClusterOpt = "hetero16",
     catalog: CatalogOpt = "agent-team",
-    programs: Annotated[int, typer.Option(help="live programs", min=1)] = 200,
-    iterations: Annotated[int, typer.Option(help="timed decisions", min=10)] = 500,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the result here")] = None,
+    programs: Annotated[str, typer.Option(help="comma-separated numbers of live programs to reach")] = "200,1000",
+    policy: Annotated[str, typer.Option(help="comma-separated policies to time")] = "statebudget-lease,statebudget",
+    trace: Annotated[str, typer.Option("--trace", help="trace preset whose arrival rate is scaled")] = "swe-team",
+    window: Annotated[float, typer.Option(help="simulated seconds whose hooks are timed", min=10.0)] = 300.0,
+    seed: Annotated[int, typer.Option(help="trace and simulator seed")] = 0,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the results here")] = None,
 ):
-    """Wall time of one online planning decision with N live programs."""
+    """Wall time of whole policy hooks during a replay with about N live programs (DESIGN.md §4)."""
     check_outputs(files=[("--json", json_out)])
     from ..models.load import check_compatible, load_catalog, load_cluster
     from ..sim.bench import bench_planner
+    from ..traces.generators import PRESETS
 
+    try:
+        counts = [int(x) for x in programs.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--programs: expected comma-separated integers, got {programs!r}") from None
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--programs: expected positive integers, got {programs!r}")
+    if trace not in PRESETS:
+        raise ValueError(f"--trace: unknown trace preset {trace!r} (known: {', '.join(PRESETS)})")
+    names = _policy_list(policy)
     cl, cat = load_cluster(cluster), load_catalog(catalog)
     check_compatible(cl, cat)
-    res = bench_planner(cl, cat, programs, iterations)
-    console.print(f"{programs} live programs: decision p50 {res['decision_ms']['p50']:.3f} ms, "
-                  f"p99 {res['decision_ms']['p99']:.3f} ms ({iterations} decisions)")
+    out = []
+    for n in counts:
+        for name in names:
+            res = bench_planner(cl, cat, n, policy=name, preset=trace, seed=seed, window_s=window)
+            out.append(res)
+            d = res["decision_ms"]
+            p50 = "n/a" if d["p50"] is None else f"{d['p50']:.3f}"
+            p99 = "n/a" if d["p99"] is None else f"{d['p99']:.3f}"
+            console.print(f"{name}, {n} programs asked, {res['live_mean']:.0f} live on average "
+                          f"(max {res['live_max']}): decision p50 {p50} ms, p99 {p99} ms over {res['hooks']} hooks "
+                          f"({window:g} s of {trace} at load x{res['load']:.2f})")
     if json_out:
-        write_json(json_out, res)
+        write_json(json_out, {"results": out})
 
 
 def presets():

@@ -20,6 +20,9 @@ def trace_gen(
     seed: Annotated[int, typer.Option()] = 1,
     hours: Annotated[float, typer.Option(help="trace length; fractions allowed")] = 2.0,
     load: Annotated[float, typer.Option(help="multiply the preset's program arrival rate", min=0.01)] = 1.0,
+    hint_noise: Annotated[float, typer.Option(help="probability that a hint names a uniformly random other model "
+                                              "(confidences stay calibrated: fewer hints are right, with lower "
+                                              "confidence)", min=0.0, max=1.0)] = 0.0,
     tenant_weights: Annotated[str, typer.Option(help="TENANT=WEIGHT,...: the fair share plas and atlas give each "
                                                 "tenant (written to the header; 1 for a tenant not named)")] = "",
     catalog: Annotated[Optional[str], typer.Option(help="write the calls for this catalog (preset or file): a model "
@@ -33,7 +36,7 @@ def trace_gen(
     from ..traces.generators import for_catalog, generate
 
     weights = parse_tenant_weights(tenant_weights)
-    trace = generate(preset, seed, hours, load)
+    trace = generate(preset, seed, hours, load, hint_noise=hint_noise)
     if catalog is not None:
         trace, renames = for_catalog(trace, load_catalog("agent-team"), load_catalog(catalog))
         if renames:

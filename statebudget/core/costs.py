@@ -112,12 +112,14 @@ class CostModel:
     def gpu_kind(self, gpu_index: int):
         return self.cluster.gpu_kinds[self._gpu[gpu_index].kind]
 
-    def reconfig_s(self, group: tuple[int, ...], src_kind: str) -> float:
-        """`wake_s` when weights come from host DRAM (a sleeping engine), `cold_start_s` from NVMe."""
+    def reconfig_s(self, group: tuple[int, ...], src_kind: str, wake: bool = False) -> float:
+        """Engine time on top of the weight copy (DESIGN.md §3): `wake_s` for an asleep engine
+        waking on its own group from its host copy (`wake`), else `cold_start_s` for a new engine,
+        whether its weights come from a host cache or from NVMe."""
         if src_kind == "gpu":
             return 0.0
         kinds = [self.gpu_kind(i) for i in group]
-        return max(k.wake_s if src_kind == "host" else k.cold_start_s for k in kinds)
+        return max(k.wake_s if wake and src_kind == "host" else k.cold_start_s for k in kinds)
 
     def prefill_s(self, model: ModelSpec, tokens: float, group: tuple[int, ...]) -> float:
         if tokens <= 0:
@@ -159,14 +161,15 @@ class CostModel:
         return ("onboard", onboard) if onboard <= recompute else ("recompute", recompute)
 
     def weights_restore_s(self, model: ModelSpec, src_kind: str, src_node: str, group: tuple[int, ...],
-                          extra_bytes: float = 0.0) -> float:
-        """Uncontended restore of a model's dense weights (plus `extra_bytes`, e.g. expert pages).
+                          extra_bytes: float = 0.0, wake: bool = False) -> float:
+        """Uncontended restore of a model's dense weights (plus `extra_bytes`, e.g. expert pages):
+        the copy plus a wake (`wake`: an asleep engine on this group) or a cold start.
         Memoised: placement asks it for every candidate group of every call."""
         if src_kind == "gpu":
             return 0.0
-        key = (model.name, src_kind, src_node, group, extra_bytes)
+        key = (model.name, src_kind, src_node, group, extra_bytes, wake)
         hit = self._restore_memo.get(key)
         if hit is None:
             hit = self._restore_memo[key] = self.group_transfer_s(model.dense_bytes + extra_bytes, src_kind, src_node,
-                                                                  group) + self.reconfig_s(group, src_kind)
+                                                                  group) + self.reconfig_s(group, src_kind, wake)
         return hit

@@ -22,15 +22,28 @@ class ResidencyView:
             g = self._groups[tp] = self.cluster.groups(tp)
         return g
 
-    def stock_model_store(self, preload: bool) -> None:
-        """The model store: every model's weights and experts on every node's NVMe; with
-        `preload`, the cluster's `preload` models also in host DRAM."""
+    def stock_model_store(self, preload: bool | str = True) -> None:
+        """The model store: every model's weights and experts on every node's NVMe. `preload`
+        says what host DRAM holds too (DESIGN.md §4 start): True or "cold", the cluster's
+        `preload` models; "warm", every model (weights and expert pages together) on every node
+        whose DRAM can hold it, in catalog order, skipping one that no longer fits there; False,
+        nothing. Host copies are a page cache: no engine is awake."""
+        if preload not in (True, False, "cold", "warm"):
+            raise ValueError(f"stock_model_store: preload must be a bool, 'cold' or 'warm', got {preload!r}")
+        warm = preload == "warm"
         for node in self.cluster.nodes:
             for m in self.catalog.models:
-                for key, nbytes in self.object_sizes(m):
+                objs = list(self.object_sizes(m))
+                for key, nbytes in objs:
                     if not self.tiers.alloc_nvme(key, node.name, nbytes):
                         raise ValueError(f"node {node.name}: NVMe too small for the model store ({m.name})")
-                    if preload and m.name in self.cluster.preload and self.tiers.alloc_host(node.name, nbytes):
+                if warm:
+                    if sum(nb for _, nb in objs) > self.tiers.host_cap[node.name] - self.tiers.host_used[node.name]:
+                        continue  # the model does not fit what is left of this node's DRAM
+                elif not (preload and m.name in self.cluster.preload):
+                    continue
+                for key, nbytes in objs:
+                    if self.tiers.alloc_host(node.name, nbytes):
                         self.tiers.host[(key, node.name)] = HostCopy(key, node.name, nbytes, True, 0.0)
 
     def object_sizes(self, m: ModelSpec):
@@ -80,18 +93,23 @@ class ResidencyView:
         """The copies to evict, in the policy's order, so that `per_gpu` bytes fit on every GPU of
         `group`; None if pinned or loading copies leave too little room. `cancel(copy)`: which
         loads still in flight may go too (the simulator's speculative ones, `_cancel_rule`), before
-        any ready copy: the room is the caller's, and their bytes are not usable yet."""
+        any ready copy: the room is the caller's, and their bytes are not usable yet. Asleep
+        engines (`books.Engine`) on those GPUs go before any copy: evicting one stops it."""
         deficit = {i: self.tiers.hbm_used[i] + per_gpu - self.tiers.hbm_cap[i] for i in group}
         if all(d <= 1.0 for d in deficit.values()):
             return []
-        cands = {}
+        cands, asleep = {}, {}
+        for (k, g), e in self.tiers.engines.items():  # an asleep engine is the cheapest room: a wake becomes a cold start
+            if e.host is not None and e.per_gpu and (k, g) not in protect and any(deficit.get(i, 0) > 1.0 for i in g):
+                asleep[(k, g)] = e
         for i in group:
             if deficit[i] > 1.0:
                 for k, copy in self.tiers.on_gpu[i].items():
                     if copy.pins == 0 and k not in protect and (copy.ready or (cancel is not None and cancel(copy))) \
                             and (allow is None or allow(copy)):
                         cands[k] = copy
-        order = sorted(cands.values(), key=lambda cp: (cp.ready, self.policy.evict_priority(self, cp), cp.key, cp.group))
+        order = sorted(asleep.values(), key=lambda e: (e.last_use, e.key, e.group)) + \
+            sorted(cands.values(), key=lambda cp: (cp.ready, self.policy.evict_priority(self, cp), cp.key, cp.group))
         victims = []
         for copy in order:
             if all(d <= 1.0 for d in deficit.values()):
@@ -102,4 +120,14 @@ class ResidencyView:
             for i in copy.group:
                 if i in deficit:
                     deficit[i] -= copy.per_gpu
+        # Still short: the engines of evicted weights stop rather than sleep (their overhead too).
+        for copy in list(victims):
+            if all(d <= 1.0 for d in deficit.values()):
+                break
+            e = self.tiers.engines.get((copy.key, copy.group)) if copy.key[0] == "w" else None
+            if e is not None and e.host is None and e.per_gpu and any(deficit.get(i, 0) > 1.0 for i in e.group):
+                victims.append(e)
+                for i in e.group:
+                    if i in deficit:
+                        deficit[i] -= e.per_gpu
         return victims if all(d <= 1.0 for d in deficit.values()) else None

@@ -21,8 +21,9 @@ class GpuKind(BaseModel):
     h2d_gbps: float = Field(gt=0)
     d2h_gbps: float = Field(gt=0)
     tflops: float = Field(gt=0)
-    wake_s: float = Field(ge=0, description="engine reconfiguration when weights come from host DRAM")
-    cold_start_s: float = Field(ge=0, description="engine start when weights come from NVMe")
+    wake_s: float = Field(ge=0, description="an asleep engine waking on its own group, after the H2D copy")
+    cold_start_s: float = Field(ge=0, description="a new engine: process, CUDA context, graphs (plus the copy)")
+    engine_overhead_gb: float = Field(0.0, ge=0, description="HBM every engine, awake or asleep, holds per GPU")
 
 
 class Node(BaseModel):

@@ -67,6 +67,10 @@ class PolicyReport(BaseModel):
     failed_attempts: int = 0                            # call attempts that failed and were retried (--call-failure-rate)
     failed_service_s: float = 0.0                       # compute seconds those attempts ran (still attained service)
     queue_switches: list[dict] = Field(default_factory=list)  # `auto`: {at_s, programs, to} at each switch
+    # §4 SLO figures against each call's ideal TTFT (its model alone on the fastest kind that hosts it).
+    stall_total_s: float = 0.0                          # the sum of stall over all counted calls
+    ttft_slowdown: Dist = Field(default_factory=Dist)   # TTFT / ideal TTFT
+    slo_attainment: dict[str, float] = Field(default_factory=dict)  # "2", "5", "10": share with TTFT <= k x ideal
 
 
 class TraceSummary(BaseModel):
@@ -85,6 +89,13 @@ class OracleBlock(BaseModel):
     solve_s: float
 
 
+class RunBlock(BaseModel):
+    """How the run started (§4): `cold` or `warm`, the warm-up the metrics leave out, the seed."""
+    start: str
+    warmup_s: float
+    seed: int
+
+
 class Report(BaseModel):
     model_config = ConfigDict(extra="allow")
     statebudget: str
@@ -93,3 +104,4 @@ class Report(BaseModel):
     trace: TraceSummary
     policies: dict[str, PolicyReport]
     oracle: OracleBlock | None = None
+    run: RunBlock | None = None

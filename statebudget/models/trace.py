@@ -3,6 +3,12 @@
 A program is a DAG of `call` nodes (an LLM call on a model) and `tool` nodes (a wait); `after`
 lists a node's dependencies. `hints` are what the agent runtime announces; `cancel` abandons a
 branch when another node ends. Unknown fields are kept.
+
+A call's `max_tokens` is what the runtime asks the engine for, known when the call arrives;
+`output_tokens` is what the engine wrote, known only when it ends (the simulator's truth). A trace
+without `max_tokens` stays loadable: its calls are taken to have asked for `DEFAULT_MAX_TOKENS`, or
+for their own output where that is longer (an engine writes no more than it is asked for), see
+`TraceNode.requested_tokens`.
 """
 
 from __future__ import annotations
@@ -10,6 +16,9 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# What a call of a trace without `max_tokens` asked for: a common engine default for agent turns.
+DEFAULT_MAX_TOKENS = 4096
 
 
 class TraceNode(BaseModel):
@@ -20,6 +29,7 @@ class TraceNode(BaseModel):
     model: str | None = None
     context_tokens: int = Field(0, ge=0)
     output_tokens: int = Field(0, ge=0)
+    max_tokens: int | None = Field(None, ge=1)
     tool: str | None = None
     duration: float = Field(0.0, ge=0)
 
@@ -27,7 +37,19 @@ class TraceNode(BaseModel):
     def _kind_fields(self):
         if self.kind == "call" and not self.model:
             raise ValueError(f"call node {self.id!r} has no model")
+        if self.max_tokens is not None and self.output_tokens > self.max_tokens:
+            raise ValueError(f"call node {self.id!r}: output_tokens {self.output_tokens} > max_tokens "
+                             f"{self.max_tokens} (an engine writes no more than it is asked for)")
         return self
+
+    @property
+    def requested_tokens(self) -> int:
+        """What the call asked the engine for: `max_tokens`, or for a trace without it
+        `DEFAULT_MAX_TOKENS` (its own output where longer: such a trace's longest calls are only
+        leak-free if it carries `max_tokens`)."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return max(DEFAULT_MAX_TOKENS, self.output_tokens)
 
 
 class Hint(BaseModel):

@@ -110,7 +110,10 @@ class PlannerCore:
                 continue
             homes[m.name] = home
             node = view.gpus[home[0]].node
-            restore = self.cost.weights_restore_s(m, "host", node, home)
+            # Evicted, a held copy sleeps on its group (a wake); one not held wakes only where its
+            # engine sleeps, else it pays a cold start.
+            restore = self.cost.weights_restore_s(m, "host", node, home,
+                                                  wake=bool(held) or tiers.asleep_on(wk, home))
             src = view.best_source(wk, home)
             add(wk, home, p_model[mi] * restore, src, p_model[mi])
             for g in held[1:]:
@@ -266,9 +269,13 @@ class PlannerCore:
         return out
 
     def _home(self, view, m):
-        """Where a model with no copy would go: the group with the most free HBM its dense part fits."""
+        """Where a model with no copy would go: a group where its engine sleeps, else the group
+        with the most free HBM its dense part fits."""
+        wk = weights_key(m.name)
         best, best_key = None, None
         for g in view.groups(m.tp):
+            if view.tiers.asleep_on(wk, g):
+                return g
             cap = min(view.tiers.hbm_cap[i] for i in g)
             if m.dense_bytes / m.tp > cap:
                 continue
@@ -335,7 +342,7 @@ class PlannerCore:
             total += per_gpu * len(group)
             kind = src.split(":", 1)[0]
             if key[0] == "w":
-                reconf = self.cost.reconfig_s(group, kind)
+                reconf = self.cost.reconfig_s(group, kind, wake=view.tiers.asleep_on(key, group))
             for link, b in self._path_bytes(src, group, per_gpu).items():
                 on_link[link] = on_link.get(link, 0.0) + b
                 if key[0] != "kv":

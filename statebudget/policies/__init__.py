@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from .base import Policy
 from .baselines import BASELINES
+from .swaps import SWAPS
 from .oracle import MilpStatic, Oracle
 from .ours import StateBudget, StateBudgetLease
 
 # Order: the baselines in the order the report lists them, then ours, then the oracle. The
 # call-share placement (`baselines.Static`, named `static-share`) serves tests only: not registered.
+BASELINES.update(SWAPS)
 REGISTRY: dict[str, type[Policy]] = {}
 for _p in ("ondemand", "lru-keepwarm", "frequency", "prefetch-all"):
     REGISTRY[_p] = BASELINES[_p]
 REGISTRY["static"] = MilpStatic
-for _p in ("llama-swap", "ray-multiplex"):
+for _p in ("llama-swap", "sleep-swap", "forecast-prewarm", "ray-multiplex"):
     REGISTRY[_p] = BASELINES[_p]
 REGISTRY.update({p.name: p for p in (StateBudget, StateBudgetLease, Oracle)})
 

@@ -96,7 +96,7 @@ def restore_estimate_s(sim, call, group) -> float:
     if (w, group) not in sim.tiers.gpu:
         src = sim.best_source(w, group)
         kind, where = src.split(":", 1)
-        total += cost.weights_restore_s(m, kind, where, group)
+        total += cost.weights_restore_s(m, kind, where, group, wake=sim.tiers.asleep_on(w, group))
     missing_pages = sum(1 for p in call.pages if (expert_key(m.name, p), group) not in sim.tiers.gpu)
     if missing_pages:
         total += cost.group_transfer_s(missing_pages * m.moe.page_bytes, "nvme", node, group)
@@ -112,7 +112,8 @@ def default_place(sim, call, groups=None, compute: float = 0.0):
     """The group where the call's state is ready soonest (with `compute` > 0: the least restore +
     `compute` x the prefill of its new tokens on that group's GPUs; 1 = the soonest first token),
     preferring groups with room now (after evicting unpinned state) over groups where it would
-    wait for running calls; ties go to the less busy, then the one with more free HBM, then the
+    wait for running calls unless waiting for the best group (its calls' expected ends) costs less
+    than the difference; ties go to the less busy, then the one with more free HBM, then the
     lower index. Groups that could never hold the call are skipped."""
 
     m = sim.catalog.by_name[call.model]
@@ -122,10 +123,17 @@ def default_place(sim, call, groups=None, compute: float = 0.0):
         (restore_estimate_s(sim, call, g) + (compute * sim.cost.prefill_s(m, new_tokens, g) if compute else 0.0),
          sum(sim.running_on[i] for i in g), -min(sim.tiers.gpu_free(i) for i in g), g)
         for g in (groups if groups is not None else sim.groups(m.tp)) if sim.could_ever_fit(call, g, footprint))
-    for *_, g in ranked:
+    if not ranked:
+        return None
+    best_s, best = ranked[0][0], ranked[0][-1]
+    for est, *_, g in ranked:
         if sim.has_room_now(call, g):
-            return g
-    return ranked[0][-1] if ranked else None
+            # Room now beats waiting unless the wait for the best group is shorter than the
+            # difference (e.g. an engine awake there against a cold start here).
+            if g == best or est <= best_s + sim.expected_wait_s(best):
+                return g
+            break
+    return best
 
 
 NEVER = math.inf

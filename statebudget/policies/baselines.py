@@ -1,8 +1,9 @@
-"""The baselines users run today (DESIGN.md §6), each a few decisions on top of `Policy`."""
+"""The baselines users run today (DESIGN.md §6), each a few decisions on top of `Policy`. Each
+docstring names the tool or paper it follows and where it departs. `llama-swap`, `sleep-swap` and
+`forecast-prewarm` live in `swaps.py`."""
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 from ..models.state import expert_key, kv_key, weights_key
@@ -12,20 +13,34 @@ from ..core.decisions import Demote, Promote
 
 
 class OnDemand(Policy):
-    """Load on use, evict least recently used, evicted state is dropped (a cold engine start)."""
+    """Load on use, evict least recently used, evicted state is dropped (a cold engine start).
+
+    Follows Ollama's scheduler with `keep_alive: -1` (load a model when a request needs it, unload
+    the least recently used one when GPU memory is short) and any plain "one engine per model,
+    restart on demand" setup. Departs: eviction is per state object (weights, KV, expert pages),
+    not whole runners, and there is no keep-alive timer (Ollama's default unloads after 5 min)."""
     name = "ondemand"
 
 
 class LruKeepWarm(Policy):
     """Keep everything warm as long as HBM allows; evicted weights sleep in host DRAM (vLLM sleep
-    level 1) and evicted KV is offloaded to host, so a restore is a wake, not a cold start."""
+    level 1) and evicted KV is offloaded to host, so a restore is a wake, not a cold start.
+
+    Follows vLLM's sleep mode (`--enable-sleep-mode`, `/sleep?level=1`, `/wake_up`) with an
+    LMCache-style CPU KV tier, driven by LRU under memory pressure. Departs: no real tool decides
+    when to sleep an engine; here the mechanism does it whenever HBM is short, per object."""
     name = "lru-keepwarm"
     demote_to = "host"
 
 
 class Frequency(Policy):
     """Historical hotness: exponentially decayed call counts per model; every `tick_s` the hottest
-    models not in HBM are prefetched where they would be placed, evicting only colder models."""
+    models not in HBM are prefetched where they would be placed, evicting only colder models.
+
+    Follows popularity-driven pre-loading in serverless platforms (Shahrad et al., "Serverless in
+    the Wild", ATC'20, pre-warming by invocation history) and LFU-with-aging caches. Departs: a
+    decayed count (`half_life_s`) instead of inter-arrival histograms, and at most `top_k`
+    prefetches per tick; evicted state sleeps in host DRAM."""
     name = "frequency"
     demote_to = "host"
     tick_s = 30.0
@@ -67,7 +82,11 @@ class PrefetchAll(Policy):
     """Every hinted candidate is promoted as soon as it is announced, whole: its weights, the
     program's KV for that model and, for a MoE model, the expert pages most of its calls touch
     (`hot_page_ids`, as a static placement keeps them), evicting least recently used state. Seed
-    000's full prefetch: "blindly prefetching every candidate fills PCIe, DRAM and the GPU"."""
+    000's full prefetch: "blindly prefetching every candidate fills PCIe, DRAM and the GPU".
+
+    Follows the naive speculative prefetch agent runtimes could do with their own plans (no
+    shipping tool does it); it is the upper end of hint use. Departs from any budgeted prefetcher
+    on purpose: no confidence threshold, no link or HBM budget."""
     name = "prefetch-all"
     demote_to = "host"
 
@@ -90,7 +109,12 @@ class Static(Policy):
     """One placement for the whole trace, by call share, loaded at time 0 and never changed.
     Models left out run on demand in the HBM the placement leaves free. Named `static-share`
     but not registered: `static` (`policies/oracle.py`) is the same policy with its placement
-    from the time-collapsed MILP, the static baseline; this one is kept for comparison in tests."""
+    from the time-collapsed MILP, the static baseline; this one is kept for comparison in tests.
+
+    Follows static multi-model placement by load share (AlpaServe, OSDI'23, places models by
+    expected load once per deployment). Departs: a greedy by call share over the whole trace (it
+    reads the trace's call counts: offline knowledge), no model-parallel search, and a fixed
+    `kv_headroom` per GPU."""
     name = "static-share"
     demote_to = "host"
     tick_s = 1e9  # one tick at t=0 loads the placement
@@ -147,61 +171,16 @@ def hot_page_ids(m) -> list[int]:
     return [p for p, _ in touched_pages(m, 0.5)]
 
 
-class LlamaSwap(Policy):
-    """llama-swap: each model has a fixed home GPU group (one process per model); models whose
-    homes share a GPU form a swap group, and starting one stops the others (swap: true); a model
-    idle for `ttl_s` is unloaded. A stopped process loses its weights (a cold start next time)."""
-    name = "llama-swap"
-    tick_s = 10.0
-
-    def __init__(self, ttl_s: float = 300.0):
-        self.ttl_s = ttl_s
-        self.home: dict[str, tuple] = {}
-
-    def _homes(self, sim):
-        if self.home:
-            return self.home
-        load = [0.0] * len(sim.gpus)
-        for m in sorted(sim.catalog.models, key=lambda m: (-m.total_bytes, m.name)):
-            groups = sim.groups(m.tp)
-            if not groups:
-                continue
-            # A process needs its whole model on its GPUs; the largest groups when nothing holds it.
-            whole = [g for g in groups if all(m.total_bytes / m.tp <= sim.tiers.hbm_cap[i] for i in g)]
-            biggest = max(min(sim.tiers.hbm_cap[i] for i in g) for g in groups)
-            roomy = whole or [g for g in groups if min(sim.tiers.hbm_cap[i] for i in g) == biggest]
-            g = min(roomy, key=lambda g: (max(load[i] for i in g), g))
-            for i in g:
-                load[i] += m.total_bytes / m.tp
-            self.home[m.name] = g
-        return self.home
-
-    def place(self, sim, call):
-        return home_or_default(sim, call, self._homes(sim).get(call.model))
-
-    def on_call_arrive(self, sim, call):
-        home = set(self._homes(sim).get(call.model, ()))
-        out = []
-        for (k, g), copy in sorted(sim.tiers.gpu.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-            model = k[2] if k[0] == "kv" else k[1]
-            if model != call.model and home.intersection(g) and k[0] != "kv":
-                out.append(Demote(k, g, "none"))
-        return out
-
-    def on_tick(self, sim):
-        out = []
-        for (k, g), copy in sorted(sim.tiers.gpu.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-            if k[0] == "kv":
-                continue
-            if sim.now - sim.last_use.get(k[1], -math.inf) > self.ttl_s and sim.running_models.get((k[1], g), 0) == 0:
-                out.append(Demote(k, g, "none"))
-        return out
-
-
 class RayMultiplex(Policy):
     """Ray Serve model multiplexing: each GPU group is a replica holding at most `cap` models;
     requests go to a replica that has the model, else to the least loaded one, which unloads its
-    least recently used model when full. Unloaded models are dropped."""
+    least recently used model when full. Unloaded models are dropped.
+
+    Follows Ray Serve's `@serve.multiplexed(max_num_models_per_replica=cap)` with its router's
+    preference for replicas that already hold the requested model id. Departs: a replica is a GPU
+    group of the model's width (Ray's replicas are fixed deployments), "no replica has it" goes
+    to the group whose state would be ready soonest (`default_place`), and the cap counts
+    weights copies on a group whatever the model."""
     name = "ray-multiplex"
 
     def __init__(self, cap: int = 3):
@@ -261,4 +240,6 @@ def place_model(sim, model: str, program: str | None = None):
     return max(fits, key=lambda g: (min(sim.tiers.gpu_free(i) for i in g), [-i for i in g]))
 
 
-BASELINES = {p.name: p for p in (OnDemand, LruKeepWarm, Frequency, PrefetchAll, Static, LlamaSwap, RayMultiplex)}
+BASELINES = {p.name: p for p in (OnDemand, LruKeepWarm, Frequency, PrefetchAll, Static, RayMultiplex)}
+"""This module's baselines; `policies/__init__.py` adds `swaps.SWAPS` (llama-swap, sleep-swap,
+forecast-prewarm), so after `import statebudget.policies` it holds every baseline."""

@@ -114,7 +114,12 @@ class Oracle(Policy):
 class MilpStatic(Static):
     """`static`: the best single placement for the whole trace from the MILP with time collapsed
     (`solve_static`), loaded at time 0 and never changed: the static baseline. `baselines.Static` places by
-    call share instead and is kept for comparison in tests."""
+    call share instead and is kept for comparison in tests.
+
+    Follows static multi-model placement (AlpaServe, OSDI '23: place models once by expected
+    load). Departs: the placement reads the trace's restore counts (offline knowledge an operator
+    only estimates), there is no model-parallel search, and models left out run on demand in the
+    HBM it leaves free."""
     name = "static"
 
     def plan(self, sim) -> dict[str, tuple]:

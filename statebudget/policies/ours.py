@@ -47,7 +47,8 @@ class StateBudget(Policy):
         core = self._core(sim)
         m = sim.catalog.by_name[call.model]
         groups = sim.groups(m.tp)
-        expected = sim.cost.call_s(m, call.context_tokens, call.output_tokens, groups[0]) if groups else 0.0
+        out = sim.output_estimate.expected(call.model, call.max_tokens)  # never the call's true output (§5)
+        expected = sim.cost.call_s(m, call.context_tokens, out, groups[0]) if groups else 0.0
         core.predictor.call_arrived(call.program, call.model, sim.now, expected)
 
     def on_call_admitted(self, sim, call):

@@ -39,7 +39,7 @@ from collections import Counter
 
 from pydantic import ValidationError
 
-from ..core.books import GpuCopy, HostCopy, Tiers
+from ..core.books import Engine, GpuCopy, HostCopy, Tiers
 from ..core.costs import CostModel
 from ..core.decisions import Cancel, Demote, Promote, PromoteHost, apply
 from ..core.programs import QUEUES, ProgramSizes
@@ -286,13 +286,18 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         if key[0] == "kv" and self.kv_tokens.get(key, 0) == 0:
             return
         per_gpu = self.size_of(key) / len(group)
-        victims = self.plan_eviction(group, per_gpu, protect={(key, group)},
+        victims = self.plan_eviction(group, per_gpu + self.tiers.engine_need(key, group), protect={(key, group)},
                                      allow=lambda v: self.policy.may_evict_for_prefetch(self, v, key))
         if victims is None or (background and victims):
             return
         for v in victims:
-            self._demote(v.key, v.group, self.policy.demote_tier(self, v))
+            if isinstance(v, Engine):  # an asleep engine stops; its host copy stays, as a cache
+                self.tiers.stop_engine(v.key, v.group)
+            else:
+                self._demote(v.key, v.group, self.policy.demote_tier(self, v))
         src = self.best_source(key, group)
+        if key[0] == "w":  # the engine that serves it: an asleep one wakes, else one starts
+            self.tiers.start_engine(key, group, self.now)
         ok = self.tiers.alloc_gpu(group, per_gpu)
         assert ok, "allocation planned by plan_eviction must succeed"
         c = GpuCopy(key, group, per_gpu, False, self.now, self.now, from_prefetch=True)
@@ -331,6 +336,8 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
                 hc = None  # another op is writing that host copy: two writers would race; drop this one
             if hc is not None:
                 dst = f"host:{node}"
+                if key[0] == "w":  # the engine sleeps on its group (vLLM sleep level 1)
+                    self.tiers.sleep_engine(key, group, hc)
         self.tiers.remove_gpu_copy(c)
         self.store.delete_copy(key, gpu_tier(group))
         op = self._new_op("demote" if dst != "none" else "drop", key, gpu_tier(group), dst, c.nbytes, node,
@@ -358,7 +365,9 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
                                dict(Counter(str(r.status) for r in self.programs.values())), self.ledger.counts(),
                                {f"{k[1]}/{k[2]}": t for k, t in self.kv_tokens.items()},
                                {"rule": self.kvw.rule, "actions": dict(self.kvw.actions),
-                                "suspended": [list(k) for k in suspended]})
+                                "suspended": [list(k) for k in suspended]},
+                               [{"model": k[1], "tier": gpu_tier(g), "state": "asleep" if e.asleep else "awake"}
+                                for (k, g), e in sorted(self.tiers.engines.items(), key=lambda x: (x[0][1], x[0][0]))])
 
     def due_in(self) -> float | None:
         """Seconds until the next timer (a tool-wait KV's, or a held op's `not_before`), or None.

@@ -19,9 +19,10 @@ from enum import StrEnum
 from typing import TypedDict
 
 from ..models.state import kv_key, weights_key
-from ..models.trace import MAIN_THREAD
+from ..models.trace import DEFAULT_MAX_TOKENS, MAIN_THREAD
 from ..core import kvwait
 from ..core.books import GpuCopy
+from ..core.estimates import OutputEstimate
 from ..policies.baselines import place_model
 from .errors import Conflict, Forbidden, Invalid, NotFound
 from .journal import OpStatus, gpu_tier
@@ -55,6 +56,7 @@ class CallRow(TypedDict, total=False):
     path_s: float               # path_in_s + service_s, once it stopped
     ttft_s: float | None        # its TTFT bound, seconds after arrival
     context_tokens: int
+    max_tokens: int             # what the runtime asked the engine for (its output is known at its end only)
     stall_s: float
     started_s: float
 
@@ -92,12 +94,14 @@ class HookProgram:
 
 @dataclass
 class HookCall:
-    """A call as the policy hooks see it (`node` is the call's id in its program)."""
+    """A call as the policy hooks see it (`node` is the call's id in its program). `max_tokens` is
+    what the runtime asked for: what the call will write is not known before it ends (DESIGN.md §5;
+    the planner's `output_estimate` learns it from the calls that finished)."""
     program: str
     node: str
     model: str
     context_tokens: int = 0
-    output_tokens: int = 0
+    max_tokens: int = DEFAULT_MAX_TOKENS
     arrive: float = 0.0  # the hooks' calls here have all arrived (the simulator's CallRec: -1 until then)
 
 
@@ -110,6 +114,15 @@ class ProgramEvents:
     """The runtime events of DESIGN.md §7, as a part of `LivePlanner` (`event` dispatches to the
     handlers here, inside its transaction). Each handler checks everything before it changes
     anything, so a refusal (NotFound, Forbidden, Conflict, Invalid) leaves the books as they were."""
+
+    @property
+    def output_estimate(self) -> OutputEstimate:
+        """The per-model estimate of a call's output, fed by `call_finished` events that carry
+        `output_tokens` (not persisted: after a restart it learns again from its prior)."""
+        est = getattr(self, "_output_estimate", None)
+        if est is None:
+            est = self._output_estimate = OutputEstimate()
+        return est
 
     def _program(self, tenant: str, program: str, epoch: int | None) -> ProgramRec:
         """The program an event or lease names, if it is the tenant's and the epoch is current."""
@@ -179,11 +192,12 @@ class ProgramEvents:
         rec.calls[ev["call"]] = {"model": model, "status": CallStatus.ARRIVED, "arrived_s": self.now, "group": None,
                                  "handoff": rec.last_model is not None and rec.last_model != model, "attempt": attempt,
                                  "path_in_s": path_in, "service_s": service, "ttft_s": ev.get("ttft_s"),
-                                 "context_tokens": ev.get("context_tokens", 0)}
+                                 "context_tokens": ev.get("context_tokens", 0),
+                                 "max_tokens": ev.get("max_tokens", DEFAULT_MAX_TOKENS)}
         self.kvw.outcome(kv_key(rec.program, model), True)
         self._keep_kv(kv_key(rec.program, model))
         self.policy.on_call_arrive(self, HookCall(rec.program, ev["call"], model, ev.get("context_tokens", 0),
-                                               ev.get("output_tokens", 0)))
+                                                  ev.get("max_tokens", DEFAULT_MAX_TOKENS)))
         self._save_program(rec)
         return CallAck(ev["call"], CallStatus.ARRIVED, attempt, priority=self._priority(rec, rec.calls[ev["call"]]))
 
@@ -263,6 +277,8 @@ class ProgramEvents:
         call.setdefault("path_s", call.get("path_in_s", 0.0) + call.get("service_s", 0.0))
         call["status"] = CallStatus.FINISHED
         model = call["model"]
+        if ev.get("output_tokens") is not None:  # what it wrote: known now that it has ended
+            self.output_estimate.observe(model, ev["output_tokens"])
         kvk = kv_key(rec.program, model)
         tokens = int(ev.get("tokens", 0))
         if tokens > 0 and tokens != self.kv_tokens.get(kvk):

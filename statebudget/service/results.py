@@ -145,6 +145,7 @@ class ResidencyReport(Result):
     leases: dict[str, int]
     kv_tokens: dict[str, int]
     tool_wait_kv: dict
+    engines: list[dict] | None = None  # {model, tier, state: awake|asleep}: who serves weights where
 
 
 @dataclass(frozen=True)

@@ -41,20 +41,30 @@ class AdmissionMixin:
                 # of calls not yet started cannot push it forward with the clock.
                 self._reserve_deadline = self._drain_end(old.group)
 
-    def _est_end(self, c: CallRec, new_per_gpu: float = 0.0) -> float:
+    def _est_end(self, c: CallRec, new_per_gpu: float = 0.0, tokens: float | None = None) -> float:
         """When a call should end, by the cost model's uncontended load (`new_per_gpu` bytes from
-        the slowest tier, NVMe), prefill and decode."""
+        the slowest tier, NVMe), prefill and decode of `tokens`, by default the output it is
+        expected to write (`output_estimate`: its true output is not known before it ends)."""
         m = self.catalog.by_name[c.model]
         g0 = self.gpus[c.group[0]]
         run = self.cost.prefill_s(m, max(0, c.context_tokens - c.kv_reused_tokens), c.group) + \
-            self.cost.decode_s(m, c.output_tokens, c.context_tokens, c.group) + \
+            self.cost.decode_s(m, self.expected_output(c) if tokens is None else tokens, c.context_tokens, c.group) + \
             self.cost.transfer_s(new_per_gpu, f"nvme:{g0.node}", f"gpu:{g0.index}")
         return (c.start if c.state == "running" else self.now) + run
 
     def _drain_end(self, group) -> float:
-        """When the calls holding room on `group` should all have ended."""
+        """The latest the calls holding room on `group` can end: each writes at most its
+        `max_tokens`, which the runtime asked for (backfill by expected ends fits under it)."""
         gs = set(group)
-        return max((self._est_end(a) for a in self.active.values() if not gs.isdisjoint(a.group)), default=self.now)
+        return max((self._est_end(a, tokens=a.max_tokens) for a in self.active.values() if not gs.isdisjoint(a.group)),
+                   default=self.now)
+
+    def expected_wait_s(self, group) -> float:
+        """Seconds until the calls holding room on `group` are expected to end (placement's guess
+        at the wait for a busy group; estimates only, no call's true output)."""
+        gs = set(group)
+        return max((self._est_end(a) for a in self.active.values() if not gs.isdisjoint(a.group)),
+                   default=self.now) - self.now
 
     def _held_for_another(self, group) -> bool:
         r = self.reserved
@@ -73,7 +83,9 @@ class AdmissionMixin:
 
     def call_need(self, c: CallRec, group) -> tuple[list, float, float]:
         """(state keys the call needs on `group`, per-GPU bytes of the new copies, per-GPU bytes of
-        the call's own new KV)."""
+        the call's own new KV). The new KV is reserved for all the call asked for (context and
+        `max_tokens`), as an engine that must not run out of KV mid-call does; at its end what it
+        did not write is freed (`_release`)."""
         m = self.catalog.by_name[c.model]
         tp = len(group)
         keys = [weights_key(m.name)] + [expert_key(m.name, p) for p in c.pages]
@@ -81,15 +93,17 @@ class AdmissionMixin:
         T = self.kv_tokens.get(kvk, 0)
         if T > 0:
             keys.append(kvk)
-        new = sum(self.size_of(k) for k in keys if (k, group) not in self.tiers.gpu) / tp
-        private = max(0, c.context_tokens + c.output_tokens - T) * m.kv_bytes_per_token / tp
+        new = sum(self.size_of(k) for k in keys if (k, group) not in self.tiers.gpu) / tp \
+            + self.tiers.engine_need(keys[0], group)
+        private = max(0, c.context_tokens + c.max_tokens - T) * m.kv_bytes_per_token / tp
         return keys, new, private
 
     def call_footprint(self, c: CallRec) -> float:
-        """Bytes the call needs in HBM at once: weights, its expert pages, its program's KV."""
+        """Bytes the call needs in HBM at once: weights, its expert pages, its program's KV with
+        room for all the call asked for (`max_tokens`)."""
         m = self.catalog.by_name[c.model]
         pages = len(c.pages) * (m.moe.page_bytes if m.moe else 0.0)
-        kv = max(self.kv_tokens.get(kv_key(c.program, c.model), 0), c.context_tokens + c.output_tokens)
+        kv = max(self.kv_tokens.get(kv_key(c.program, c.model), 0), c.context_tokens + c.max_tokens)
         return m.dense_bytes + pages + kv * m.kv_bytes_per_token
 
     def group_capacity(self, group) -> float:
@@ -102,7 +116,7 @@ class AdmissionMixin:
     def could_ever_fit(self, c: CallRec, group, footprint: float | None = None) -> bool:
         """Whether the call's weights, pages and KV fit an empty `group` at all."""
         need = self.call_footprint(c) if footprint is None else footprint
-        return need / len(group) <= self.group_capacity(group)
+        return need / len(group) + max(self.tiers.engine_overhead[i] for i in group) <= self.group_capacity(group)
 
     def _admit(self, c: CallRec) -> bool:
         group = c.group

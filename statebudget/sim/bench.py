@@ -1,71 +1,106 @@
-"""Decision time of the online planner with N live programs (`statebudget bench planner`).
+"""Decision time of the online planner with about N live programs (`statebudget bench planner`),
+measured on REPLAYED state (DESIGN.md §4, decision time): the whole policy hook (predictor update,
+planning step, lease admission, decisions) as the simulator times it in `Simulator._decide`, while
+a generated trace runs on the cluster, not one planning step on a frozen state.
 
-A synthetic but full state: every model's weights (and hot expert pages) resident on its home
-group, N live programs spread over the agent-team phases (running a call, or waiting on a tool
-of some class, some with a runtime hint), each holding KV for the models it has called. Each
-iteration changes one program (a call arrives, or a tool starts) and times one `plan` step: the
-work the planner does per runtime event. With hints the planner runs the service's settings
-(`lease_config`)."""
+How N programs come to be live: a preset's program arrival rate is scaled (`generate(..., load)`).
+A first guess comes from Little's law, live = arrival rate x mean program duration, with the
+zero-stall duration of the preset's programs on the reference machine; a loaded cluster stretches
+programs, so the replay is rerun with the load scaled by N / (live seen) until the mean number of
+live programs in the timed window is within `TOLERANCE` of N (at most `tries` replays; the result
+says what it saw either way). A program is live from its start until its last node ends.
+
+The replay runs `fill_s` simulated seconds (the live count builds up, default: 2 x the nominal
+program duration) and then times every hook in the next `window_s` seconds; it is stopped there
+(the drain that follows measures nothing)."""
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 
 from ..models.catalog import Catalog
 from ..models.cluster import Cluster
-from ..models.state import expert_key, kv_key, weights_key
-from ..models.trace import Program, Trace, TraceNode
+from ..policies import make_policy
+from ..traces.generators import generate
+from ..traces.timeline import nominal_timeline
+from .config import SimConfig
 from .engine import Simulator
-from ..policies.base import Policy
-from ..planner.core import PlannerCore, lease_config
 
-TOOLS = ("search", "edit", "test", "build", "shell", "approval")
+TOLERANCE = (0.75, 1.33)  # accepted (mean live seen) / N
 
 
-def bench_planner(cluster: Cluster, catalog: Catalog, programs: int, iterations: int = 500, seed: int = 0,
-                  use_hints: bool = True) -> dict:
-    rng = np.random.default_rng(seed)
-    dummy = Trace(programs=[Program(program="_", start=0.0, nodes=[TraceNode(id="n", kind="tool", duration=0.0)])])
-    view = Simulator(cluster, catalog, dummy, Policy())
-    core = PlannerCore(catalog, view.cost, lease_config() if use_hints else None, use_hints=use_hints)
-    models = [m.name for m in catalog.models]
-    for m in catalog.models:  # the catalog warm on its home groups, as far as HBM allows
-        home = core._home(view, m)
-        if home is None:
-            continue
-        for key in [weights_key(m.name)] + [expert_key(m.name, p) for p, _ in core._hot_pages[m.name]]:
-            if view.tiers.fits_gpu(home, view.size_of(key) / len(home)):
-                view._new_gpu_copy(key, home, prefetch=False).ready = True
-    now = 1000.0
-    pred = core.predictor
-    for i in range(programs):
-        pid = f"p{i:05d}"
-        pred.program_started(pid, f"dev{i % 10:02d}", now - 100)
-        seen = rng.choice(models, size=int(rng.integers(1, 4)), replace=False)
-        for m in seen:
-            pred.call_arrived(pid, str(m), now - 50, expected_s=5.0)
-            pred.call_finished(pid, now - 45)
-            view.kv_tokens[kv_key(pid, str(m))] = int(rng.integers(1000, 30000))
-        pred.tool_started(pid, str(rng.choice(TOOLS)), now - float(rng.uniform(0, 20)))
-        if rng.random() < 0.5:
-            pred.hinted(pid, str(rng.choice(models)), float(rng.uniform(0.3, 1.0)))
-        view.kv_of_program[pid] = set()
-    live = list(pred.live)
-    times = []
-    for it in range(iterations):
-        pid = live[int(rng.integers(len(live)))]
-        now += 0.05
-        if rng.random() < 0.5:
-            pred.call_arrived(pid, str(rng.choice(models)), now, expected_s=5.0)
-        else:
-            pred.call_finished(pid, now)
-            pred.tool_started(pid, str(rng.choice(TOOLS)), now)
-        t0 = time.perf_counter()
-        core.plan(view, now)
-        times.append((time.perf_counter() - t0) * 1e3)
-    a = np.asarray(times)
-    return {"programs": programs, "decision_ms": {"p50": round(float(np.percentile(a, 50)), 4),
-                                                  "p99": round(float(np.percentile(a, 99)), 4)},
-            "iterations": iterations, "cluster": cluster.name, "catalog": catalog.name}
+class _Stop(Exception):
+    """Raised from a hook once the timed window is over: ends the replay there."""
+
+
+class _TimedSim(Simulator):
+    """Keeps, for every hook in [window_from, window_to), its time and the live programs then."""
+
+    def __init__(self, *a, window_from: float, window_to: float, **kw):
+        super().__init__(*a, **kw)
+        self.window_from, self.window_to = window_from, window_to
+        self.hook_ms: list[float] = []
+        self.live_seen: list[int] = []
+
+    def live(self) -> int:
+        # started (in `programs`) minus finished (counted down from the trace's total)
+        return len(self.programs) - (len(self.trace.programs) - self._open_programs)
+
+    def _decide(self, fn, *args):
+        if self.now >= self.window_to:
+            raise _Stop
+        out = super()._decide(fn, *args)
+        if self.now >= self.window_from:
+            self.hook_ms.append(self.recorder.decision_ms[-1])
+            self.live_seen.append(self.live())
+        return out
+
+
+def nominal_rate_and_duration(catalog: Catalog, preset: str, seed: int) -> tuple[float, float]:
+    """Programs per second of the preset at load 1 and their mean zero-stall duration (s)."""
+    tr = generate(preset, seed, 1.0)
+    end: dict[str, float] = {}
+    for (pid, _), (_, e) in nominal_timeline(tr, catalog).items():
+        end[pid] = max(end.get(pid, 0.0), e)
+    dur = [end[p.program] - p.start for p in tr.programs if p.program in end]
+    return len(tr.programs) / 3600.0, float(np.mean(dur)) if dur else 60.0
+
+
+def replayed_decisions(cluster: Cluster, catalog: Catalog, policy: str, preset: str, seed: int, load: float,
+                       fill_s: float, window_s: float, start: str = "warm") -> dict:
+    """One replay of `preset` at `load`, timed in [fill_s, fill_s + window_s)."""
+    tr = generate(preset, seed, (fill_s + window_s) / 3600.0, load=load)
+    sim = _TimedSim(cluster, catalog, tr, make_policy(policy), config=SimConfig(seed=seed, start=start),
+                    window_from=fill_s, window_to=fill_s + window_s)
+    try:
+        sim.run()
+    except _Stop:
+        pass
+    a = np.asarray(sim.hook_ms) if sim.hook_ms else np.zeros(0)
+    pct = (lambda q: round(float(np.percentile(a, q)), 4)) if a.size else (lambda q: None)
+    return {"decision_ms": {"p50": pct(50), "p99": pct(99), "max": round(float(a.max()), 4) if a.size else None},
+            "hooks": int(a.size), "live_mean": round(float(np.mean(sim.live_seen)), 1) if sim.live_seen else 0.0,
+            "live_max": int(max(sim.live_seen)) if sim.live_seen else 0, "load": round(load, 4),
+            "programs_in_trace": len(tr.programs)}
+
+
+def bench_planner(cluster: Cluster, catalog: Catalog, programs: int, policy: str = "statebudget-lease",
+                  preset: str = "swe-team", seed: int = 0, window_s: float = 300.0, fill_s: float | None = None,
+                  tries: int = 3, start: str = "warm") -> dict:
+    """Whole-hook decision times of `policy` with about `programs` live programs (see the module)."""
+    if programs < 1:
+        raise ValueError(f"programs must be >= 1, got {programs}")
+    rate, dur = nominal_rate_and_duration(catalog, preset, seed)
+    fill = fill_s if fill_s is not None else 2.0 * dur
+    load = programs / (rate * dur)
+    attempts = []
+    for _ in range(max(1, tries)):
+        res = replayed_decisions(cluster, catalog, policy, preset, seed, load, fill, window_s, start)
+        attempts.append({"load": res["load"], "live_mean": res["live_mean"]})
+        ratio = res["live_mean"] / programs
+        if TOLERANCE[0] <= ratio <= TOLERANCE[1] or res["live_mean"] == 0:
+            break
+        load *= programs / res["live_mean"]
+    return {"programs": programs, "policy": policy, "preset": preset, "seed": seed, "start": start,
+            "fill_s": round(fill, 1), "window_s": window_s, "nominal_program_s": round(dur, 1), **res,
+            "attempts": attempts, "cluster": cluster.name, "catalog": catalog.name}

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.books import GpuCopy
+from ..core.estimates import OutputEstimate
 from ..core.programs import queue_key, tenant_excess
 from ..models.state import kv_key
 from ..models.trace import ttft_bound
@@ -19,11 +20,15 @@ from .loop import PRIO_NODE, PRIO_QUEUE
 
 @dataclass(slots=True, eq=False)
 class CallRec:
+    """A call as the simulator runs it. `max_tokens` is what it asked for (policies may read it);
+    `output_tokens` is the trace's truth, for the execution only (decode time, the KV it leaves):
+    no policy reads it, before or after the call ends (DESIGN.md §5; `output_estimate`)."""
     program: str
     node: str
     model: str
     context_tokens: int
     output_tokens: int
+    max_tokens: int
     tenant: str
     slo: str
     handoff: bool
@@ -48,6 +53,18 @@ class CallRec:
 
 class CallsMixin:
     """The compute side of a call: queue, start, prefill, decode, end, failure, cancel."""
+
+    @property
+    def output_estimate(self) -> OutputEstimate:
+        """The per-model estimate of a call's output (`core/estimates.py`), fed at each call's end:
+        what policies and the admission use before a call ends, in place of its true output."""
+        est = getattr(self, "_output_estimate", None)
+        if est is None:
+            est = self._output_estimate = OutputEstimate()
+        return est
+
+    def expected_output(self, c: CallRec) -> float:
+        return self.output_estimate.expected(c.model, c.max_tokens)
 
     def _on_ready(self, c: CallRec, start: bool = True):
         c.ready = self.now
@@ -222,6 +239,7 @@ class CallsMixin:
         self._release(c, finished=True)
         c.end = self.now
         c.state = "done"
+        self.output_estimate.observe(c.model, c.output_tokens)  # known now that it has ended
         pr = self.programs[c.program]
         self._apply(self._hook("on_call_end", c))
         events = self._node_done(pr, c.node) or []

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from ..core.programs import ADMIT_STARVE_S
 
+START_MODES = ("cold", "warm")  # SimConfig.start, DESIGN.md §4
+
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -28,6 +30,11 @@ class SimConfig:
         the seed. Its KV on that group is lost; the call is retried at once.
     retry_keeps_service: the program keeps the service a failed attempt attained; False only for the
         ablation in which a retry comes back as a new program id, starting from no service.
+    start: the state at t = 0 (DESIGN.md §4): `cold`, every model's weights on NVMe only (and the
+        cluster's `preload:` models in host DRAM); `warm`, every model's weights and expert pages
+        also in host DRAM of every node that can hold them (a page cache, no engine awake).
+    warmup_s: the first seconds the run simulates but no metric counts: calls that arrive, and
+        programs that start, before it are left out; bytes and the warm tax count from it on.
     """
 
     seed: int = 0
@@ -40,7 +47,13 @@ class SimConfig:
     admit_starve_s: float | None = ADMIT_STARVE_S
     call_failure_rate: float = 0.0
     retry_keeps_service: bool = True
+    start: str = "cold"
+    warmup_s: float = 0.0
 
     def __post_init__(self):
+        if self.start not in START_MODES:
+            raise ValueError(f"start must be one of {', '.join(START_MODES)}, got {self.start!r}")
+        if not self.warmup_s >= 0.0:
+            raise ValueError(f"warmup_s must be >= 0 seconds, got {self.warmup_s}")
         if not 0.0 <= self.call_failure_rate < 1.0:
             raise ValueError(f"call_failure_rate must be in [0, 1), got {self.call_failure_rate}")

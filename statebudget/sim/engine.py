@@ -94,7 +94,8 @@ class Simulator(ProgramsMixin, AdmissionMixin, CallsMixin, TransfersMixin, Event
         if "on_hint" in overridden:
             overridden.add("on_hints")  # the base on_hints hands each hint to on_hint
         self._hooks = {name: getattr(policy, name) for name in overridden}
-        self.stock_model_store(preload=True)
+        self.recorder.measure_from(config.warmup_s, self.flows, self.cost)  # SimConfig.warmup_s (`metrics.py`)
+        self.stock_model_store(preload=config.start)  # DESIGN.md §4: cold or warm host DRAM
 
     def run(self, progress=None) -> SimResult:
         """Replay the trace; `progress(sim_time)` is called about once a simulated minute."""

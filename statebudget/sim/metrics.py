@@ -1,4 +1,7 @@
-"""Turns a simulation's call records into the §8 report block, with the §4 definitions."""
+"""Turns a simulation's call records into the §8 report block, with the §4 definitions. With a
+warm-up (`SimConfig.warmup_s`) every call and program figure counts only the calls that arrived,
+and the programs that started, at or after it (the recorder already counts bytes and the warm
+tax from it on)."""
 
 from __future__ import annotations
 
@@ -6,16 +9,87 @@ import numpy as np
 
 from collections import Counter
 
+from ..core.costs import CostModel
 from ..models.report import DecisionMs, Dist, PolicyReport
 from ..models.trace import ttft_bound
 from .engine import SimResult
+
+SLO_KS = (2, 5, 10)  # SLO attainment is reported at TTFT <= k x ideal TTFT for these k (§4)
+
+
+def counted_calls(res: SimResult) -> list:
+    """The calls the metrics count: those that arrived at or after the warm-up; a call that never
+    arrived (cancelled or cut before its dependencies were met) goes with its program's start."""
+    w = getattr(res, "warmup_s", 0.0)
+    if w <= 0:
+        return list(res.calls)
+    return [c for c in res.calls if (c.arrive if c.arrive >= 0 else res.programs[c.program].prog.start) >= w]
+
+
+def counted_programs(res: SimResult) -> list:
+    """The programs the metrics count: those that started at or after the warm-up."""
+    w = getattr(res, "warmup_s", 0.0)
+    return [pr for pr in res.programs.values() if pr.prog.start >= w]
+
+
+class IdealTTFT:
+    """Ideal TTFT of a call (§4): prefill of its whole context plus one decode step on the fastest
+    GPU kind that can host its model (a group of `tp` GPUs of that kind exists and its HBM holds
+    the model's weights), all state resident, no queueing. None when no group can host it."""
+
+    def __init__(self, cost: CostModel):
+        self.cost = cost
+        self._groups: dict[str, list] = {}  # model -> one group per GPU kind that can host it
+
+    def hosts(self, model: str) -> list:
+        g = self._groups.get(model)
+        if g is None:
+            cl, m = self.cost.cluster, self.cost.catalog.by_name[model]
+            by_kind = {}
+            for group in cl.groups(m.tp):
+                kind = cl.gpus[group[0]].kind
+                if kind not in by_kind and m.dense_bytes / m.tp <= min(cl.usable_hbm_bytes(cl.gpus[i]) for i in group):
+                    by_kind[kind] = group
+            g = self._groups[model] = list(by_kind.values())
+        return g
+
+    def __call__(self, model: str, context_tokens: float) -> float | None:
+        m = self.cost.catalog.by_name[model]
+        times = [self.cost.prefill_s(m, context_tokens, g) + self.cost.decode_s(m, 1, context_tokens, g)
+                 for g in self.hosts(model)]
+        return min(times) if times else None
+
+
+def ttft_ratios(res: SimResult, cost: CostModel | None = None, calls=None) -> list[float]:
+    """TTFT / ideal TTFT of every counted finished call (`calls`: these instead) whose model some
+    group can host."""
+    ideal = IdealTTFT(cost if cost is not None else res.cost)
+    if calls is None:
+        calls = [c for c in counted_calls(res) if c.state == "done"]
+    out = []
+    for c in calls:
+        base = ideal(c.model, c.context_tokens)
+        if base:
+            out.append((c.first_token - c.arrive) / base)
+    return out
+
+
+def slo_metrics(done: list, cost: CostModel) -> dict:
+    """`ttft_slowdown`, `slo_attainment` at k = 2, 5, 10 and `stall_total_s` over finished calls."""
+    ratios = ttft_ratios(None, cost, done)
+    n = len(ratios)
+    return {
+        "ttft_slowdown": Dist.of(ratios),
+        "slo_attainment": {str(k): round(sum(1 for r in ratios if r <= k) / n, 9) if n else 0.0 for k in SLO_KS},
+        "stall_total_s": round(float(sum(c.ready - c.arrive for c in done)), 9),
+    }
 
 
 def program_metrics(res: SimResult, nominal: dict | None) -> dict:
     """Seed 003's program-level figures. slowdown = program latency / its zero-stall latency on the
     reference machine (`traces/timeline.py`); max_wait = the longest a call of the program waited
     between arriving and starting (stall + queueing)."""
-    done = [pr for pr in res.programs.values() if pr.end >= 0]
+    done = [pr for pr in counted_programs(res) if pr.end >= 0]
     latency = {pr.prog.program: pr.end - pr.prog.start for pr in done}
     forkjoin = [latency[pr.prog.program] for pr in done if any(len(n.after) >= 2 for n in pr.prog.nodes)]
     slowdown = []
@@ -34,7 +108,7 @@ def program_metrics(res: SimResult, nominal: dict | None) -> dict:
             max_wait.append(max(waits))
         service[pr.prog.tenant] += pr.service
     total = sum(service.values())
-    hours = res.sim_end / 3600.0
+    hours = (res.sim_end - getattr(res, "warmup_s", 0.0)) / 3600.0
     return {
         "makespan_s": Dist.of(forkjoin),
         "slowdown": Dist.of(slowdown),
@@ -51,11 +125,18 @@ def program_metrics(res: SimResult, nominal: dict | None) -> dict:
     }
 
 
-def policy_report(res: SimResult, slo_classes: dict[str, float], nominal: dict | None = None) -> PolicyReport:
-    done = [c for c in res.calls if c.state == "done"]
+def policy_report(res: SimResult, slo_classes: dict[str, float], nominal: dict | None = None,
+                  cost: CostModel | None = None) -> PolicyReport:
+    """The §8 block of one run. `cost`: the cost model ideal TTFT is priced with (default: the
+    run's own, `res.cost`); without one the slowdown and attainment figures stay empty."""
+    cost = cost if cost is not None else getattr(res, "cost", None)
+    calls = counted_calls(res)
+    done = [c for c in calls if c.state == "done"]
     stall = [c.ready - c.arrive for c in done]
     ttft = [c.first_token - c.arrive for c in done]
-    programs = [pr.end - pr.prog.start for pr in res.programs.values() if pr.end >= 0]
+    programs = [pr.end - pr.prog.start for pr in counted_programs(res) if pr.end >= 0]
+    slo = slo_metrics(done, cost) if cost is not None else \
+        {"stall_total_s": round(float(sum(stall)), 9)}
     slo_bad = sum(1 for c in done if c.first_token - c.arrive > ttft_bound(slo_classes, c.slo))
     dec = np.asarray(res.decision_ms) if res.decision_ms else np.zeros(1)
     return PolicyReport(
@@ -73,8 +154,9 @@ def policy_report(res: SimResult, slo_classes: dict[str, float], nominal: dict |
         slo_violations=round(slo_bad / len(done), 9) if done else 0.0,
         decision_ms=DecisionMs(p50=float(np.percentile(dec, 50)), p99=float(np.percentile(dec, 99))),
         calls_completed=len(done),
-        calls_cancelled=sum(1 for c in res.calls if c.state == "cancelled"),
-        unplaceable_calls=sum(1 for c in res.calls if c.state == "unplaceable"),
+        calls_cancelled=sum(1 for c in calls if c.state == "cancelled"),
+        unplaceable_calls=sum(1 for c in calls if c.state == "unplaceable"),
         events=res.events,
+        **slo,
         **program_metrics(res, nominal),
     )

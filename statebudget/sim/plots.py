@@ -1,5 +1,5 @@
-"""Plots of a replay: stall and TTFT CDFs per policy, HBM occupancy over time by state kind,
-bytes per link class."""
+"""Plots of a replay: stall and TTFT CDFs per policy, SLO attainment against k, HBM occupancy over
+time by state kind, bytes per link class."""
 
 from __future__ import annotations
 
@@ -13,6 +13,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .engine import SimResult  # noqa: E402
+from .metrics import ttft_ratios  # noqa: E402
+
+SLO_K = np.arange(1, 21)  # the k of `slo_attainment.png`: TTFT <= k x ideal TTFT
+
+
+def attainment_curve(ratios, ks=SLO_K) -> np.ndarray:
+    """Share of calls whose TTFT / ideal TTFT is at most k, for each k of `ks`."""
+    r = np.asarray(ratios, dtype=float)
+    return np.array([(r <= k).mean() if r.size else 0.0 for k in ks])
 
 
 def _cdf(ax, values, label):
@@ -64,6 +73,21 @@ def write_plots(results: dict[str, SimResult], out_dir: str | Path) -> list[Path
                   {name: [v for c in res.calls if c.state == "done" and (v := fn(c)) is not None]
                    for name, res in results.items()})
         paths.append(_save(fig, out / f"{metric}_cdf.png"))
+
+    # SLO attainment (§4): the share of the counted calls with TTFT <= k x their ideal TTFT.
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, res in results.items():
+        if res.cost is not None:
+            ax.plot(SLO_K, attainment_curve(ttft_ratios(res)), marker="o", markersize=3, label=name)
+    ax.set_xscale("log")
+    ax.set_xticks([1, 2, 5, 10, 20], ["1", "2", "5", "10", "20"])
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("k (TTFT bound = k x ideal TTFT)")
+    ax.set_ylabel("fraction of calls within the bound")
+    ax.set_title("SLO attainment against k, per policy", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, out / "slo_attainment.png"))
 
     # Programs (seed 003): how long each took end to end, and the longest any of its calls waited
     # to start (the starvation view: a queue discipline that starves a program shows a long tail).

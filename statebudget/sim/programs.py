@@ -49,7 +49,8 @@ class ProgramsMixin:
         for n in prog.nodes:
             if n.kind != "call":
                 continue
-            rec = CallRec(prog.program, n.id, n.model, n.context_tokens, n.output_tokens, prog.tenant, prog.slo,
+            rec = CallRec(prog.program, n.id, n.model, n.context_tokens, n.output_tokens, n.requested_tokens,
+                          prog.tenant, prog.slo,
                           n.id in handoffs, n.id in hinted, pages=self._pages_for(prog.program, n.id, n.model))
             calls[n.id] = rec
             self.calls.append(rec)

@@ -33,6 +33,8 @@ class SimResult:
     failed_attempts: int = 0      # call attempts that failed (`call_failure_rate`) and were retried
     failed_service_s: float = 0.0  # compute seconds those attempts had run: lost, yet attained service
     queue_switches: list = field(default_factory=list)  # `auto`'s switches (`ProgramSizes.changes`)
+    warmup_s: float = 0.0  # SimConfig.warmup_s: the metrics leave out what came before it
+    cost: object = None    # the run's CostModel (ideal TTFT, `metrics.py`)
 
 
 class Recorder:
@@ -55,14 +57,30 @@ class Recorder:
         self._last_sample = -1e18
         self._wt_value = 0.0
         self._wt_integral = 0.0
+        self.warmup_s, self.flows, self.cost = 0.0, None, None
+        self._base: tuple | None = None  # the byte counters at the end of the warm-up
+
+    def measure_from(self, warmup_s: float, flows, cost) -> None:
+        """Count bytes and the warm tax from `warmup_s` on (`flows`: whose per-link bytes to
+        snapshot then); `cost` travels to the `SimResult` for the metrics."""
+        self.warmup_s, self.flows, self.cost = warmup_s, flows, cost
+
+    def _snapshot(self) -> None:
+        """What was moved and wasted before the warm-up ended, to take off the totals."""
+        links = Counter(self.flows.work_done) if self.flows is not None else Counter()
+        self._base = (Counter(self.bytes_by_pair), self.wasted_bytes, links)
 
     def advance(self, old: float, new: float) -> None:
         """The clock moves from `old` to `new`. HBM metrics are piecewise constant: computed once
         per instant, from the state all events at `old` left behind."""
         if self.dirty:
             self._refresh_hbm(old)
+        if self._base is None and self.warmup_s > 0 and new >= self.warmup_s:
+            self._snapshot()  # before the first event at or after the warm-up's end
         if self.end is None:
-            self._wt_integral += self._wt_value * (new - old)
+            lo = max(old, self.warmup_s)
+            if new > lo:
+                self._wt_integral += self._wt_value * (new - lo)
 
     def _refresh_hbm(self, now: float) -> None:
         self.dirty = False
@@ -87,13 +105,23 @@ class Recorder:
 
     def result(self, calls, programs, flows, kvw, sizes) -> SimResult:
         end = self.end
+        pairs, wasted, links = self.bytes_by_pair, self.wasted_bytes, flows.work_done
+        if self.warmup_s > 0:
+            if self._base is None:  # nothing happened after the warm-up: nothing counts
+                self.flows = flows
+                self._snapshot()
+            b_pairs, b_wasted, b_links = self._base
+            pairs = Counter({k: v - b_pairs.get(k, 0.0) for k, v in pairs.items()})
+            wasted = wasted - b_wasted
+            links = {k: v - b_links.get(k, 0.0) for k, v in links.items()}
+        span = (end or 0.0) - self.warmup_s
         return SimResult(
-            calls=calls, programs=programs, bytes_by_pair=self.bytes_by_pair,
-            bytes_by_link={k: v for k, v in sorted(flows.work_done.items()) if not k.startswith("gpu:")},
-            wasted_bytes=self.wasted_bytes, warm_tax=self._wt_integral / end if end else 0.0,
+            calls=calls, programs=programs, bytes_by_pair=pairs,
+            bytes_by_link={k: v for k, v in sorted(links.items()) if not k.startswith("gpu:")},
+            wasted_bytes=wasted, warm_tax=self._wt_integral / span if span > 0 else 0.0,
             hbm_samples=self.hbm_samples, decision_ms=self.decision_ms, events=self.events,
             stale_events=self.stale_events, sim_end=end or 0.0,
             hbm_total=sum(self.tiers.hbm_cap), kv_actions=kvw.actions, kv_hbm_byte_s=self.kv_hbm_byte_s,
             recomputed_tokens=self.recomputed_tokens, ttl_errors=kvw.ttl_errors,
             failed_attempts=self.failed_attempts, failed_service_s=self.failed_service_s,
-            queue_switches=sizes.changes)
+            queue_switches=sizes.changes, warmup_s=self.warmup_s, cost=self.cost)

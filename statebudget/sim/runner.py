@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from .. import __version__
 from ..models.catalog import Catalog
 from ..models.cluster import Cluster
-from ..models.report import OracleBlock, Report, TraceSummary
+from ..models.report import OracleBlock, Report, RunBlock, TraceSummary
 from ..models.trace import Trace
 from ..core.costs import CostModel
 from ..traces.graph import count_handoffs
@@ -40,7 +40,7 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
         sim = Simulator(cluster, catalog, trace, policy, cost=cost, config=replace(config, queue=queue, kv_rule=kv))
         res = sim.run(progress=(lambda t, n=name: progress(n, t)) if progress else None)
         results[name] = res
-        blocks[name] = policy_report(res, trace.header.slo_classes, nominal)
+        blocks[name] = policy_report(res, trace.header.slo_classes, nominal, cost=cost)
         if base == "oracle" and policy.result is not None:
             sol = policy.result.solution
             oracle = OracleBlock(status=sol.status, objective=round(sol.objective, 6),
@@ -60,7 +60,7 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
     report = Report(
         statebudget=__version__, cluster=cluster.name, catalog=catalog.name,
         trace=TraceSummary(programs=len(trace.programs), calls=trace.n_calls, handoffs=count_handoffs(trace)),
-        policies=blocks, oracle=oracle)
+        policies=blocks, oracle=oracle, run=RunBlock(start=config.start, warmup_s=config.warmup_s, seed=config.seed))
     return Replay(report, results)
 
 

@@ -1,48 +1,93 @@
 """A grid of replays — clusters x traces x seeds x policies — run on a local process pool or on a
 Ray cluster, collected into one table. Each job regenerates its trace from (preset, seed, hours),
-so a job is a few strings and the result is the same wherever it runs."""
+so a job is a few strings and the result is the same wherever it runs. A job also names its start
+(`cold` | `warm`) and warm-up seconds (DESIGN.md §4), passed to `SimConfig`.
+
+Every figure a row carries is in `METRICS`; `COLUMNS` are those the `sweep` table prints. The
+decision times (`decision_*_ms`) are wall time, so they differ from run to run and machine to
+machine; every other figure is a pure function of the job."""
 
 from __future__ import annotations
 
 import itertools
-from concurrent.futures import ProcessPoolExecutor
+import math
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from ..models.load import load_catalog, load_cluster
 from ..traces.generators import generate
 from .config import SimConfig
 from .runner import replay
 
-COLUMNS = ("handoff_p95_s", "handoff_p99_s", "stall_mean_s", "ttft_p95_s", "lease_late_p99_s", "warm_tax",
-           "wasted_tb", "moved_tb", "slo_violations")
+COLUMNS = ("handoff_p95_s", "handoff_p99_s", "ttft_p95_s", "slo_at5", "program_p95_s", "stall_total_s",
+           "warm_tax", "wasted_tb", "decision_p99_ms")
+METRICS = ("handoff_p50_s", "handoff_p95_s", "handoff_p99_s", "stall_mean_s", "stall_total_s", "ttft_p95_s",
+           "ttft_p99_s", "ttft_slowdown_p95", "slo_at2", "slo_at5", "slo_at10", "program_p95_s", "lease_late_p99_s",
+           "nonlease_ttft_p99_s", "warm_tax", "wasted_tb", "moved_tb", "slo_violations", "decision_p50_ms",
+           "decision_p99_ms", "calls_completed")
+WALL_CLOCK = ("decision_p50_ms", "decision_p99_ms")  # the only figures that are not a function of the job
 
 
-def jobs(clusters, traces, seeds, policies, catalog: str, hours: float) -> list[dict]:
-    return [{"cluster": c, "trace": t, "seed": s, "policy": p, "catalog": catalog, "hours": hours}
+def jobs(clusters, traces, seeds, policies, catalog: str, hours: float, start: str = "warm",
+         warmup_s: float = 0.0) -> list[dict]:
+    SimConfig(start=start, warmup_s=warmup_s)  # bad values fail here, not in a worker
+    return [{"cluster": c, "trace": t, "seed": s, "policy": p, "catalog": catalog, "hours": hours,
+             "start": start, "warmup_s": float(warmup_s)}
             for c, t, s, p in itertools.product(clusters, traces, seeds, policies)]
+
+
+def _num(x) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 9)
+
+
+def figures(r) -> dict:
+    """The row figures of one `PolicyReport` (DESIGN.md §4 and §8). The §8 keys added later
+    (`stall_total_s`, `ttft_slowdown`, `slo_attainment`) are read when present: the total stall
+    falls back to mean x count, the others to None."""
+    total = getattr(r, "stall_total_s", None)
+    if total is None:
+        total = r.stall_s.mean * r.stall_s.n
+    att = getattr(r, "slo_attainment", None) or {}
+    slow = getattr(r, "ttft_slowdown", None)
+    return {
+        "handoff_p50_s": r.handoff_stall_s.p50, "handoff_p95_s": r.handoff_stall_s.p95,
+        "handoff_p99_s": r.handoff_stall_s.p99, "stall_mean_s": r.stall_s.mean, "stall_total_s": _num(total),
+        "ttft_p95_s": r.ttft_s.p95, "ttft_p99_s": r.ttft_s.p99,
+        "ttft_slowdown_p95": _num(slow.p95) if slow is not None else None,
+        "slo_at2": _num(att.get("2")), "slo_at5": _num(att.get("5")), "slo_at10": _num(att.get("10")),
+        "program_p95_s": r.program_latency_s.p95, "lease_late_p99_s": r.lease_lateness_s.p99,
+        "nonlease_ttft_p99_s": r.nonlease_ttft_s.p99, "warm_tax": r.warm_tax,
+        "wasted_tb": round(r.wasted_bytes / 1e12, 9), "moved_tb": round(r.bytes_moved / 1e12, 9),
+        "slo_violations": r.slo_violations,
+        "decision_p50_ms": round(r.decision_ms.p50, 4), "decision_p99_ms": round(r.decision_ms.p99, 4),
+        "calls_completed": r.calls_completed,
+    }
 
 
 def run_job(job: dict) -> dict:
     """One replay; the job's seed makes its trace and seeds the simulator."""
     cl, cat = load_cluster(job["cluster"]), load_catalog(job["catalog"])
     tr = generate(job["trace"], job["seed"], job["hours"])
-    r = replay(cl, cat, tr, [job["policy"]], SimConfig(seed=job["seed"])).report.policies[job["policy"]]
-    return dict(job, handoff_p95_s=r.handoff_stall_s.p95, handoff_p99_s=r.handoff_stall_s.p99,
-                stall_mean_s=r.stall_s.mean, ttft_p95_s=r.ttft_s.p95, lease_late_p99_s=r.lease_lateness_s.p99,
-                warm_tax=r.warm_tax, wasted_tb=round(r.wasted_bytes / 1e12, 9), moved_tb=round(r.bytes_moved / 1e12, 9),
-                slo_violations=r.slo_violations)
+    config = SimConfig(seed=job["seed"], start=job.get("start", "warm"), warmup_s=job.get("warmup_s", 0.0))
+    r = replay(cl, cat, tr, [job["policy"]], config).report.policies[job["policy"]]
+    return dict(job, **figures(r))
 
 
 def _key(row: dict):
-    return (row["cluster"], row["trace"], row["seed"], row["policy"])
+    return (row["cluster"], row["trace"], row.get("start", ""), row["seed"], row["policy"])
 
 
 def run_local(todo: list[dict], workers: int | None = None, progress=None) -> list[dict]:
+    """Each job in its own task of a process pool; `progress(done, total)` as each one ends."""
     rows = []
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        for row in pool.map(run_job, todo):
-            rows.append(row)
-            if progress:
-                progress(len(rows), len(todo))
+        try:
+            for fut in as_completed([pool.submit(run_job, j) for j in todo]):
+                rows.append(fut.result())
+                if progress:
+                    progress(len(rows), len(todo))
+        except BaseException:  # a failed job (or Ctrl-C) stops the grid, not after every other job
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     return sorted(rows, key=_key)
 
 

@@ -5,7 +5,7 @@ through here, and only here are the books (`Tiers`) written for copies."""
 
 from __future__ import annotations
 
-from ..core.books import GpuCopy, HostCopy
+from ..core.books import Engine, GpuCopy, HostCopy
 from ..core.decisions import Cancel, Demote, Promote, PromoteHost
 from ..core.toolwait import BACKGROUND_SHARE
 from .loop import PRIO_FLOW, PRIO_TIMER
@@ -53,9 +53,13 @@ class TransfersMixin:
 
     def _new_gpu_copy(self, key, group, prefetch: bool) -> GpuCopy:
         per_gpu = self.size_of(key) / len(group)
+        wake = False
+        if key[0] == "w":
+            wake = self.tiers.asleep_on(key, group)
+            self.tiers.start_engine(key, group, self.now)
         ok = self.tiers.alloc_gpu(group, per_gpu)
         assert ok, "allocation planned by plan_eviction must succeed"
-        copy = GpuCopy(key, group, per_gpu, False, self.now, self.now, from_prefetch=prefetch)
+        copy = GpuCopy(key, group, per_gpu, False, self.now, self.now, from_prefetch=prefetch, wake=wake)
         self.tiers.add_gpu_copy(copy)
         if key[0] == "kv":
             self.kv_of_program[key[1]].add(key)
@@ -94,7 +98,7 @@ class TransfersMixin:
                                   token=token)
         if kind == "host":
             self.tiers.host[(key, src.split(":", 1)[1])].last_use = self.now
-        delay = self.cost.reconfig_s(group, kind) if key[0] == "w" else 0.0
+        delay = self.cost.reconfig_s(group, kind, wake=copy.wake) if key[0] == "w" else 0.0
         src_gpu_copy = None
         if kind == "gpu":
             src_group = next(g for g in sorted(self.tiers.groups_of[key]) if g[0] == int(src.split(":")[1]))
@@ -208,27 +212,43 @@ class TransfersMixin:
     def _evict(self, copy: GpuCopy, to: str, weight: float = 1.0) -> list[HostCopy]:
         """Demote a copy out of HBM (`host` or `none`); returns the host copies being written,
         which must be whole before the freed HBM is written. `weight` < 1: a background copy-out."""
+        if isinstance(copy, Engine):  # an asleep engine stops; its host copy stays, as a cache
+            self.tiers.stop_engine(copy.key, copy.group)
+            return []
         if not copy.used:
             self.recorder.wasted_bytes += copy.nbytes
         key = copy.key
         node = self.gpus[copy.group[0]].node
         drains = []
-        if to == "host" and (key, node) not in self.tiers.host and self._make_host_room(node, copy.nbytes):
+        if to == "host" and key[0] == "w":  # the engine sleeps on its group (vLLM sleep level 1)
+            hc = self.tiers.host.get((key, node))
+            if hc is None and self._make_host_room(node, copy.nbytes):
+                self.tiers.alloc_host(node, copy.nbytes)
+                hc = self.tiers.host[(key, node)] = HostCopy(key, node, copy.nbytes, False, self.now)
+                drains.append(hc)
+                self._copy_out(copy, hc, node, 1.0)
+            if hc is not None:
+                self.tiers.sleep_engine(key, copy.group, hc)
+        elif to == "host" and (key, node) not in self.tiers.host and self._make_host_room(node, copy.nbytes):
             self.tiers.alloc_host(node, copy.nbytes)
             hc = HostCopy(key, node, copy.nbytes, False, self.now)
             self.tiers.host[(key, node)] = hc
-            barrier = _Barrier(len(copy.group), lambda now: self._host_ready(hc))
-            token = Transfer(weight)
-            if weight < 1.0:  # a tool-wait swap-out: a call that comes back may stop it (`_keep_kv`)
-                hc.source = (token, copy)
-            for i in copy.group:
-                self._push_all(self.flows_add(copy.per_gpu, self.cost.path(f"gpu:{i}", f"host:{node}"),
-                                              barrier.hit, None, latency=self.cost.latency_s("gpu"), tag="gpu->host",
-                                              token=token))
+            self._copy_out(copy, hc, node, weight)
             drains.append(hc)
         self._remove_copy(copy)
         self.recorder.dirty = True
         return drains
+
+    def _copy_out(self, copy: GpuCopy, hc: HostCopy, node: str, weight: float) -> None:
+        """The flows that write an HBM copy into host copy `hc`, one per GPU of its group."""
+        barrier = _Barrier(len(copy.group), lambda now: self._host_ready(hc))
+        token = Transfer(weight)
+        if weight < 1.0:  # a tool-wait swap-out: a call that comes back may stop it (`_keep_kv`)
+            hc.source = (token, copy)
+        for i in copy.group:
+            self._push_all(self.flows_add(copy.per_gpu, self.cost.path(f"gpu:{i}", f"host:{node}"),
+                                          barrier.hit, None, latency=self.cost.latency_s("gpu"), tag="gpu->host",
+                                          token=token))
 
     def _remove_copy(self, copy: GpuCopy) -> None:
         """Every HBM copy leaves through here: suspended KV stops counting its byte-seconds."""
@@ -321,9 +341,22 @@ class TransfersMixin:
         self._prefetch_host(d.key, d.node)
 
     def demote(self, d: Demote) -> None:
+        """A copy leaves HBM; the room it frees stays taken until its bytes are out (a load that
+        would overwrite them waits, as for an eviction)."""
         copy = self.tiers.gpu.get((d.key, d.group))
         if copy is not None and copy.pins == 0 and copy.ready:
-            self._evict(copy, d.to)
+            drains = self._evict(copy, d.to)
+            if drains:
+                owner = object()
+                self.tiers.alloc_gpu(copy.group, copy.per_gpu)
+                self.tiers.private[owner] = (copy.group, copy.per_gpu)
+
+                def release(now, owner=owner):
+                    group, per_gpu = self.tiers.private.pop(owner)
+                    self.tiers.free_gpu(group, per_gpu)
+                    self._retry_waiting()
+                    return None
+                self._push_all(self._after(drains, release))
 
     def cancel(self, d: Cancel) -> None:
         """Stop a load nobody waits for."""
@@ -349,7 +382,7 @@ class TransfersMixin:
             return False
         if key[0] == "kv" and self.kv_tokens.get(key, 0) == 0:
             return False
-        per_gpu = self.size_of(key) / len(group)
+        per_gpu = self.size_of(key) / len(group) + self.tiers.engine_need(key, group)
         if self._held_for_another(group):
             return False
         allow = (lambda v: False) if background else (lambda v: self.policy.may_evict_for_prefetch(self, v, key))

@@ -99,3 +99,20 @@ def test_a_leased_promote_is_foreground_and_a_speculative_one_runs_in_the_backgr
         apply([Promote(("w", other), (1,))], p)
     (spec,) = [r.op for r in p.ops.values() if r.op.op_id != leased.op_id]
     assert spec.kind == "promote" and spec.lease_id is None and spec.background
+
+
+def test_the_books_carry_engines_awake_then_asleep_on_their_group(live_planner):
+    p = live_planner
+    with p.store.tx():
+        apply([Promote(W, (0,))], p)
+    report_op(p, next(r.op for r in p.ops.values()))
+    assert p.residency().engines == [{"model": "planner", "tier": "gpu:0", "state": "awake"}]
+    with p.store.tx():
+        apply([Demote(W, (0,), "host")], p)
+    report_op(p, next(r.op for r in p.ops.values()))
+    assert p.residency().body()["engines"] == [{"model": "planner", "tier": "gpu:0", "state": "asleep"}]
+    assert p.tiers.asleep_on(W, (0,)) and not p.tiers.asleep_on(W, (1,))
+    with p.store.tx():
+        apply([Demote(W, (0,), "none")], p)  # nothing awake to demote: the asleep engine stays
+    assert p.residency().engines[0]["state"] == "asleep"
+    p.tiers.check()

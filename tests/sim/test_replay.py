@@ -87,11 +87,15 @@ def test_ondemand_drops_and_keepwarm_sleeps_to_host():
 
 
 def test_llama_swap_unloads_after_ttl():
+    from statebudget.policies.swaps import LlamaSwap
+
     cl, cat = cluster(hbm_gb=40.0, cold=5.0), catalog(("m1", 14.0))
     nodes = [call("a", "m1"), tool("idle", ["a"], duration=1000.0), call("b", "m1", ["idle"])]
     tr = trace(program("p", nodes))
-    res = Simulator(cl, cat, tr, make_policy("llama-swap")).run()
+    res = Simulator(cl, cat, tr, LlamaSwap(ttl_s=300.0)).run()
     assert res.calls[1].ready - res.calls[1].arrive > 5.0  # unloaded after 300 s idle: cold again
+    res = Simulator(cl, cat, tr, make_policy("llama-swap")).run()
+    assert res.calls[1].ready - res.calls[1].arrive == 0.0  # llama-swap's default `ttl: 0`: never unloads
     res = Simulator(cl, cat, tr, make_policy("lru-keepwarm")).run()
     assert res.calls[1].ready - res.calls[1].arrive == 0.0
 

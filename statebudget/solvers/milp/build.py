@@ -69,7 +69,8 @@ def build_instance(cluster, catalog, trace, cost, max_slots: int | None = None, 
             extra = nbytes - m.dense_bytes
             w_index[(m.name, g)] = len(objs)
             objs.append(Obj(f"w:{m.name}@{_group_name(g)}", g, node, nbytes,
-                            cost.weights_restore_s(m, "host", node, g, extra),
+                            # from host: the engine sleeps on its home group (a wake; optimistic, so the bound holds)
+                            cost.weights_restore_s(m, "host", node, g, extra, wake=True),
                             cost.weights_restore_s(m, "nvme", node, g, extra), (0, T - 1)))
     prog_end = {}
     for p in trace.programs:

@@ -1,0 +1,36 @@
+"""What a call will write, before it has: a per-model estimate of output tokens, learnt from
+finished calls only (DESIGN.md §5: policies and the planner never see a call's `output_tokens`
+before it ends). Pure: no clock; the simulator and the live planner each own one, fed at every
+call's end, and policies read it through their view (`output_estimate`)."""
+
+from __future__ import annotations
+
+PRIOR_SHARE = 0.25  # before a model's first finished call: a quarter of what the call asked for
+EWMA_ALPHA = 0.05   # once a model has 1/alpha finished calls: an exponential average (the day drifts)
+
+
+class OutputEstimate:
+    """Per model: the mean output of its finished calls (a running mean for the first
+    1/`alpha` calls, then an exponentially weighted one), clipped to the asking call's
+    `max_tokens`. Before a model's first finished call: `prior_share` x `max_tokens`."""
+
+    def __init__(self, alpha: float = EWMA_ALPHA, prior_share: float = PRIOR_SHARE):
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        self.alpha, self.prior_share = alpha, prior_share
+        self.mean: dict[str, float] = {}
+        self.count: dict[str, int] = {}
+
+    def observe(self, model: str, output_tokens: float) -> None:
+        """A call of `model` finished having written `output_tokens`."""
+        n = self.count.get(model, 0) + 1
+        self.count[model] = n
+        w = max(1.0 / n, self.alpha)
+        old = self.mean.get(model, 0.0)
+        self.mean[model] = old + w * (float(output_tokens) - old)
+
+    def expected(self, model: str, max_tokens: float) -> float:
+        """The output tokens to expect of a call of `model` that asked for `max_tokens`."""
+        m = self.mean.get(model)
+        guess = self.prior_share * max_tokens if m is None else m
+        return float(min(max(guess, 0.0), max_tokens))

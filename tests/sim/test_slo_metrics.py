@@ -1,0 +1,141 @@
+"""Ideal TTFT, TTFT slowdown, SLO attainment at k and total stall (DESIGN.md §4), on hand-made
+calls whose ideal TTFT follows from the cost model's formulas, and in a replay's report and plots."""
+
+import json
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.helpers import GB, toy_trace_jsonl
+from statebudget.cli import app
+from statebudget.core.costs import CostModel
+from statebudget.models import Catalog, Cluster
+from statebudget.sim.metrics import IdealTTFT, policy_report, slo_metrics
+from statebudget.sim.plots import SLO_K, attainment_curve
+from statebudget.sim.recorder import SimResult
+
+MFU = 0.5
+SLOW = {"hbm_gb": 80, "hbm_gbps": 1000, "tflops": 100}
+FAST = {"hbm_gb": 20, "hbm_gbps": 4000, "tflops": 400}
+# name: (weights GB, active params B, KV bytes per token, tp)
+MODELS = {"small": (10.0, 2.0, 1000, 1), "big": (30.0, 4.0, 2000, 1), "wide": (10.0, 2.0, 1000, 2),
+          "huge": (100.0, 1.0, 1000, 1)}
+
+
+def hetero() -> Cluster:
+    """n0: two slow GPUs with large HBM; n1: one fast GPU with 20 GB."""
+    link = {"h2d_gbps": 25, "d2h_gbps": 25, "wake_s": 0.5, "cold_start_s": 10}
+    return Cluster.model_validate({
+        "name": "hetero", "hbm_reserve_frac": 0.0,
+        "gpu_kinds": {"slow": {**SLOW, **link}, "fast": {**FAST, **link}},
+        "nodes": [{"name": n, "host_dram_gb": 256, "nvme_gb": 4000, "nvme_read_gbps": 7, "nvme_write_gbps": 5,
+                   "root_gbps": 50, "gpus": gpus} for n, gpus in (("n0", {"slow": 2}), ("n1", {"fast": 1}))]})
+
+
+def cat() -> Catalog:
+    return Catalog.model_validate({"name": "t", "models": [
+        {"name": n, "version": "v", "weights_gb": w, "active_params_b": p, "kv_bytes_per_token": kv, "tp": tp}
+        for n, (w, p, kv, tp) in MODELS.items()]})
+
+
+def by_hand(model: str, ctx: int, kind: dict) -> float:
+    """Prefill of the whole context at MFU on tp GPUs, plus one roofline decode step."""
+    w, p, kv, tp = MODELS[model]
+    prefill = ctx * 2 * p * 1e9 / (kind["tflops"] * 1e12 * MFU * tp)
+    step = (w * GB + (ctx + 0.5) * kv) / (kind["hbm_gbps"] * 1e9 * tp)
+    return prefill + step
+
+
+# The fastest kind that hosts each model: small fits both (fast wins); big (30 GB) only the slow
+# kind's 80 GB; wide needs two GPUs of one kind on one node, which only n0 has; huge fits nowhere.
+IDEAL = {("small", 1000): by_hand("small", 1000, FAST), ("big", 500): by_hand("big", 500, SLOW),
+         ("wide", 1000): by_hand("wide", 1000, SLOW)}
+
+
+def rec(model, ctx, arrive, stall, ttft):
+    """A finished call record as the simulator leaves it (the fields the metrics read)."""
+    return SimpleNamespace(program="p", node=f"{model}@{arrive}", model=model, context_tokens=ctx, output_tokens=10,
+                           tenant="t0", slo="interactive", handoff=False, hinted=False, state="done", arrive=arrive,
+                           ready=arrive + stall, start=arrive + stall, first_token=arrive + ttft, end=arrive + ttft + 1.0)
+
+
+# (model, context, arrive, TTFT / ideal); the stall is the part of the TTFT above ideal.
+CALLS = [("small", 1000, 0.0, 1.5), ("small", 1000, 10.0, 4.0), ("big", 500, 5.0, 8.0), ("wide", 1000, 20.0, 30.0)]
+STALL = {i: (r - 1) * IDEAL[(m, ctx)] for i, (m, ctx, _, r) in enumerate(CALLS)}
+HUGE_STALL = 0.7
+
+
+def fabricated() -> list:
+    """TTFT / ideal = 1.5, 4, 8, 30; and one call of a model no GPU can host."""
+    return [rec(m, ctx, t, STALL[i], r * IDEAL[(m, ctx)]) for i, (m, ctx, t, r) in enumerate(CALLS)] + \
+        [rec("huge", 100, 30.0, HUGE_STALL, 3.0)]
+
+
+def result(calls, warmup_s=0.0) -> SimResult:
+    return SimResult(calls=calls, programs={}, bytes_by_pair=Counter(), bytes_by_link={}, wasted_bytes=0.0,
+                     warm_tax=0.0, hbm_samples=[], decision_ms=[], events=0, stale_events=0, sim_end=100.0,
+                     hbm_total=1.0, warmup_s=warmup_s, cost=CostModel(hetero(), cat()))
+
+
+def test_ideal_ttft_is_prefill_plus_one_step_on_the_fastest_kind_that_hosts_the_model():
+    ideal = IdealTTFT(CostModel(hetero(), cat()))
+    for (model, ctx), want in IDEAL.items():
+        assert ideal(model, ctx) == pytest.approx(want, rel=1e-12), model
+    # The slow kind would be slower for `small`: the fast one is chosen, not the first found.
+    assert by_hand("small", 1000, SLOW) > IDEAL[("small", 1000)]
+    assert ideal("huge", 100) is None
+
+
+def test_slowdown_attainment_and_total_stall_on_hand_made_calls():
+    out = slo_metrics(fabricated(), CostModel(hetero(), cat()))
+    d = out["ttft_slowdown"]
+    assert d.n == 4  # the unhostable model's call has no ideal TTFT: it measures nothing
+    assert d.p50 == pytest.approx((4 + 8) / 2) and d.mean == pytest.approx((1.5 + 4 + 8 + 30) / 4)
+    assert d.max == pytest.approx(30.0)
+    assert out["slo_attainment"] == pytest.approx({"2": 0.25, "5": 0.5, "10": 0.75})
+    assert out["stall_total_s"] == pytest.approx(sum(STALL.values()) + HUGE_STALL)
+
+
+def test_policy_report_carries_the_slo_figures_and_honours_the_warmup():
+    full = policy_report(result(fabricated()), {"interactive": 2.0})
+    assert full.slo_attainment == pytest.approx({"2": 0.25, "5": 0.5, "10": 0.75})
+    assert full.stall_total_s == pytest.approx(sum(STALL.values()) + HUGE_STALL) and full.calls_completed == 5
+    late = policy_report(result(fabricated(), warmup_s=4.0), {"interactive": 2.0})  # the call at 0 s goes
+    assert late.calls_completed == 4 and late.ttft_slowdown.n == 3
+    assert late.slo_attainment == pytest.approx({"2": 0.0, "5": 1 / 3, "10": 2 / 3})
+    assert late.stall_total_s == pytest.approx(sum(STALL.values()) - STALL[0] + HUGE_STALL)
+
+
+def test_attainment_curve_counts_calls_within_k_times_ideal():
+    curve = dict(zip(SLO_K.tolist(), attainment_curve([1.0, 3.0, 6.0, 30.0])))
+    assert SLO_K[0] == 1 and SLO_K[-1] == 20
+    assert curve[1] == 0.25 and curve[2] == 0.25 and curve[3] == 0.5 and curve[5] == 0.5
+    assert curve[10] == 0.75 and curve[20] == 0.75
+    assert list(curve.values()) == sorted(curve.values())  # a share within a looser bound never drops
+
+
+def test_replay_cli_reports_the_run_block_slo_figures_and_plot(tmp_path):
+    (tmp_path / "t.jsonl").write_text(toy_trace_jsonl(seed=2, hours=0.05))
+    res = CliRunner().invoke(app, ["replay", "--cluster", "toy2", "--catalog", "toy", "--trace", str(tmp_path / "t.jsonl"),
+                                   "--policy", "ondemand,statebudget", "--start", "cold", "--warmup", "30", "--seed", "4",
+                                   "--json", str(tmp_path / "r.json"), "--plots", str(tmp_path / "plots")])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["run"] == {"start": "cold", "warmup_s": 30.0, "seed": 4}
+    for block in doc["policies"].values():
+        assert set(block["slo_attainment"]) == {"2", "5", "10"}
+        a = block["slo_attainment"]
+        assert 0 <= a["2"] <= a["5"] <= a["10"] <= 1
+        assert block["ttft_slowdown"]["n"] > 0 and block["stall_total_s"] >= 0
+        assert block["stall_total_s"] == pytest.approx(block["stall_s"]["mean"] * block["stall_s"]["n"], rel=1e-6, abs=1e-6)
+    assert "SLO@5" in res.output and "start cold, warm-up 30 s" in res.output
+    assert (tmp_path / "plots" / "slo_attainment.png").stat().st_size > 5000
+
+
+def test_replay_cli_rejects_an_unknown_start(tmp_path):
+    (tmp_path / "t.jsonl").write_text(toy_trace_jsonl(seed=2, hours=0.01))
+    res = CliRunner().invoke(app, ["replay", "--cluster", "toy2", "--catalog", "toy", "--trace", str(tmp_path / "t.jsonl"),
+                                   "--start", "tepid"])
+    assert res.exit_code == 2 and "--start must be one of cold, warm" in res.output

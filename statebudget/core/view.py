@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..models.catalog import ModelSpec
 from ..models.state import expert_key, weights_key
-from .books import HostCopy
+from .books import Engine, HostCopy
 
 
 class ResidencyView:
@@ -100,7 +100,8 @@ class ResidencyView:
             return []
         cands, asleep = {}, {}
         for (k, g), e in self.tiers.engines.items():  # an asleep engine is the cheapest room: a wake becomes a cold start
-            if e.host is not None and e.per_gpu and (k, g) not in protect and any(deficit.get(i, 0) > 1.0 for i in g):
+            if e.host is not None and e.per_gpu and (k, g) not in protect and any(deficit.get(i, 0) > 1.0 for i in g) \
+                    and (allow is None or allow(e)):
                 asleep[(k, g)] = e
         for i in group:
             if deficit[i] > 1.0:
@@ -130,4 +131,28 @@ class ResidencyView:
                 for i in e.group:
                     if i in deficit:
                         deficit[i] -= e.per_gpu
-        return victims if all(d <= 1.0 for d in deficit.values()) else None
+        if not all(d <= 1.0 for d in deficit.values()):
+            return None
+        return _prune(victims, deficit, self.tiers.engines)
+
+
+def _prune(victims: list, deficit: dict, engines: dict) -> list:
+    """Drop the victims the room does not need, in the order they were chosen (asleep engines
+    first): a greedy pick can stop an engine that a copy chosen later makes needless. A weights
+    copy is kept or dropped together with its engine when that engine was to stop too."""
+    chosen = {id(v) for v in victims}
+    for v in victims:
+        if id(v) not in chosen:
+            continue
+        unit = [v]
+        if not isinstance(v, Engine) and v.key[0] == "w":
+            e = engines.get((v.key, v.group))
+            if e is not None and id(e) in chosen:
+                unit.append(e)
+        if all(deficit[i] + sum(u.per_gpu for u in unit if i in u.group) <= 1.0 for i in deficit):
+            for u in unit:
+                chosen.discard(id(u))
+                for i in u.group:
+                    if i in deficit:
+                        deficit[i] += u.per_gpu
+    return [v for v in victims if id(v) in chosen]

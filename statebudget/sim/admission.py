@@ -154,6 +154,8 @@ class AdmissionMixin:
         c.kv_reused_tokens = self.kv_tokens.get(kvk, 0)
         self.recorder.dirty = True
         self._apply(self._hook("on_call_admitted", c))
+        if loads:
+            drains += [hc for hc in self._outgoing(group) if hc not in drains]
         events = self._after(drains, lambda now: self._start_loads(loads))
         self._push_all(events)
         if c.waiting_on == 0:

@@ -76,6 +76,7 @@ class Simulator(ProgramsMixin, AdmissionMixin, CallsMixin, TransfersMixin, Event
         self.calls: list[CallRec] = []
         self.waiting: list[CallRec] = []  # admitted nowhere yet, FCFS
         self.reserved: CallRec | None = None  # the starving call that holds its GPUs (`_reserve`)
+        self._draining: dict[int, list] = {}  # GPU -> host copies a policy's demotion still writes out of it
         self._reserve_deadline = 0.0  # backfill on its GPUs must end by then
         self.active: dict[int, CallRec] = {}  # admitted calls not yet finished or cancelled
         self.queued: list[CallRec] = []   # ready, waiting for a compute slot

@@ -18,12 +18,13 @@ SLO_KS = (2, 5, 10)  # SLO attainment is reported at TTFT <= k x ideal TTFT for 
 
 
 def counted_calls(res: SimResult) -> list:
-    """The calls the metrics count: those that arrived at or after the warm-up; a call that never
-    arrived (cancelled or cut before its dependencies were met) goes with its program's start."""
+    """The calls the metrics count: those of programs that start at or after the warm-up. By
+    program start, not by arrival: in the closed loop a call's arrival depends on the policy, and
+    paired comparisons need the same calls under every policy."""
     w = getattr(res, "warmup_s", 0.0)
     if w <= 0:
         return list(res.calls)
-    return [c for c in res.calls if (c.arrive if c.arrive >= 0 else res.programs[c.program].prog.start) >= w]
+    return [c for c in res.calls if res.programs[c.program].prog.start >= w]
 
 
 def counted_programs(res: SimResult) -> list:

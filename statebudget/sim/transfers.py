@@ -221,13 +221,19 @@ class TransfersMixin:
         node = self.gpus[copy.group[0]].node
         drains = []
         if to == "host" and key[0] == "w":  # the engine sleeps on its group (vLLM sleep level 1)
+            # The engine writes its weights into its own pinned buffer, whether or not the node's
+            # page cache holds them: that copy stands for both (one DRAM count, a simplification).
             hc = self.tiers.host.get((key, node))
             if hc is None and self._make_host_room(node, copy.nbytes):
                 self.tiers.alloc_host(node, copy.nbytes)
                 hc = self.tiers.host[(key, node)] = HostCopy(key, node, copy.nbytes, False, self.now)
+            elif hc is not None and (not hc.ready or hc.engine is not None):
+                hc = None  # being written, or another engine's pinned copy: this engine stops
+            elif hc is not None:
+                hc.ready = False
+            if hc is not None:
                 drains.append(hc)
                 self._copy_out(copy, hc, node, 1.0)
-            if hc is not None:
                 self.tiers.sleep_engine(key, copy.group, hc)
         elif to == "host" and (key, node) not in self.tiers.host and self._make_host_room(node, copy.nbytes):
             self.tiers.alloc_host(node, copy.nbytes)
@@ -341,22 +347,25 @@ class TransfersMixin:
         self._prefetch_host(d.key, d.node)
 
     def demote(self, d: Demote) -> None:
-        """A copy leaves HBM; the room it frees stays taken until its bytes are out (a load that
-        would overwrite them waits, as for an eviction)."""
+        """A copy leaves HBM. The room it frees is free in the books at once, but a load into it
+        waits until its bytes are out (`_outgoing`), as for an eviction."""
         copy = self.tiers.gpu.get((d.key, d.group))
         if copy is not None and copy.pins == 0 and copy.ready:
-            drains = self._evict(copy, d.to)
-            if drains:
-                owner = object()
-                self.tiers.alloc_gpu(copy.group, copy.per_gpu)
-                self.tiers.private[owner] = (copy.group, copy.per_gpu)
+            for hc in self._evict(copy, d.to):
+                for i in copy.group:
+                    self._draining.setdefault(i, []).append(hc)
 
-                def release(now, owner=owner):
-                    group, per_gpu = self.tiers.private.pop(owner)
-                    self.tiers.free_gpu(group, per_gpu)
-                    self._retry_waiting()
-                    return None
-                self._push_all(self._after(drains, release))
+    def _outgoing(self, group) -> list[HostCopy]:
+        """Host copies still being written out of `group`'s HBM by a policy's demotion."""
+        out = []
+        for i in group:
+            left = [hc for hc in self._draining.get(i, ()) if not hc.ready and self.tiers.host.get((hc.key, hc.node)) is hc]
+            if left:
+                self._draining[i] = left
+                out += [hc for hc in left if hc not in out]
+            else:
+                self._draining.pop(i, None)
+        return out
 
     def cancel(self, d: Cancel) -> None:
         """Stop a load nobody waits for."""
@@ -396,6 +405,7 @@ class TransfersMixin:
         copy.background = background or (lease is None and self.policy.speculation_yields)
         if lease is not None:
             copy.lease = (lease,)
+        drains += [hc for hc in self._outgoing(group) if hc not in drains]
         load = self._load_drained if drains else self._load_copy
         self._push_all(self._after(drains, lambda now: load(copy)))
         return True

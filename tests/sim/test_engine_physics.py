@@ -76,20 +76,37 @@ def test_asleep_engines_count_in_host_dram_and_hold_their_overhead_in_hbm():
 
 
 def test_an_asleep_engine_is_stopped_when_its_gpu_needs_the_room():
-    # One 20 GB GPU, 9 GB models, 1 GB per engine: b evicts a (a sleeps: 1 GB left in HBM); c
-    # needs 10 GB, so a's asleep engine stops before b's awake one goes to sleep. a's next use is
-    # a new engine: a cold start from its host copy, now a cache.
-    cl = cluster(gpus=1, hbm_gb=20.0, wake=WAKE, cold=COLD, overhead=OVERHEAD)
-    cat = catalog(("a", 9.0), ("b", 9.0), ("c", 9.0))
-    tr = trace(program("p1", [call("1", "a"), call("2", "b", ["1"]), call("3", "c", ["2"]), call("4", "a", ["3"])]))
+    # One 20.5 GB GPU, 9 GB models, 1 GB per engine: a and b fit awake together; c puts both to
+    # sleep (1 GB each left in HBM); d needs 10 GB with 8.5 free, so the asleep engines stop. a's
+    # next use is a new engine: a cold start from its host copy, now a cache.
+    cl = cluster(gpus=1, hbm_gb=20.5, wake=WAKE, cold=COLD, overhead=OVERHEAD)
+    cat = catalog(("a", 9.0), ("b", 9.0), ("c", 9.0), ("d", 9.0))
+    tr = trace(program("p1", [call("1", "a"), call("2", "b", ["1"]), call("3", "c", ["2"]), call("4", "d", ["3"]),
+                              call("5", "a", ["4"])]))
     pol = Pinned()
     res = Simulator(cl, cat, tr, pol, config=SimConfig(check_invariants=True)).run()
     calls = {c.node: c for c in res.calls}
     assert all(c.state == "done" for c in res.calls)
-    assert pol.seen[("p1", "3")]["engines"] == {("a", (0,)): True, ("b", (0,)): False}
-    assert pol.seen[("p1", "4")]["engines"] == {("b", (0,)): True, ("c", (0,)): False}
-    assert pol.seen[("p1", "4")]["host_used"] == pytest.approx(18.0 * GB, abs=1e6)  # a's cache, b's pinned copy
-    assert calls["4"].ready - calls["4"].arrive >= COLD
+    assert pol.seen[("p1", "4")]["engines"] == {("a", (0,)): True, ("b", (0,)): True, ("c", (0,)): False}
+    engines = pol.seen[("p1", "5")]["engines"]
+    assert ("a", (0,)) not in engines and ("b", (0,)) not in engines and engines[("d", (0,))] is False
+    assert pol.seen[("p1", "5")]["host_used"] == pytest.approx(18.0 * GB, abs=1e6)  # a's and b's caches stay
+    assert calls["5"].ready - calls["5"].arrive >= COLD
+
+
+def test_eviction_stops_no_asleep_engine_that_a_copy_already_makes_room_for():
+    # An asleep engine is offered first, but when the copy chosen after it frees enough on its
+    # own, the engine is left asleep.
+    sim = Simulator(cluster(gpus=1, hbm_gb=20.0, overhead=OVERHEAD), catalog(("a", 4.0), ("b", 14.0)),
+                    trace(program("p", [call("1", "a")])), Pinned())
+    wa, wb = weights_key("a"), weights_key("b")
+    sim._new_gpu_copy(wa, (0,), prefetch=False).ready = True
+    sim._evict(sim.tiers.gpu[(wa, (0,))], "host")
+    sim._run_loop(None)  # a's copy-out finishes: a sleeps, holding 1 GB
+    sim._new_gpu_copy(wb, (0,), prefetch=False).ready = True  # 14 + 1 GB; 4 GB free
+    assert sim.tiers.asleep_on(wa, (0,))
+    victims = sim.plan_eviction((0,), 10.0 * GB)
+    assert victims == [sim.tiers.gpu[(wb, (0,))]]
 
 
 def test_engines_in_the_books_add_up():

@@ -56,7 +56,7 @@ IDEAL = {("small", 1000): by_hand("small", 1000, FAST), ("big", 500): by_hand("b
 
 def rec(model, ctx, arrive, stall, ttft):
     """A finished call record as the simulator leaves it (the fields the metrics read)."""
-    return SimpleNamespace(program="p", node=f"{model}@{arrive}", model=model, context_tokens=ctx, output_tokens=10,
+    return SimpleNamespace(program=f"p{arrive}", node=f"{model}@{arrive}", model=model, context_tokens=ctx, output_tokens=10,
                            tenant="t0", slo="interactive", handoff=False, hinted=False, state="done", arrive=arrive,
                            ready=arrive + stall, start=arrive + stall, first_token=arrive + ttft, end=arrive + ttft + 1.0)
 
@@ -74,7 +74,10 @@ def fabricated() -> list:
 
 
 def result(calls, warmup_s=0.0) -> SimResult:
-    return SimResult(calls=calls, programs={}, bytes_by_pair=Counter(), bytes_by_link={}, wasted_bytes=0.0,
+    """Each call its own program, started when the call arrives (unfinished: no program figures)."""
+    programs = {c.program: SimpleNamespace(prog=SimpleNamespace(program=c.program, start=c.arrive, nodes=[], tenant="t0"),
+                                           end=-1.0, calls={}, service=0.0) for c in calls}
+    return SimResult(calls=calls, programs=programs, bytes_by_pair=Counter(), bytes_by_link={}, wasted_bytes=0.0,
                      warm_tax=0.0, hbm_samples=[], decision_ms=[], events=0, stale_events=0, sim_end=100.0,
                      hbm_total=1.0, warmup_s=warmup_s, cost=CostModel(hetero(), cat()))
 

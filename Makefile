@@ -16,7 +16,7 @@ demo: $(STAMP)
 	mkdir -p out
 	$(BIN)/statebudget trace gen --preset swe-team --seed 1 --hours 2 --out out/swe-team.jsonl
 	$(BIN)/statebudget replay --cluster hetero16 --catalog agent-team --trace out/swe-team.jsonl --start warm --warmup 1800 \
-	  --policy ondemand,lru-keepwarm,frequency,prefetch-all,static,llama-swap,ray-multiplex,statebudget,statebudget-lease \
+	  --policy ondemand,lru-keepwarm,frequency,prefetch-all,static,llama-swap,sleep-swap,forecast-prewarm,ray-multiplex,statebudget,statebudget-lease \
 	  --json out/report.json --plots out/plots
 
 # The end-to-end service tests run after the rest, alone: their leases are quoted from this

@@ -49,7 +49,7 @@ def print_replay(rep, tr, cl, cat, wall: float) -> None:
     console.print(t)
     if rep.run is not None:
         console.print(f"start {rep.run.start}, warm-up {rep.run.warmup_s:g} s"
-                      + (": calls arriving in the warm-up are left out" if rep.run.warmup_s > 0 else "")
+                      + (": calls of programs that start in the warm-up are left out" if rep.run.warmup_s > 0 else "")
                       + "; SLO@5: share of calls with TTFT <= 5 x their ideal TTFT", highlight=False)
     for n, r in rep.policies.items():
         if r.queue_switches:

@@ -69,6 +69,7 @@ def write_plots(results: dict[str, SimResult], out_dir: str | Path) -> list[Path
         ("ttft", "TTFT (s)", lambda c: c.first_token - c.arrive),
     ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
+        ax.set_prop_cycle(color=plt.cm.tab20.colors)  # more policies than the default 10 colours
         _cdf_axes(ax, title, "fraction of calls",
                   {name: [v for c in res.calls if c.state == "done" and (v := fn(c)) is not None]
                    for name, res in results.items()})
@@ -76,6 +77,7 @@ def write_plots(results: dict[str, SimResult], out_dir: str | Path) -> list[Path
 
     # SLO attainment (§4): the share of the counted calls with TTFT <= k x their ideal TTFT.
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.set_prop_cycle(color=plt.cm.tab20.colors)
     for name, res in results.items():
         if res.cost is not None:
             ax.plot(SLO_K, attainment_curve(ttft_ratios(res)), marker="o", markersize=3, label=name)
@@ -93,6 +95,8 @@ def write_plots(results: dict[str, SimResult], out_dir: str | Path) -> list[Path
     # to start (the starvation view: a queue discipline that starves a program shows a long tail).
     # Over the programs that ended, as the report's program figures are; the legend says how many.
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for a in axes:
+        a.set_prop_cycle(color=plt.cm.tab20.colors)
     done = {name: [pr for pr in res.programs.values() if pr.end >= 0] for name, res in results.items()}
     label = {name: f"{name} ({len(prs)}/{len(results[name].programs)} ended)" for name, prs in done.items()}
     _cdf_axes(axes[0], "Program latency (s)", "fraction of programs that ended",

@@ -240,7 +240,10 @@ class Journal:
                 self._finish_as(self.ops[writer], OpStatus.CANCELLED, "its source never left HBM")
             self.policy.on_copy_ready(self, back)
             return
-        if (key, group) not in self.tiers.gpu and self.tiers.alloc_gpu(group, per_gpu):
+        if (key, group) not in self.tiers.gpu and self.tiers.fits_gpu(group, per_gpu + self.tiers.engine_need(key, group)):
+            if key[0] == "w":
+                self.tiers.start_engine(key, group, self.now)
+            self.tiers.alloc_gpu(group, per_gpu)
             c = GpuCopy(key, group, per_gpu, True, self.now, self.now)
             self.tiers.add_gpu_copy(c)
             self._save_gpu(c)

@@ -83,6 +83,8 @@ class Persist:
                 per_gpu = row["bytes"] / len(group)
                 self.tiers.alloc_gpu(group, per_gpu)
                 self.tiers.add_gpu_copy(GpuCopy(key, group, per_gpu, row["ready"], row["last_use"], row["last_use"]))
+                if key[0] == "w" and self.tiers.fits_gpu(group, self.tiers.engine_need(key, group)):
+                    self.tiers.start_engine(key, group, row["last_use"])  # awake weights have an engine (asleep ones are not kept)
             else:
                 node = tier.split(":", 1)[1]
                 self.tiers.alloc_host(node, row["bytes"])

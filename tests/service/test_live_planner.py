@@ -116,3 +116,14 @@ def test_the_books_carry_engines_awake_then_asleep_on_their_group(live_planner):
         apply([Demote(W, (0,), "none")], p)  # nothing awake to demote: the asleep engine stays
     assert p.residency().engines[0]["state"] == "asleep"
     p.tiers.check()
+
+
+def test_a_restart_rebuilds_the_engines_of_awake_weights(tmp_path):
+    p = planner(tmp_path / "sb.db")
+    with p.store.tx():
+        apply([Promote(W, (0,))], p)
+    report_op(p, next(r.op for r in p.ops.values()))
+    p.store.close()
+    q = planner(tmp_path / "sb.db")
+    assert q.residency().engines == [{"model": "planner", "tier": "gpu:0", "state": "awake"}]
+    q.tiers.check()

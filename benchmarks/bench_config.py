@@ -1,5 +1,6 @@
 """statebudget-lease with overrides of its `PlannerConfig` (`lease_config`): hetero16 + agent-team, 2-hour traces,
-seeds 1-3 (simulator seed = trace seed). The P95 / wasted-bytes frontier and the stall /
+tuning seeds 1-10 (simulator seed = trace seed), warm start with a 1800 s warm-up, seeds on a
+process pool. Seeds >= 100 are for evaluation (`bench_policies.py`), never for tuning. The P95 / wasted-bytes frontier and the stall /
 TTFT trade-off of placement come from it.
 
     .venv/bin/python benchmarks/bench_config.py "promote_min_p=1.01, page_min_touch=1.01" [--trace swe-team]
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+from concurrent.futures import ProcessPoolExecutor
 
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.planner.core import lease_config
@@ -34,20 +36,36 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("overrides", nargs="?", default="", help='PlannerConfig fields, e.g. "promote_min_p=1.01"')
     ap.add_argument("--trace", default="swe-team")
-    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--seeds", default="1,2,3,4,5,6,7,8,9,10")
     ap.add_argument("--hours", type=float, default=2.0)
+    ap.add_argument("--start", default="warm", choices=("warm", "cold"))
+    ap.add_argument("--warmup", type=float, default=1800.0)
+    ap.add_argument("--workers", type=int, default=None)
     args = ap.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if any(s >= 100 for s in seeds):
+        ap.error("seeds >= 100 are evaluation seeds: tune on 1-10")
     kw = parse_overrides(args.overrides)
+    jobs = [(args.trace, seed, args.hours, args.start, args.warmup, kw) for seed in seeds]
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        rows = list(pool.map(_one, jobs))
+    for seed, b in zip(seeds, rows):
+        print(f"{args.trace} seed {seed} {kw}: handoff p95 {b['p95']:.3f} s, total stall {b['total']:.0f} s, wasted "
+              f"{b['wasted']:.3f} TB, warm tax {b['warm_tax']:.3f}, TTFT p95 {b['ttft']:.2f} s", flush=True)
+    mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+    print(f"MEAN {args.trace} {kw}: handoff p95 {mean['p95']:.3f} s, total stall {mean['total']:.0f} s, wasted "
+          f"{mean['wasted']:.3f} TB, warm tax {mean['warm_tax']:.3f}, TTFT p95 {mean['ttft']:.2f} s")
+
+
+def _one(job) -> dict:
+    trace, seed, hours, start, warmup, kw = job
     cl, cat = load_cluster("hetero16"), load_catalog("agent-team")
-    for seed in (int(s) for s in args.seeds.split(",")):
-        tr = generate(args.trace, seed, args.hours)
-        res = Simulator(cl, cat, tr, StateBudgetLease(lease_config(**kw)), cost=CostModel(cl, cat),
-                        config=SimConfig(seed=seed)).run()
-        b = policy_report(res, tr.header.slo_classes, nominal_timeline(tr, cat))
-        print(f"{args.trace} seed {seed} {kw}: handoff p95 {b.handoff_stall_s.p95:.3f} s, wasted "
-              f"{b.wasted_bytes / 1e12:.3f} TB, warm tax {b.warm_tax:.3f}, TTFT p95 {b.ttft_s.p95:.2f} s, "
-              f"SLO violations {b.slo_violations:.3f}, non-lease TTFT p99 "
-              f"{b.nonlease_ttft_s.p99:.2f} s, lease lateness p99 {b.lease_lateness_s.p99:.2f} s", flush=True)
+    tr = generate(trace, seed, hours)
+    res = Simulator(cl, cat, tr, StateBudgetLease(lease_config(**kw)), cost=CostModel(cl, cat),
+                    config=SimConfig(seed=seed, start=start, warmup_s=warmup)).run()
+    b = policy_report(res, tr.header.slo_classes, nominal_timeline(tr, cat))
+    return {"p95": b.handoff_stall_s.p95, "total": b.stall_total_s, "wasted": b.wasted_bytes / 1e12,
+            "warm_tax": b.warm_tax, "ttft": b.ttft_s.p95}
 
 
 if __name__ == "__main__":

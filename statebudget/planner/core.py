@@ -52,13 +52,11 @@ class PlannerConfig:
 
 
 def lease_config(**overrides) -> PlannerConfig:
-    """The planner's settings when leases drive it (statebudget-lease, the service): the hints name
-    the next calls, so the planner promotes on its own predictions only when they are near-certain
-    (`promote_min_p` 0.8), and a lease prepares only the expert pages nearly every call touches
-    (`lease_page_min_touch` 0.99). On swe-team this keeps P95 and wastes 1/14 of the bytes
-    (BENCHMARKS.md, lease configuration). Without hints (statebudget) speculation is the planner's only tool,
-    and it keeps the plain defaults."""
-    return replace(PlannerConfig(promote_min_p=0.8, lease_page_min_touch=0.99), **overrides)
+    """The planner's settings when leases drive it (statebudget-lease, the service): a lease
+    prepares only the expert pages nearly every call touches (`lease_page_min_touch` 0.99); the
+    planner still promotes on its own predictions as without hints (`promote_min_p` 0.35), since
+    honest hints miss. Tuned on seeds 1-10, warm start (BENCHMARKS.md, "Knobs of the planner")."""
+    return replace(PlannerConfig(lease_page_min_touch=0.99), **overrides)
 
 
 class PlannerCore:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from statebudget.planner.core import lease_config
 from tests.helpers import Clock, call, make_live_planner, program, report_op, tool, trace
 from statebudget.core.waits import ToolWaitModel
 from statebudget.models.load import load_catalog, load_cluster
@@ -58,7 +59,8 @@ def run_service(rule, wait, name, probes, waits=None, busy=False):
     """The live planner, through the same program's events; `busy`: another thread's call (on
     coder) starts before the tool and ends half way through the wait."""
     clock = Clock(0.0)
-    p = make_live_planner(clock, kv_rule=rule)
+    # no speculative promotes, as lru-keepwarm on the simulator's side: the tool-wait rule alone
+    p = make_live_planner(clock, kv_rule=rule, config=lease_config(promote_min_p=1.01))
     if waits is not None:
         p.kvw.waits = ToolWaitModel(waits)
     done = set()

@@ -9,6 +9,7 @@ from tests.helpers import Clock, call, catalog, cluster, program, report_op, too
 from statebudget.engine_adapters.base import gpu_indexes, run_order
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.models.plan import Op
+from statebudget.planner.core import lease_config
 from statebudget.service.live import LivePlanner
 from statebudget.core.waits import ToolWaitModel
 from statebudget.sim.config import SimConfig
@@ -21,9 +22,14 @@ TOKENS = 20_000
 KV_BYTES = TOKENS * 4096  # the toy planner's KV
 
 
+# The tool-wait rule alone: the planner's own speculative promotes (a program's KV prepared on
+# another group) would add ops these tests do not count.
+NO_SPECULATION = lease_config(promote_min_p=1.01)
+
+
 def planner(rule, waits=None):
     clock = Clock()
-    p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock, kv_rule=rule)
+    p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock, kv_rule=rule, config=NO_SPECULATION)
     if waits is not None:
         p.kvw.waits = ToolWaitModel(waits)
     return p, clock
@@ -188,7 +194,7 @@ def test_a_restart_takes_a_tool_wait_up_where_it_is(monkeypatch, tmp_path):
     for swapped_before in (False, True):
         clock = Clock()
         db = tmp_path / f"sb-{swapped_before}.db"
-        p = LivePlanner(cl, cat, Store(db), clock=clock, kv_rule="adaptive")
+        p = LivePlanner(cl, cat, Store(db), clock=clock, kv_rule="adaptive", config=NO_SPECULATION)
         group = after_a_call(p, clock)
         start_tool(p, "quick")
         if swapped_before:
@@ -200,7 +206,7 @@ def test_a_restart_takes_a_tool_wait_up_where_it_is(monkeypatch, tmp_path):
             assert (KV, group) not in p.tiers.gpu
         p.store.close()
         clock.t += 5.0  # down for a while; the tool still runs
-        q = LivePlanner(cl, cat, Store(db), clock=clock, kv_rule="adaptive")
+        q = LivePlanner(cl, cat, Store(db), clock=clock, kv_rule="adaptive", config=NO_SPECULATION)
         assert q.due_in() is not None  # the swap-in's timer
         if not swapped_before:
             (out,) = kv_ops(q)  # 5 s into a wait predicted at 50 ms: out it goes, at once

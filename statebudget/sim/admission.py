@@ -155,7 +155,7 @@ class AdmissionMixin:
         self.recorder.dirty = True
         self._apply(self._hook("on_call_admitted", c))
         if loads:
-            drains += [hc for hc in self._outgoing(group) if hc not in drains]
+            drains = self._outgoing(group, drains)
         events = self._after(drains, lambda now: self._start_loads(loads))
         self._push_all(events)
         if c.waiting_on == 0:

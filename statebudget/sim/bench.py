@@ -74,7 +74,7 @@ def replayed_decisions(cluster: Cluster, catalog: Catalog, policy: str, preset: 
                     window_from=fill_s, window_to=fill_s + window_s)
     try:
         sim.run()
-    except _Stop:
+    except _Stop:  # the timed window is over: the rest of the replay is not needed
         pass
     a = np.asarray(sim.hook_ms) if sim.hook_ms else np.zeros(0)
     pct = (lambda q: round(float(np.percentile(a, q)), 4)) if a.size else (lambda q: None)

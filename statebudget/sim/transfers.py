@@ -220,30 +220,32 @@ class TransfersMixin:
         key = copy.key
         node = self.gpus[copy.group[0]].node
         drains = []
-        if to == "host" and key[0] == "w":  # the engine sleeps on its group (vLLM sleep level 1)
-            # The engine writes its weights into its own pinned buffer, whether or not the node's
-            # page cache holds them: that copy stands for both (one DRAM count, a simplification).
+        if to == "host":
             hc = self.tiers.host.get((key, node))
-            if hc is None and self._make_host_room(node, copy.nbytes):
-                self.tiers.alloc_host(node, copy.nbytes)
-                hc = self.tiers.host[(key, node)] = HostCopy(key, node, copy.nbytes, False, self.now)
-            elif hc is not None and (not hc.ready or hc.engine is not None):
-                hc = None  # being written, or another engine's pinned copy: this engine stops
-            elif hc is not None:
+            if hc is None:
+                hc = self._new_host_copy(key, node, copy.nbytes)
+            elif key[0] == "w" and hc.ready and hc.engine is None:
+                # The engine writes its weights into its own pinned buffer, over the node's page
+                # cache copy: that copy stands for both (one DRAM count, a simplification).
                 hc.ready = False
+            else:
+                hc = None  # already there, being written, or another engine's pinned copy
             if hc is not None:
+                self._copy_out(copy, hc, node, weight)
                 drains.append(hc)
-                self._copy_out(copy, hc, node, 1.0)
-                self.tiers.sleep_engine(key, copy.group, hc)
-        elif to == "host" and (key, node) not in self.tiers.host and self._make_host_room(node, copy.nbytes):
-            self.tiers.alloc_host(node, copy.nbytes)
-            hc = HostCopy(key, node, copy.nbytes, False, self.now)
-            self.tiers.host[(key, node)] = hc
-            self._copy_out(copy, hc, node, weight)
-            drains.append(hc)
+                if key[0] == "w":  # the engine sleeps on its group (vLLM sleep level 1)
+                    self.tiers.sleep_engine(key, copy.group, hc)
         self._remove_copy(copy)
         self.recorder.dirty = True
         return drains
+
+    def _new_host_copy(self, key, node: str, nbytes: float) -> HostCopy | None:
+        """A host copy about to be written, where the node's DRAM has or can make room."""
+        if not self._make_host_room(node, nbytes):
+            return None
+        self.tiers.alloc_host(node, nbytes)
+        hc = self.tiers.host[(key, node)] = HostCopy(key, node, nbytes, False, self.now)
+        return hc
 
     def _copy_out(self, copy: GpuCopy, hc: HostCopy, node: str, weight: float) -> None:
         """The flows that write an HBM copy into host copy `hc`, one per GPU of its group."""
@@ -355,9 +357,10 @@ class TransfersMixin:
                 for i in copy.group:
                     self._draining.setdefault(i, []).append(hc)
 
-    def _outgoing(self, group) -> list[HostCopy]:
-        """Host copies still being written out of `group`'s HBM by a policy's demotion."""
-        out = []
+    def _outgoing(self, group, drains: list[HostCopy]) -> list[HostCopy]:
+        """`drains` plus the host copies a policy's demotion still writes out of `group`'s HBM: a
+        load into that room waits for them too."""
+        out = list(drains)
         for i in group:
             left = [hc for hc in self._draining.get(i, ()) if not hc.ready and self.tiers.host.get((hc.key, hc.node)) is hc]
             if left:
@@ -405,7 +408,7 @@ class TransfersMixin:
         copy.background = background or (lease is None and self.policy.speculation_yields)
         if lease is not None:
             copy.lease = (lease,)
-        drains += [hc for hc in self._outgoing(group) if hc not in drains]
+        drains = self._outgoing(group, drains)
         load = self._load_drained if drains else self._load_copy
         self._push_all(self._after(drains, lambda now: load(copy)))
         return True

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 
 from .. import __version__
 from ..models.errors import InputError
-from ..service.live import Conflict, Forbidden, Invalid, LivePlanner, NotFound
+from ..service.live import Conflict, Forbidden, Invalid, LivePlanner, NotFound, Unavailable
 from .auth import Auth
 from .metrics import ServiceMetrics
 from .routers import events, health, leases, oracle, plan, queue, residency
@@ -154,6 +154,12 @@ def create_app(planner: LivePlanner, auth: Auth, tick_s: float = 5.0, coalesce_s
 
     for exc, status in ((NotFound, 404), (Forbidden, 403), (Conflict, 409), (Invalid, 422), (InputError, 422)):
         app.add_exception_handler(exc, handler(status))
+
+    async def unavailable(request: Request, exc: Exception):
+        svc.changed()  # the books were rebuilt from the ledger: the plan version may have moved back
+        return JSONResponse({"detail": str(exc.args[0]) if exc.args else "ledger unwritable"}, status_code=503,
+                            headers={"Retry-After": "1"})
+    app.add_exception_handler(Unavailable, unavailable)
     return app
 
 

@@ -82,6 +82,8 @@ def serve(
     stage_host: Annotated[bool, typer.Option(help="stage weights in host DRAM ahead of use (off for vLLM/SGLang "
                                                   "adapters: their engines reach host DRAM only by sleeping)")] = True,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
+    synchronous: Annotated[str, typer.Option(help="full | normal: SQLite's sync of the ledger at each commit (full "
+                                                  "survives a power loss; normal only a crash of the process)")] = "full",
 ):
     """Run the planner service: runtimes post events and leases, adapters poll plans (DESIGN.md §7).
     On a restart with the same --db the cluster and catalog come from the ledger."""
@@ -95,7 +97,10 @@ def serve(
     from ..core.toolwait import KV_RULES
     from ..core.programs import QUEUES, parse_tenant_weights
 
-    for name, value, known in (("--queue", queue, QUEUES), ("--kv-rule", kv_rule, KV_RULES)):
+    from ..service.ledger import SYNCHRONOUS
+
+    for name, value, known in (("--queue", queue, QUEUES), ("--kv-rule", kv_rule, KV_RULES),
+                               ("--synchronous", synchronous.upper(), SYNCHRONOUS)):
         if value not in known:
             fail(f"{name} {value!r}: expected one of {', '.join(known)}")
     try:
@@ -122,7 +127,7 @@ def serve(
     auth = Auth.load(tokens)
     from ..planner.core import lease_config
 
-    planner = LivePlanner(cl, cat, Store(db), profile=prof, queue=queue, config=lease_config(stage_host=stage_host),
+    planner = LivePlanner(cl, cat, Store(db, synchronous=synchronous), profile=prof, queue=queue, config=lease_config(stage_host=stage_host),
                           kv_rule=kv_rule, tenant_weights=weights)
     if (planner.cluster.name, planner.catalog.name) != (cl.name, cat.name):
         err.print(f"[yellow]warning:[/] {db} was started with cluster {planner.cluster.name} and catalog "

@@ -17,3 +17,7 @@ class Conflict(RuntimeError):
 
 class Invalid(ValueError):
     """422: a well-formed request that names what does not exist (an unknown model)."""
+
+
+class Unavailable(RuntimeError):
+    """503: the ledger refused the write (disk full, I/O error); nothing of the request was kept."""

@@ -118,7 +118,7 @@ class Journal:
         ops = sorted((r for r in self.ops.values() if r.node == node and not r.not_before),
                      key=lambda r: r.order)
         if ops:
-            with self.store.tx():
+            with self._tx():
                 for r in ops:
                     r.offered += 1
                     self._save_op(r)
@@ -133,7 +133,7 @@ class Journal:
         Returns the op's status (`duplicate` for a done report of a closed op sent again).
         Raises NotFound, Forbidden (another node's op) or Conflict (stale, or already closed)."""
         refused = None
-        with self.store.tx():
+        with self._tx():
             rec = self.ops.get(op_id)
             if rec is None:
                 return self._closed_report(node, op_id, result)

@@ -22,7 +22,7 @@ class LeaseDesk:
         Called by POST /v1/leases with the token's tenant and a `LeaseCreate` as a dict. Returns
         the lease as the runtime sees it. Raises NotFound, Forbidden, Conflict (the program
         ended, a stale epoch) or Invalid (an unknown model, or one that fits no GPU group)."""
-        with self.store.tx():
+        with self._tx():
             rec = self._program(tenant, body["program"], body.get("epoch"))
             self._live(rec, "lease")
             model = body["model"]
@@ -79,7 +79,7 @@ class LeaseDesk:
 
         Called by DELETE /v1/leases/{id}. Returns the lease as it is after the cancel. Raises
         NotFound, or Forbidden for another tenant's lease."""
-        with self.store.tx():
+        with self._tx():
             lease = self.get_lease(tenant, lease_id)
             stop = self.ledger.cancel(lease_id, self.now, "cancelled by the runtime")
             self._apply(self.policy.stop_leases(self, [(lease_id, stop)]))

@@ -12,8 +12,13 @@
 
 A request of the service is one transaction (`tx`), committed before the answer leaves: an
 accepted lease, an acknowledged op or a residency change is on disk (in the WAL) when the client
-hears of it, so a `kill -9` of the server loses none of them. `synchronous=NORMAL` in WAL mode is
-durable against a crash of the process (not against losing power with the OS cache unflushed).
+hears of it, so a `kill -9` of the server loses none of them. `synchronous=FULL` (the default)
+syncs the WAL at every commit, so a power loss loses none either; `NORMAL` is durable against a
+crash of the process only, for less time per write (`benchmarks/bench_service.py` measures both).
+
+A write that SQLite refuses (disk full, an I/O error, a locked file) rolls the transaction back
+and raises `LedgerError`: the caller's memory must then follow the ledger (`LivePlanner`
+rebuilds its books from it), so nothing is acknowledged that is not on disk.
 """
 
 from __future__ import annotations
@@ -46,17 +51,26 @@ OPS_ADDED = (("ord", "INTEGER"), ("not_before", "REAL"), ("tries", "INTEGER"))
 OPS_COLUMNS = "op_id, node, status, plan_version, offered, op, result, reason, ord, not_before, tries"
 
 
+SYNCHRONOUS = ("FULL", "NORMAL")
+
+
+class LedgerError(RuntimeError):
+    """The ledger refused a write; the transaction was rolled back."""
+
+
 class Store:
     """SQLite books of the live planner. One connection, guarded by a lock (the service runs its
     handlers on one event loop; background jobs write their results through the same lock)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, synchronous: str = "FULL"):
+        if synchronous.upper() not in SYNCHRONOUS:
+            raise ValueError(f"synchronous {synchronous!r}: expected one of {', '.join(SYNCHRONOUS)}")
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self.db.executescript(SCHEMA)
         have = {r[1] for r in self.db.execute("PRAGMA table_info(ops)")}
         for col, kind in OPS_ADDED:
@@ -69,21 +83,48 @@ class Store:
 
     @contextmanager
     def tx(self):
-        """One transaction; nested uses join the outer one."""
+        """One transaction; nested uses join the outer one. SQLite's refusals (at a statement or
+        at COMMIT) roll the whole transaction back and come out as `LedgerError`."""
         with self.lock:
-            if self._depth == 0:
-                self.db.execute("BEGIN IMMEDIATE")
+            outer = self._depth == 0
+            if outer:
+                self._sql_checked(self.db.execute, "BEGIN IMMEDIATE")
             self._depth += 1
             try:
                 yield self
+            except sqlite3.Error as e:
+                self._depth -= 1
+                self._rollback(outer)
+                raise LedgerError(f"ledger write failed: {e}") from e
             except BaseException:
                 self._depth -= 1
-                if self._depth == 0:
-                    self.db.execute("ROLLBACK")
+                self._rollback(outer)
                 raise
             self._depth -= 1
-            if self._depth == 0:
-                self.db.execute("COMMIT")
+            if outer:
+                try:
+                    self.db.execute("COMMIT")
+                except sqlite3.Error as e:
+                    self._rollback(True)
+                    raise LedgerError(f"ledger commit failed: {e}") from e
+
+    def _rollback(self, outer: bool) -> None:
+        if outer and self.db.in_transaction:  # SQLite may have rolled back already (SQLITE_FULL)
+            self.db.execute("ROLLBACK")
+
+    @staticmethod
+    def _sql_checked(fn, *args):
+        try:
+            return fn(*args)
+        except sqlite3.Error as e:
+            raise LedgerError(f"ledger write failed: {e}") from e
+
+    def probe_write(self) -> None:
+        """Write and delete a page-sized row: does the ledger take a write that needs room now?
+        Raises LedgerError if not."""
+        with self.tx():
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('write_probe', ?)", ("x" * 4096,))
+            self.db.execute("DELETE FROM meta WHERE k = 'write_probe'")
 
     def close(self) -> None:
         self.db.close()

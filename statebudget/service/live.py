@@ -51,18 +51,18 @@ from ..models.errors import InputError, pydantic_where
 from ..models.load import check_compatible
 from ..planner.core import PlannerConfig
 from ..policies.ours import StateBudgetLease
-from .errors import Conflict, Forbidden, Invalid, NotFound
+from .errors import Conflict, Forbidden, Invalid, NotFound, Unavailable
 from .journal import Journal, OpRec, OpStatus, gpu_tier
 from .kvwait import ToolWaitKVPart
 from .leases import LeaseDesk
-from .ledger import Store
+from .ledger import LedgerError, Store
 from .persist import Persist
 from .programs import ProgramEvents, ProgramRec
 from .queue import QueueOrder
 from .results import ClusterView, EventAck, ResidencyReport
 from .telemetry import Telemetry
 
-__all__ = ["Conflict", "Forbidden", "Invalid", "LivePlanner", "NotFound"]
+__all__ = ["Conflict", "Forbidden", "Invalid", "LivePlanner", "NotFound", "Unavailable"]
 
 
 class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal, Persist, ResidencyView):
@@ -88,11 +88,12 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         if queue not in QUEUES:
             raise ValueError(f"unknown queue discipline {queue!r} (known: {', '.join(QUEUES)})")
         self.queue = queue
-        self.sizes = ProgramSizes()  # the finished programs' service, for `auto` (rebuilt from the ledger)
         self.tenant_weights = dict(tenant_weights or {})
         self.kvw = ToolWaitKV(kv_rule)  # what it learns outlives a PUT /v1/cluster, not a restart
         self.store = store or Store(":memory:")
         self.clock = clock
+        self.ledger_error: str | None = None  # the last write the ledger refused, until one succeeds
+        self.resume_due = False  # a restart's writes (`_resume`) still to do
         self.telemetry = telemetry or Telemetry()
         self.profile = profile
         # Priorities count aging from this instant (`arrival_priority`); kept on disk, so the
@@ -116,6 +117,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
 
     def _setup(self, cluster: Cluster, catalog: Catalog) -> None:
         self.cluster, self.catalog = cluster, catalog
+        self.sizes = ProgramSizes()  # the finished programs' service, for `auto` (rebuilt from the ledger)
         self.cost = CostModel(cluster, catalog, profile=self.profile)
         self.gpus = cluster.gpus
         self._groups: dict = {}
@@ -177,7 +179,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         `CallStartedAck`, `ToolAck` or `EffectDone` by event type. Raises NotFound, Forbidden,
         Conflict (stale epoch or attempt, an ended program) or Invalid (an unknown model)."""
         kind = ev["type"]
-        with self.store.tx():
+        with self._tx():
             if kind == "program_started":
                 out = self._program_started(tenant, ev["program"])
             else:
@@ -219,7 +221,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
                                      f"({need / 1e9:.1f} GB)")
         except ValueError as e:
             raise Invalid(str(e)) from None
-        with self.store.tx():
+        with self._tx():
             epoch, version, seq = self.catalog_epoch + 1, self.plan_version + 1, self._op_seq
             self._setup(cl, cat)
             self.catalog_epoch, self.plan_version, self._op_seq = epoch, version, seq
@@ -238,7 +240,15 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         a few ms after events arrive, every `tick_s` regardless, and by tests. Returns the number
         of ops it created."""
         t0 = time.perf_counter()
-        with self.store.tx():
+        if self.ledger_error is not None:
+            try:  # a write that needs room: has the disk been freed?
+                self.store.probe_write()
+            except LedgerError as e:
+                self.ledger_error = str(e)
+                return 0
+        with self._tx():
+            if self.resume_due:
+                self._resume()
             n = self._op_seq
             self._kv_due()  # first: a failure later in the step must not leave a due timer in place
             self._release_held()

@@ -5,6 +5,8 @@ the planner relearns or takes up again."""
 
 from __future__ import annotations
 
+import logging
+from contextlib import contextmanager
 from dataclasses import asdict
 
 from ..core.books import GpuCopy, HostCopy
@@ -12,8 +14,12 @@ from ..models.plan import Op
 from ..models.state import kv_key, weights_key
 from ..models.trace import MAIN_THREAD
 from ..planner.leases import Lease, LeaseRequest, LeaseState, Quote
+from .errors import Conflict, Forbidden, Invalid, NotFound, Unavailable
 from .journal import OpRec, OpStatus, gpu_tier, object_key, tier_group
+from .ledger import LedgerError
 from .programs import CallStatus, HookProgram, ProgramRec, ProgramStatus
+
+log = logging.getLogger("statebudget.planner")
 
 
 class Persist:
@@ -50,10 +56,11 @@ class Persist:
                                  _lease_body(lease, self.policy.group_of.get(lid)))
         self.ledger.changed.clear()
 
-    def _restore(self) -> None:
-        """Rebuild the books from disk after a restart. Open ops are offered again (an adapter that
-        already ran one reports its result again; it never runs it twice); ops of leases that are
-        no longer live are cancelled. The predictor starts afresh (soft state: it relearns)."""
+    def _restore(self, resume: bool = True) -> None:
+        """Rebuild the books from disk after a restart (into books just `_setup`). Open ops are
+        offered again (an adapter that already ran one reports its result again; it never runs it
+        twice); with `resume`, the writes of a restart follow (`_resume`). The predictor starts
+        afresh (soft state: it relearns)."""
         s = self.store
         self.plan_version = s.get_meta("plan_version", 0)
         self._op_seq = s.get_meta("op_seq", 0)
@@ -111,27 +118,73 @@ class Persist:
                         c = self.tiers.gpu.get((key, group))
                         if c is not None:
                             c.pins += 1
-        with s.tx():
-            for row in s.ops(OpStatus.OPEN):
-                op = Op(**row["op"])
-                rec = self.ops[op.op_id] = OpRec(op, row["node"], OpStatus.OPEN, row["offered"], row["plan_version"],
-                                                 order=row["order"], not_before=row["not_before"],
-                                                 tries=row["tries"])
-                self._on_link(op, +1)
-                key = object_key(op.object)
-                if op.kind == "promote":
-                    self.writer[(key, op.dst)] = op.op_id
-                elif op.dst.startswith("host:"):
-                    self.writer[(key, op.dst)] = op.op_id
-            for rec in list(self.ops.values()):
-                lease = self.ledger.leases.get(rec.op.lease_id) if rec.op.lease_id else None
-                if lease is not None and not lease.state.live:
-                    self._close(rec, OpStatus.CANCELLED, f"lease {lease.lease_id} is {lease.state.name.lower()}")
-            self.ledger.changed.clear()
-            for rec in self.programs.values():
-                if rec.status == ProgramStatus.RUNNING and rec.tools and not self._busy(rec):
-                    self._resume_tool_wait(rec)
-            self._bump()  # adapters polling with the old version see the open ops again
+        for row in s.ops(OpStatus.OPEN):
+            op = Op(**row["op"])
+            self.ops[op.op_id] = OpRec(op, row["node"], OpStatus.OPEN, row["offered"], row["plan_version"],
+                                       order=row["order"], not_before=row["not_before"], tries=row["tries"])
+            self._on_link(op, +1)
+            if op.kind == "promote" or op.dst.startswith("host:"):
+                self.writer[(object_key(op.object), op.dst)] = op.op_id
+        self.resume_due = True
+        if resume:
+            with s.tx():
+                self._resume()
+
+    def _resume(self) -> None:
+        """The writes of a restart, inside the caller's transaction: ops of leases no longer live
+        are cancelled, tool waits take up their timers again, and the plan version moves so that
+        adapters polling with the old one see the open ops again."""
+        for rec in list(self.ops.values()):
+            lease = self.ledger.leases.get(rec.op.lease_id) if rec.op.lease_id else None
+            if lease is not None and not lease.state.live:
+                self._close(rec, OpStatus.CANCELLED, f"lease {lease.lease_id} is {lease.state.name.lower()}")
+        self.ledger.changed.clear()
+        for rec in self.programs.values():
+            if rec.status == ProgramStatus.RUNNING and rec.tools and not self._busy(rec):
+                self._resume_tool_wait(rec)
+        self._bump()
+        self.resume_due = False
+
+    @contextmanager
+    def _tx(self):
+        """One request's transaction, with memory following the ledger: if the ledger refuses the
+        write (or the request fails in a way nobody planned for, after changing memory), the
+        transaction is rolled back and the books are rebuilt from what is on disk, as after a
+        restart; the caller gets `Unavailable` (503) for a refused write. The refusals the planner
+        raises on purpose (NotFound, Conflict ...) come before any change, and pass through."""
+        outer = self.store._depth == 0
+        try:
+            with self.store.tx():
+                yield
+        except (NotFound, Forbidden, Conflict, Invalid):
+            raise
+        except LedgerError as e:
+            if outer:
+                self._rebuild(str(e))
+            raise Unavailable(f"{e}; nothing of this request was kept, send it again later") from None
+        except Exception:
+            if outer:
+                self._rebuild(None)
+            raise
+        if outer and self.ledger_error is not None:
+            log.warning("ledger writable again after: %s", self.ledger_error)
+            self.ledger_error = None
+
+    def _rebuild(self, error: str | None) -> None:
+        """Memory from the ledger after a rolled-back transaction. Its own writes (`_resume`) are
+        tried once; if the ledger refuses them too, the next planning step does them."""
+        if error is not None:
+            self.ledger_error = error
+            log.error("%s: the books are rebuilt from the ledger", error)
+        self._setup(self.cluster, self.catalog)
+        self._restore(resume=False)
+        try:
+            with self.store.tx():
+                self._resume()
+        except LedgerError as e:
+            self.ledger_error = str(e)
+            self._setup(self.cluster, self.catalog)
+            self._restore(resume=False)
 
 
 

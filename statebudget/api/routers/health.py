@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..deps import AdminDep, ServiceDep
@@ -12,7 +13,13 @@ router = APIRouter(tags=["operators"])
 
 @router.get("/healthz")
 async def healthz(svc: ServiceDep):
-    return {"status": "ok", "plan_version": svc.planner.plan_version}
+    """200 `ok`, or 503 `degraded` while the ledger refuses writes (every change is then refused
+    with 503 too, and nothing is acknowledged that is not on disk)."""
+    p = svc.planner
+    if p.ledger_error is not None:
+        return JSONResponse({"status": "degraded", "plan_version": p.plan_version,
+                             "ledger": {"writable": False, "error": p.ledger_error[:300]}}, status_code=503)
+    return {"status": "ok", "plan_version": p.plan_version, "ledger": {"writable": True}}
 
 
 @router.get("/metrics")

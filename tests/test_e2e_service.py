@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from statebudget.api.auth import digest
 from statebudget.api.driver import Driver
 from statebudget.models.load import parse_trace
 
@@ -55,16 +56,18 @@ class Stack:
         self.tmp, self.port = tmp, _port()
         self.url = f"http://127.0.0.1:{self.port}"
         (tmp / "tokens.json").write_text(json.dumps({"tokens": [
-            {"token": TOKENS["admin"], "role": "admin"},
-            {"token": TOKENS["runtime"], "role": "runtime", "tenant": "team"},
-            {"token": TOKENS["n0"], "role": "adapter", "node": "n0"},
-            {"token": TOKENS["n1"], "role": "adapter", "node": "n1"}]}))
+            {"sha256": digest(TOKENS["admin"]), "role": "admin"},
+            {"sha256": digest(TOKENS["runtime"]), "role": "runtime", "tenant": "team"},
+            {"sha256": digest(TOKENS["n0"]), "role": "adapter", "node": "n0"},
+            {"sha256": digest(TOKENS["n1"]), "role": "adapter", "node": "n1"}]}))
         self.server = None
         self.adapters = []
         self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
-    def cli(self, *args, log: str):
-        return subprocess.Popen([sys.executable, "-m", "statebudget.cli", *args], cwd=self.tmp, env=self.env,
+    def cli(self, *args, log: str, token: str | None = None):
+        # A token goes by the environment, never argv: `ps` shows every process's arguments.
+        env = self.env if token is None else {**self.env, "STATEBUDGET_TOKEN": token}
+        return subprocess.Popen([sys.executable, "-m", "statebudget.cli", *args], cwd=self.tmp, env=env,
                                 stdout=subprocess.DEVNULL, stderr=open(self.tmp / log, "ab"))
 
     def start_server(self, *extra):
@@ -77,10 +80,11 @@ class Stack:
     def start_adapters(self):
         for node in ("n0", "n1"):
             self.adapters.append(self.cli("adapter", "local", "--planner", self.url, "--node", node,
-                                          "--token", TOKENS[node], "--root", str(self.tmp / "data"),
+                                          "--root", str(self.tmp / "data"),
                                           "--arena-mb", "400", "--inventory", str(self.tmp / f"inv-{node}.json"),
                                           "--catalog", "toy",
-                                          "--wait-s", "1", "--log-level", "warning", log=f"adapter-{node}.log"))
+                                          "--wait-s", "1", "--log-level", "warning", log=f"adapter-{node}.log",
+                                          token=TOKENS[node]))
         # an adapter writes its inventory after its first poll, once its model store is on disk
         wait_until(lambda: all((self.tmp / f"inv-{n}.json").exists() for n in ("n0", "n1")), 120,
                "the adapters to stock their model store and poll")
@@ -244,7 +248,7 @@ def test_sigkill_restart_loses_nothing(stack):
     assert not driver.errors, driver.errors
 
 
-def test_serve_without_a_token_file_creates_one_with_an_admin_token(tmp_path):
+def test_serve_without_a_token_file_creates_one_and_an_admin_token_beside_it(tmp_path):
     port = _port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("STATEBUDGET_TOKENS")}
     env["PYTHONPATH"] = str(ROOT)
@@ -254,17 +258,20 @@ def test_serve_without_a_token_file_creates_one_with_an_admin_token(tmp_path):
                          stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
     try:
         _wait_healthy(p, f"http://127.0.0.1:{port}", log)
-        tok_file = tmp_path / "sb.db.tokens.json"
-        assert str(tok_file) in log.read_text()  # it says where
+        tok_file, secret_file = tmp_path / "sb.db.tokens.json", tmp_path / "sb.db.admin-token"
+        assert str(secret_file) in log.read_text()  # it says where the secret is, and not the secret
+        secret = secret_file.read_text().strip()
+        assert secret not in log.read_text() and secret not in tok_file.read_text()
         admin = json.loads(tok_file.read_text())["tokens"][0]
-        assert admin["role"] == "admin" and oct(tok_file.stat().st_mode & 0o777) == "0o600"
-        r = httpx.get(f"http://127.0.0.1:{port}/v1/residency", headers={"Authorization": f"Bearer {admin['token']}"})
+        assert admin == {"sha256": digest(secret), "role": "admin"}
+        assert oct(tok_file.stat().st_mode & 0o777) == oct(secret_file.stat().st_mode & 0o777) == "0o600"
+        r = httpx.get(f"http://127.0.0.1:{port}/v1/residency", headers={"Authorization": f"Bearer {secret}"})
         assert r.status_code == 200 and r.json()["open_ops"] == 0
         assert httpx.get(f"http://127.0.0.1:{port}/v1/residency").status_code == 401
         from typer.testing import CliRunner
 
         from statebudget.cli import app
-        res = CliRunner().invoke(app, ["residency", "--planner", f"http://127.0.0.1:{port}", "--token", admin["token"]])
+        res = CliRunner().invoke(app, ["residency", "--planner", f"http://127.0.0.1:{port}", "--token-file", str(secret_file)])
         assert res.exit_code == 0 and "plan version" in res.output, res.output
         assert "tool-wait KV rule preserve: none yet" in res.output, res.output
         res = CliRunner().invoke(app, ["residency", "--planner", f"http://127.0.0.1:{port}", "--token", "wrong-token-0123456789"])

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from .auth import Principal
+from .auth import Principal, Refused
 
 _bearer = HTTPBearer(auto_error=False, description="a token from the token file; its role decides the routes")
 
@@ -21,10 +21,10 @@ async def get_principal(request: Request, cred: Annotated[HTTPAuthorizationCrede
     if cred is None:
         raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer <token>'",
                             headers={"WWW-Authenticate": "Bearer"})
-    who = request.app.state.service.auth.principal(cred.credentials)
-    if who is None:
-        raise HTTPException(401, "unknown bearer token", headers={"WWW-Authenticate": "Bearer"})
-    return who
+    try:
+        return request.app.state.service.auth.authenticate(cred.credentials)
+    except Refused as e:
+        raise HTTPException(401, str(e), headers={"WWW-Authenticate": "Bearer"}) from None
 
 
 def role(*allowed: str):
@@ -32,6 +32,13 @@ def role(*allowed: str):
         if who.role not in allowed:
             raise HTTPException(403, f"role {who.role!r} may not call {request.method} {request.url.path} "
                                      f"(needs {' or '.join(allowed)})")
+        if who.role == "adapter":
+            # A token minted for a node the cluster lacks (a typo, or a node PUT /v1/cluster
+            # removed) would otherwise poll an empty plan for ever, with nothing to say why.
+            cluster = request.app.state.service.planner.cluster
+            if who.node not in cluster.node_by_name:
+                raise HTTPException(403, f"this adapter token is for node {who.node!r}, which cluster {cluster.name} "
+                                         f"does not have (nodes: {', '.join(cluster.node_by_name)})")
         return who
     return check
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -22,6 +23,40 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 ClusterOpt = Annotated[str, typer.Option(help="cluster file or preset (hetero16, hetero8, h200x8, single-a100, toy2)")]
 CatalogOpt = Annotated[str, typer.Option(help="catalog file or preset (agent-team, solo, toy)")]
 TraceOpt = Annotated[Path, typer.Option(help="trace file (JSONL, format v1)")]
+
+# A secret on the command line is in `ps` and shell history: commands that take a token read it
+# from a file or the environment as well, and --token is never required.
+TokenOpt = Annotated[Optional[str], typer.Option(
+    help="the token itself; visible in `ps`: prefer --token-file, or STATEBUDGET_TOKEN in the environment")]
+TokenFileOpt = Annotated[Optional[Path], typer.Option(
+    help="file holding the token (as `statebudget token add --out` writes it); also STATEBUDGET_TOKEN_FILE")]
+
+
+def resolve_token(token: str | None, token_file: Path | None, what: str) -> str:
+    """The secret from --token, --token-file, STATEBUDGET_TOKEN or STATEBUDGET_TOKEN_FILE, in
+    that order; `what` names the token wanted ("an adapter token for node n0") when none is."""
+    if token is not None and token_file is not None:
+        fail("give --token or --token-file, not both")
+    if token is None and token_file is None:
+        token = os.environ.get("STATEBUDGET_TOKEN") or None
+        if token is None and os.environ.get("STATEBUDGET_TOKEN_FILE"):
+            token_file = Path(os.environ["STATEBUDGET_TOKEN_FILE"])
+    if token_file is not None:
+        from ..models.load import read_utf8
+
+        if not token_file.is_file():
+            raise InputError(str(token_file), "", "no such token file")
+        lines = [ln.strip() for ln in read_utf8(token_file, "file holding one token").splitlines() if ln.strip()]
+        if lines and lines[0].startswith(("{", "[")):
+            raise InputError(str(token_file), "", "is a JSON token list (the server's --tokens file), not one token: "
+                                                  "give the file `statebudget token add --out` wrote")
+        if len(lines) != 1:
+            raise InputError(str(token_file), "", f"expected one token on one line, found {len(lines)} lines")
+        token = lines[0]
+    if not token:
+        fail(f"no token: {what} comes from --token-file PATH or STATEBUDGET_TOKEN "
+             f"(mint one with `statebudget token add`)")
+    return token
 
 
 def fail(msg: str) -> None:

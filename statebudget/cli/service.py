@@ -1,5 +1,5 @@
-"""The service's commands: serve, adapter, drive, residency, token add, and profile (which
-measures this machine for the adapters and the cost model)."""
+"""The service's commands: serve, adapter, drive, residency, and profile (which measures this
+machine for the adapters and the cost model). The token commands are in tokens.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import typer
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from ..models.errors import InputError
-from .common import CatalogOpt, ClusterOpt, TraceOpt, fail, guard, check_outputs, progress_bar, write_json, console, err
+from .common import (CatalogOpt, ClusterOpt, TokenFileOpt, TokenOpt, TraceOpt, check_outputs, console, err, fail, guard,
+                     progress_bar, resolve_token, write_json)
 from .render import print_profile, print_residency
 
 
@@ -62,6 +63,16 @@ def _check_port(host: str, port: int) -> None:
                 fail(f"cannot listen on {host}:{port}: {e.strerror or e}{hint}")
 
 
+def _check_db(db: Path) -> None:
+    """Refuse a --db that cannot be the ledger before anything is written: a folder, a path under
+    a file, a file that is not SQLite (SQLite would say only "file is not a database", later)."""
+    check_outputs(files=[("--db", db)])
+    if db.is_file() and db.stat().st_size:
+        with open(db, "rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":
+                raise InputError(str(db), "", "is not a SQLite file; --db takes the ledger `serve` created, or a new path")
+
+
 @guard
 def serve(
     db: Annotated[Path, typer.Option(help="SQLite ledger (created if missing; a restart resumes from it)")] = Path("statebudget.db"),
@@ -69,7 +80,8 @@ def serve(
     catalog: CatalogOpt = "agent-team",
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on", min=0, max=65535)] = 8700,
-    tokens: Annotated[Optional[Path], typer.Option(help="token file (default: <db>.tokens.json, created with an admin token if missing)")] = None,
+    tokens: Annotated[Optional[Path], typer.Option(help="token file (default: <db>.tokens.json; created if missing, "
+                                                        "with one admin token whose secret goes to <db>.admin-token)")] = None,
     profile: Annotated[Optional[Path], typer.Option(help="a `statebudget profile` file: measured bandwidths replace the presets'")] = None,
     tick_s: Annotated[float, typer.Option(help="planning step at least this often (seconds)", min=0.01)] = 5.0,
     queue: Annotated[str, typer.Option(help="fcfs | plas | atlas | auto (atlas while finished programs are "
@@ -84,13 +96,22 @@ def serve(
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
     synchronous: Annotated[str, typer.Option(help="full | normal: SQLite's sync of the ledger at each commit (full "
                                                   "survives a power loss; normal only a crash of the process)")] = "full",
+    docs: Annotated[bool, typer.Option(help="serve /docs (plain HTML, nothing from the internet) and /openapi.json, "
+                                            "both for admin tokens")] = False,
 ):
     """Run the planner service: runtimes post events and leases, adapters poll plans (DESIGN.md §7).
-    On a restart with the same --db the cluster and catalog come from the ledger."""
+    On a restart with the same --db the cluster and catalog come from the ledger.
+
+    Without --tokens (or STATEBUDGET_TOKENS_FILE / STATEBUDGET_TOKENS) the first start creates
+    <db>.tokens.json, which keeps token digests only, and writes the one admin token it mints to
+    <db>.admin-token (mode 600), never to the log: read it from there, keep it where your secrets
+    live, and delete the file. Add runtime and adapter tokens with `statebudget token add`."""
+    import sqlite3
+
     import uvicorn
 
     from ..api.app import create_app, setup_logging
-    from ..api.auth import Auth, create_token_file
+    from ..api.auth import Auth, create_token_file, write_private
     from ..models.load import check_compatible, load_catalog, load_cluster
     from ..service.ledger import Store
     from ..service.live import LivePlanner
@@ -108,7 +129,8 @@ def serve(
     except ValueError as e:
         fail(str(e))
     setup_logging(log_level)
-    _check_port(host, port)  # before anything is written
+    _check_db(db)  # before anything is written
+    _check_port(host, port)
     cl, cat = load_cluster(cluster), load_catalog(catalog)  # bad input fails before anything is written
     check_compatible(cl, cat)
     prof = None
@@ -118,16 +140,28 @@ def serve(
         if prof.get("machine", {}).get("device") == "arena":
             err.print(f"[yellow]warning:[/] {profile} was measured without a GPU (device arena in RAM): its h2d/d2h "
                       "links are host copies, not PCIe", highlight=False)
-    if tokens is None and not os.environ.get("STATEBUDGET_TOKENS_FILE") and not os.environ.get("STATEBUDGET_TOKENS"):
+    mint = tokens is None and not os.environ.get("STATEBUDGET_TOKENS_FILE") and not os.environ.get("STATEBUDGET_TOKENS")
+    if mint:
         tokens = db.with_name(db.name + ".tokens.json")
-        if not tokens.exists():
-            create_token_file(tokens)
-            err.print(f"created {tokens} with an admin token; add runtime and adapter tokens with "
-                      f"`statebudget token add --tokens {tokens} --role runtime --tenant NAME`")
-    auth = Auth.load(tokens)
+        check_outputs(files=[("--tokens", tokens)])
+        mint = not tokens.exists()
+    auth = None if mint else Auth.load(tokens)  # a bad token file fails before the ledger is opened
+    try:
+        store = Store(db, synchronous=synchronous)
+    except sqlite3.Error as e:
+        fail(f"{db}: cannot open the ledger: {e}")
+    if mint:
+        # The secret goes to its own mode-600 file, not to stderr: a server's stderr often ends in
+        # a log that others read, and the token file keeps digests only.
+        admin_file = db.with_name(db.name + ".admin-token")
+        write_private(admin_file, create_token_file(tokens) + "\n")
+        err.print(f"created {tokens} (token digests only); the admin token is in {admin_file} (mode 600): keep it "
+                  f"safe and delete that file. Add runtime and adapter tokens with "
+                  f"`statebudget token add --tokens {tokens} --role runtime --tenant NAME --out FILE`", highlight=False)
+        auth = Auth.load(tokens)
     from ..planner.core import lease_config
 
-    planner = LivePlanner(cl, cat, Store(db, synchronous=synchronous), profile=prof, queue=queue, config=lease_config(stage_host=stage_host),
+    planner = LivePlanner(cl, cat, store, profile=prof, queue=queue, config=lease_config(stage_host=stage_host),
                           kv_rule=kv_rule, tenant_weights=weights)
     if (planner.cluster.name, planner.catalog.name) != (cl.name, cat.name):
         err.print(f"[yellow]warning:[/] {db} was started with cluster {planner.cluster.name} and catalog "
@@ -135,7 +169,7 @@ def serve(
                   f"PUT /v1/cluster while the planner holds no state)", highlight=False)
     err.print(f"planner on http://{host}:{port}: cluster {planner.cluster.name}, catalog {planner.catalog.name}, "
               f"queue {queue}, tool-wait KV {kv_rule}, ledger {db} (plan version {planner.plan_version}, {len(planner.ops)} open ops)")
-    uvicorn.run(create_app(planner, auth, tick_s=tick_s), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(planner, auth, tick_s=tick_s, docs=docs), host=host, port=port, log_level="warning")
 
 
 @guard
@@ -143,7 +177,8 @@ def adapter(
     kind: Annotated[str, typer.Argument(help="local | vllm | sglang (lmcache: from Python, it needs KV token ids)")],
     planner: Annotated[str, typer.Option(help="planner URL, e.g. http://127.0.0.1:8700")],
     node: Annotated[str, typer.Option(help="the node (host) this adapter serves")],
-    token: Annotated[str, typer.Option(envvar="STATEBUDGET_TOKEN", help="an adapter token for this node")],
+    token: TokenOpt = None,
+    token_file: TokenFileOpt = None,
     root: Annotated[Path, typer.Option(help="local: data directory (NVMe tier = safetensors files under ROOT/NODE/nvme)")] = Path("statebudget-data"),
     arena_mb: Annotated[Optional[float], typer.Option(help="local: device arena per GPU in MB (1e6 B) when there is no CUDA (default 1 GiB)")] = None,
     inventory: Annotated[Optional[Path], typer.Option(help="local: after each poll, write the ops executed and the copies held here (JSON)")] = None,
@@ -154,12 +189,14 @@ def adapter(
     wait_s: Annotated[float, typer.Option(help="long-poll wait")] = 10.0,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
 ):
-    """Run an engine adapter: poll the plan of NODE, execute its ops, report them."""
+    """Run an engine adapter: poll the plan of NODE, execute its ops, report them. The adapter
+    token for NODE comes from --token-file, STATEBUDGET_TOKEN or STATEBUDGET_TOKEN_FILE."""
     from ..api.app import setup_logging
     from ..engine_adapters import adapter_class
 
     setup_logging(log_level)
     cls = adapter_class(kind)  # an unknown kind fails here, naming the known ones
+    token = resolve_token(token, token_file, f"an adapter token for node {node}")
     if kind == "lmcache":
         fail("the lmcache adapter needs the token ids of each program's KV from the runtime: start it from Python "
               "(statebudget.engine_adapters.lmcache.LMCacheAdapter, tokens_of=...) or pass it to a vllm/sglang adapter")
@@ -200,15 +237,18 @@ def adapter(
 @guard
 def drive(
     planner: Annotated[str, typer.Option(help="planner URL, e.g. http://127.0.0.1:8700")],
-    token: Annotated[str, typer.Option(envvar="STATEBUDGET_TOKEN", help="a runtime token")],
     trace: TraceOpt,
+    token: TokenOpt = None,
+    token_file: TokenFileOpt = None,
     speed: Annotated[float, typer.Option(help="trace seconds per wall second", min=0.001)] = 20.0,
     call_s: Annotated[float, typer.Option(help="wall seconds each call runs (no engine here)", min=0.0)] = 0.05,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the summary here")] = None,
 ):
     """Replay a trace against a live planner as an agent runtime: events, leases from the hints,
-    and whether each lease was ready when its call came."""
+    and whether each lease was ready when its call came. The runtime token comes from
+    --token-file, STATEBUDGET_TOKEN or STATEBUDGET_TOKEN_FILE."""
     check_outputs(files=[("--json", json_out)])
+    token = resolve_token(token, token_file, "a runtime token")
     import asyncio
 
     from ..api.driver import Driver
@@ -237,11 +277,14 @@ def drive(
 @guard
 def residency(
     planner: Annotated[str, typer.Option(help="planner URL, e.g. http://127.0.0.1:8700")],
-    token: Annotated[str, typer.Option(envvar="STATEBUDGET_TOKEN", help="an admin token")],
+    token: TokenOpt = None,
+    token_file: TokenFileOpt = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the raw answer here")] = None,
 ):
-    """What a live planner holds: every copy per tier (ready or in flight), open ops, leases."""
+    """What a live planner holds: every copy per tier (ready or in flight), open ops, leases. The
+    admin token comes from --token-file (e.g. <db>.admin-token), STATEBUDGET_TOKEN or STATEBUDGET_TOKEN_FILE."""
     check_outputs(files=[("--json", json_out)])
+    token = resolve_token(token, token_file, "an admin token")
     import httpx
 
     r = httpx.get(planner.rstrip("/") + "/v1/residency", headers={"Authorization": f"Bearer {token}"}, timeout=10)
@@ -251,24 +294,6 @@ def residency(
     print_residency(body)
     if json_out:
         write_json(json_out, body)
-
-
-@guard
-def token_add(
-    tokens: Annotated[Path, typer.Option(help="token file (created if missing)")],
-    role: Annotated[str, typer.Option(help="runtime | adapter | admin")],
-    tenant: Annotated[Optional[str], typer.Option(help="runtime: the tenant the token speaks for")] = None,
-    node: Annotated[Optional[str], typer.Option(help="adapter: the node the token serves")] = None,
-):
-    """Add a token to a token file and print it (a running `serve` takes it on its next request)."""
-    from pydantic import ValidationError
-
-    from ..api.auth import add_token
-
-    try:
-        console.print(add_token(tokens, role, tenant, node))
-    except ValidationError as e:
-        fail(f"{tokens}: {e.errors()[0]['msg']}")
 
 
 @guard

@@ -33,18 +33,44 @@ def _resolve(name_or_path: str, kind: str) -> Path:
                      f"no such file and no {kind[:-1]} preset of that name (presets: {', '.join(preset_names(kind))})")
 
 
-def _read_mapping(path: Path) -> dict:
+def read_utf8(path: Path, what: str = "file") -> str:
+    """The text of `path`; InputError naming the file (and the line) if it cannot be read or is
+    not UTF-8, as a binary file given by mistake is not."""
     try:
-        text = path.read_text()
+        raw = Path(path).read_bytes()
     except OSError as e:
         raise InputError(str(path), "", f"cannot read: {e.strerror}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise InputError(str(path), f"{line}", f"not UTF-8 text (byte 0x{raw[e.start]:02x}): is this a {what}?") from None
+
+
+def _yaml_error(e: yaml.YAMLError, text: str) -> tuple[str, str]:
+    """(line, one-line message) of a YAML error: PyYAML's own message spans up to eight lines,
+    with marks into "<unicode string>" that name no file."""
+    if isinstance(e, yaml.reader.ReaderError):  # a character YAML does not allow (a binary file)
+        line = text.count("\n", 0, e.position) + 1
+        return f"{line}", f"malformed YAML: character U+{e.character:04X} is not allowed (a binary file?)"
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    problem = getattr(e, "problem", None) or getattr(e, "context", None) or str(e).splitlines()[0]
+    context = getattr(e, "context", None) if getattr(e, "problem", None) else None
+    ctx_mark = getattr(e, "context_mark", None)
+    if context and ctx_mark is not None and mark is not None and ctx_mark.line != mark.line:
+        context += f" from line {ctx_mark.line + 1}"
+    msg = f"malformed YAML: {problem}" + (f" ({context})" if context else "")
+    return (f"{mark.line + 1}:{mark.column + 1}" if mark is not None else ""), msg
+
+
+def _read_mapping(path: Path) -> dict:
+    text = read_utf8(path, "YAML or JSON file")
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as e:
         raise InputError(str(path), f"{e.lineno}", f"malformed JSON: {e.msg}") from None
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise InputError(str(path), f"{mark.line + 1}" if mark else "", f"malformed YAML: {e}") from None
+        raise InputError(str(path), *_yaml_error(e, text)) from None
     if not isinstance(data, dict):
         raise InputError(str(path), "", "expected a mapping at the top level")
     return data
@@ -74,8 +100,17 @@ def load_trace(path: str | Path) -> Trace:
     path = Path(path)
     if not path.is_file():
         raise InputError(str(path), "", "no such trace file")
-    with open(path) as f:
-        return parse_trace(f, str(path))
+    with open(path, "rb") as f:
+        return parse_trace(_utf8_lines(f, str(path)), str(path))
+
+
+def _utf8_lines(f, source: str):
+    for lineno, raw in enumerate(f, 1):
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(source, f"{lineno}", f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+                                                  f"{e.start + 1}): a trace is JSON lines") from None
 
 
 def parse_trace(lines, source: str) -> Trace:

@@ -280,3 +280,73 @@ def test_serve_on_a_port_in_use_says_so_before_writing_anything(tmp_path):
                                   "--port", str(port)])
     assert_clean_error(res, f"cannot listen on 127.0.0.1:{port}", "in use")
     assert list(tmp_path.iterdir()) == []  # no ledger, no token file
+
+
+def test_serve_on_a_db_that_is_a_folder_is_one_line_and_writes_nothing(tmp_path):
+    (tmp_path / "d").mkdir()
+    res = runner.invoke(app, ["serve", "--db", str(tmp_path / "d"), "--cluster", "toy2", "--catalog", "toy", "--port", "0"])
+    assert_clean_error(res, str(tmp_path / "d"), "is a folder; --db takes a file")
+    assert len(res.output.strip().splitlines()) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["d"] and not list((tmp_path / "d").iterdir())
+
+
+def test_serve_on_a_db_that_is_not_sqlite_writes_nothing(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a ledger\n")
+    res = runner.invoke(app, ["serve", "--db", str(tmp_path / "notes.txt"), "--cluster", "toy2", "--catalog", "toy",
+                              "--port", "0"])
+    assert_clean_error(res, "notes.txt", "is not a SQLite file")
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_serve_first_start_keeps_the_admin_secret_out_of_the_token_file_and_the_log(tmp_path, monkeypatch):
+    import uvicorn
+
+    from statebudget.api.auth import Auth, digest
+
+    for var in ("STATEBUDGET_TOKENS_FILE", "STATEBUDGET_TOKENS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: None)
+    res = runner.invoke(app, ["serve", "--db", str(tmp_path / "sb.db"), "--cluster", "toy2", "--catalog", "toy",
+                              "--port", "0"])
+    assert res.exit_code == 0, res.output
+    tokens, secret_file = tmp_path / "sb.db.tokens.json", tmp_path / "sb.db.admin-token"
+    secret = secret_file.read_text().strip()
+    assert oct(secret_file.stat().st_mode & 0o777) == "0o600" and oct(tokens.stat().st_mode & 0o777) == "0o600"
+    assert secret not in tokens.read_text() and secret not in res.output and str(secret_file) in res.output
+    assert json.loads(tokens.read_text())["tokens"] == [{"sha256": digest(secret), "role": "admin"}]
+    assert Auth.load(tokens).principal(secret).role == "admin"
+    # a restart keeps both files as they are
+    before = tokens.read_bytes(), secret_file.read_bytes()
+    assert runner.invoke(app, ["serve", "--db", str(tmp_path / "sb.db"), "--port", "0"]).exit_code == 0
+    assert (tokens.read_bytes(), secret_file.read_bytes()) == before
+
+
+@pytest.mark.parametrize("text, where", [
+    ("name: c\nnodes: [\n  - a: 1\n  b: {\n", "c.yaml:3:3"),
+    ("name: c\nnodes:\n  - a: 1\n b: 2\n", "c.yaml:4:2"),
+    ('name: "c\nnodes: 1\n', "c.yaml:3:1"),
+    ("name: c\n  x: : 1\n", "c.yaml:2:4"),
+    ("name: c\nx: 1\x00\n", "c.yaml:2"),
+])
+def test_malformed_yaml_is_one_line_naming_file_and_line(tmp_path, text, where):
+    (tmp_path / "c.yaml").write_text(text)
+    res = runner.invoke(app, ["replay", "--cluster", str(tmp_path / "c.yaml"), "--catalog", "toy", "--trace", "t.jsonl"])
+    assert_clean_error(res, where, "malformed YAML")
+    assert len(res.output.strip().splitlines()) == 1 and "<unicode string>" not in res.output
+
+
+def test_undecodable_trace_cluster_and_token_files_are_named(tmp_path):
+    write(tmp_path)
+    (tmp_path / "t.jsonl").write_bytes((json.dumps(PROGRAM) + "\n").encode() + b'{"program": "\xff\xfe"}\n')
+    assert_clean_error(replay(tmp_path), "t.jsonl:2", "not UTF-8")
+    assert_clean_error(runner.invoke(app, ["trace", "stats", str(tmp_path / "t.jsonl")]), "t.jsonl:2", "not UTF-8")
+    (tmp_path / "c.yaml").write_bytes(b"name: c\n\xc3\x28\n")
+    assert_clean_error(replay(tmp_path), "c.yaml:2", "not UTF-8")
+    (tmp_path / "tok.json").write_bytes(b"\xff\xfe{}")
+    res = runner.invoke(app, ["serve", "--db", str(tmp_path / "sb.db"), "--tokens", str(tmp_path / "tok.json"),
+                              "--cluster", "toy2", "--catalog", "toy", "--port", "0"])
+    assert_clean_error(res, "tok.json:1", "not UTF-8")
+    assert not (tmp_path / "sb.db").exists()
+    assert_clean_error(runner.invoke(app, ["token", "list", "--tokens", str(tmp_path / "tok.json")]), "tok.json:1", "not UTF-8")
+    assert_clean_error(runner.invoke(app, ["token", "add", "--tokens", str(tmp_path / "tok.json"), "--role", "admin"]),
+                       "tok.json:1", "not UTF-8")

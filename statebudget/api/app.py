@@ -17,12 +17,15 @@ import uuid
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from .. import __version__
 from ..models.errors import InputError
 from ..service.live import Conflict, Forbidden, Invalid, LivePlanner, NotFound, Unavailable
+from . import docs as api_docs
 from .auth import Auth
+from .inputs import BodyLimit, excerpt, validation_failed
 from .metrics import ServiceMetrics
 from .routers import events, health, leases, oracle, plan, queue, residency
 
@@ -122,9 +125,12 @@ class Service:
 
 
 def create_app(planner: LivePlanner, auth: Auth, tick_s: float = 5.0, coalesce_s: float = 0.005,
-               planning_loop: bool = True) -> FastAPI:
+               planning_loop: bool = True, docs: bool = False) -> FastAPI:
     """The service app. Without `planning_loop` the planner plans only when asked (`tick`): the
-    leases' own ops still go out, which is what deterministic tests want."""
+    leases' own ops still go out, which is what deterministic tests want. With `docs`, /docs
+    (plain HTML, nothing from the internet) and /openapi.json, both for admin tokens (docs.py);
+    without, neither exists. A body is at most 1 MiB (a trace or a cluster more: 413), and a
+    refused body is never echoed back (inputs.py)."""
     metrics = ServiceMetrics()
     planner.telemetry = metrics
     if planner.queue == "auto":  # what it judged before (a restart rebuilds it from the ledger)
@@ -141,15 +147,22 @@ def create_app(planner: LivePlanner, auth: Auth, tick_s: float = 5.0, coalesce_s
                 task.cancel()
 
     app = FastAPI(title="StateBudget planner", version=__version__, lifespan=lifespan,
-                  description="Where LLM serving state lives: events and leases in, plans and ops out (DESIGN.md §7).")
+                  description="Where LLM serving state lives: events and leases in, plans and ops out (DESIGN.md §7).",
+                  docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = svc
+    app.add_middleware(BodyLimit)  # 413 past BODY_LIMIT, or its route's larger limit
     for r in (events.router, leases.router, queue.router, plan.router, residency.router, oracle.router, health.router):
         app.include_router(r)
+    if docs:
+        app.include_router(api_docs.router)
+    app.add_exception_handler(RequestValidationError, validation_failed)
 
     def handler(status: int):
         async def answer(request: Request, exc: Exception):
             svc.changed()  # a refusal may have closed an op (committed): wake whoever waits on the plan
-            return JSONResponse({"detail": str(exc.args[0]) if exc.args else type(exc).__name__}, status_code=status)
+            # cut: a message may quote a name from the request (a model, a node, a cluster's field)
+            detail = excerpt(str(exc.args[0]), 500) if exc.args else type(exc).__name__
+            return JSONResponse({"detail": detail}, status_code=status)
         return answer
 
     for exc, status in ((NotFound, 404), (Forbidden, 403), (Conflict, 409), (Invalid, 422), (InputError, 422)):

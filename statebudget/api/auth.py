@@ -136,29 +136,33 @@ def read_tokens(path: Path) -> list[TokenEntry]:
     return parse_tokens(read_utf8(path, "token file"), str(path))
 
 
+def _file_stamp(path: Path | None):
+    """What tells that a file changed, for one `os.stat`: an edit in place changes its mtime (and
+    mostly its size), a replacement (`token add`, an editor's save) its inode."""
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
 class Auth:
-    def __init__(self, entries: list[TokenEntry], path: Path | None = None, clock=time.time):
-        """`path`: the token file the entries came from, read again whenever it changes."""
+    def __init__(self, entries: list[TokenEntry], path: Path | None = None, clock=time.time, stamp=None):
+        """`path`: the token file the entries came from, read again whenever it changes; `stamp`:
+        its `_file_stamp` taken before it was read (by default, now)."""
         self._path, self._clock = path, clock
-        self._stamp = self._file_stamp()
+        self._stamp = stamp if stamp is not None else _file_stamp(path)
         self._set(entries)
 
     def _set(self, entries: list[TokenEntry]) -> None:
         self._by_digest = {e.digest: (Principal(e.role, e.tenant, e.node), e.expires_s) for e in entries}
 
-    def _file_stamp(self):
-        if self._path is None:
-            return None
-        try:
-            st = self._path.stat()
-        except OSError:
-            return None
-        return st.st_mtime_ns, st.st_size, st.st_ino
-
     def authenticate(self, token: str) -> Principal:
         """The principal of `token`; raises Refused (unknown, or expired)."""
         if self._path is not None:
-            stamp = self._file_stamp()
+            stamp = _file_stamp(self._path)
             if stamp is not None and stamp != self._stamp:
                 self._reload(stamp)
         known = self._by_digest.get(digest(token))
@@ -196,7 +200,8 @@ class Auth:
             p = Path(path)
             if not p.exists():
                 raise InputError(str(p), "file", "no such token file")
-            return cls(read_tokens(p), path=p)
+            stamp = _file_stamp(p)  # before the read: a change made meanwhile is read on the first request
+            return cls(read_tokens(p), path=p, stamp=stamp)
         inline = os.environ.get("STATEBUDGET_TOKENS")
         if inline:
             return cls.from_json(inline, "STATEBUDGET_TOKENS")

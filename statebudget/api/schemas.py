@@ -1,13 +1,44 @@
-"""Request and answer bodies of the service (Create / Public families per resource)."""
+"""Request and answer bodies of the service (Create / Public families per resource).
+
+Every number in a body must be finite (`allow_inf_nan=False`; the JSON itself is checked first, see
+`inputs.py`). Every id must be printable text of at most 200 characters: a control, format
+(bidi overrides, zero-width marks) or separator character in an id could make two ids look alike in
+a log, a terminal or a report. Free text (`OpReport.error`) is cleaned and cut instead of refused:
+an adapter's failure report must get through whatever its engine said.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
+
+ID_CHARS = 200        # the longest id
+ERROR_CHARS = 2_000   # what is kept of an op's error text
+MAX_INT = 2**63 - 1   # the largest integer the SQLite ledger stores
 
 
-Name = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:/@+-]+$")
+def printable(s: str) -> str:
+    """`s` if every character is printable (Unicode categories L, M, N, P, S and the ASCII space)."""
+    if not s.isprintable():
+        i, c = next((i, c) for i, c in enumerate(s) if not c.isprintable())
+        raise ValueError(f"must be printable text: U+{ord(c):04X} at position {i} is a control, format or "
+                         f"separator character")
+    return s
+
+
+def clean_text(s):
+    """Free text with its control, format and separator characters taken out (newlines and tabs
+    stay), cut to `ERROR_CHARS`. Not a string: left to the type check."""
+    if not isinstance(s, str):
+        return s
+    if not s.isprintable():
+        s = "".join(c for c in s if c.isprintable() or c in "\n\t")
+    return s if len(s) <= ERROR_CHARS else s[:ERROR_CHARS - 1] + "\u2026"
+
+
+Id = Annotated[str, StringConstraints(min_length=1, max_length=ID_CHARS), AfterValidator(printable)]
+Name = Field(min_length=1, max_length=ID_CHARS, pattern=r"^[A-Za-z0-9._:/@+-]+$")
 EventType = Literal["program_started", "call_arrived", "call_started", "call_finished", "call_cancelled",
                     "tool_started", "tool_finished", "program_finished", "program_cancelled"]
 _NEEDS = {"call_arrived": ("call", "model"), "call_started": ("call",), "call_finished": ("call",),
@@ -24,13 +55,13 @@ class EventCreate(BaseModel):
     `epoch` (optional) must be the program's current one; `thread` (tool events, optional,
     default `main`) names the program's thread that waits, so the threads of a fork/join program
     wait on tools side by side (a new tool call on a thread that still waits is a retry)."""
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
     type: EventType
     program: str = Name
-    call: str | None = Field(None, min_length=1, max_length=200)
-    model: str | None = Field(None, min_length=1, max_length=200)
-    tool: str | None = Field(None, min_length=1, max_length=200)
-    thread: str | None = Field(None, min_length=1, max_length=200)
+    call: Id | None = None
+    model: Id | None = None
+    tool: Id | None = None
+    thread: Id | None = None
     context_tokens: int = Field(0, ge=0, le=10_000_000)
     max_tokens: int | None = Field(None, ge=1, le=10_000_000, description="call_arrived: the output tokens the "
                                    "runtime asks the engine for (default 4096)")
@@ -42,8 +73,8 @@ class EventCreate(BaseModel):
                                  "from now (its slack raises its priority under plas and atlas)")
     epoch: int | None = Field(None, ge=0, le=1_000_000)
     attempt: int | None = Field(None, ge=0, le=1_000, description="call events: which try of the call (retries count up)")
-    after: list[str] | None = Field(None, max_length=1_000, description="call_arrived: calls that must have finished")
-    effect: str | None = Field(None, min_length=1, max_length=200, description="tool_started: the idempotency key "
+    after: list[Id] | None = Field(None, max_length=1_000, description="call_arrived: calls that must have finished")
+    effect: Id | None = Field(None, description="tool_started: the idempotency key "
                                "of the tool's side effect; once its result is taken, a tool call with the same key "
                                "is answered `done` (do not run it again) with the stored result")
     ok: bool | None = Field(None, description="tool_finished: false if the tool failed without its side effect "
@@ -74,34 +105,44 @@ class EventPublic(BaseModel):
 
 class LeaseCreate(BaseModel):
     """A HandoffLease: prepare `model` (and the program's KV for it) before
-    `deadline_s` seconds from now."""
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    `deadline_s` seconds from now, not before `earliest_s`."""
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
     program: str = Name
-    model: str = Field(min_length=1, max_length=200)
+    model: Id
     deadline_s: float = Field(gt=0, le=86_400, description="seconds from now by which the state must be ready")
     confidence: float = Field(1.0, ge=0, le=1)
-    cancel_token: str | None = Field(None, min_length=1, max_length=200)
-    earliest_s: float = Field(0.0, ge=0, le=86_400)
+    cancel_token: Id | None = None
+    earliest_s: float = Field(0.0, ge=0, le=86_400, description="seconds from now before which the state is not "
+                              "needed (at most deadline_s)")
     with_kv: bool = True
-    for_call: str | None = Field(None, min_length=1, max_length=200)
+    for_call: Id | None = None
     epoch: int | None = Field(None, ge=0, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _window(self):
+        if self.earliest_s > self.deadline_s:
+            raise ValueError(f"earliest_s ({self.earliest_s:g}) is after deadline_s ({self.deadline_s:g}): "
+                             "the window to be ready in is empty")
+        return self
 
 
 class OpReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """An adapter's report of one op. `error` is free text: characters that are not printable
+    (but newlines and tabs) are taken out and it is cut to 2,000 characters, never refused."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     status: Literal["done", "failed", "cancelled"]
     bytes: float = Field(0.0, ge=0, le=1e15)
     seconds: float = Field(0.0, ge=0, le=1e6)
-    checksum: str | None = Field(None, max_length=200)
-    version: int = Field(0, ge=0)
-    epoch: int = Field(0, ge=0)
-    error: str = Field("", max_length=10_000)
+    checksum: Annotated[str, StringConstraints(max_length=ID_CHARS), AfterValidator(printable)] | None = None
+    version: int = Field(0, ge=0, le=MAX_INT)
+    epoch: int = Field(0, ge=0, le=MAX_INT)
+    error: Annotated[str, BeforeValidator(clean_text)] = ""
 
 
 class OracleRunCreate(BaseModel):
     """An oracle run on a preset trace (`preset`, `seed`, `hours`) or an uploaded JSONL trace."""
-    model_config = ConfigDict(extra="forbid")
-    preset: str | None = Field(None, description="swe-team | swe-team-shuffled | mapreduce | mixed-tenants | long-tail")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    preset: Id | None = Field(None, description="swe-team | swe-team-shuffled | mapreduce | mixed-tenants | long-tail")
     seed: int = Field(1, ge=0, le=2**31)
     hours: float = Field(0.25, gt=0, le=24)
     trace_jsonl: str | None = Field(None, max_length=50_000_000, description="a v1 trace, one program per line")
@@ -132,6 +173,8 @@ class OracleRunPublic(BaseModel):
 
 
 class ClusterPut(BaseModel):
+    """Validated as `Cluster` and `Catalog` by the planner (`set_cluster`), which names the field."""
     model_config = ConfigDict(extra="forbid")
     cluster: dict
     catalog: dict
+

@@ -12,7 +12,7 @@ from .cluster import GB
 
 
 class MoESpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     experts: int = Field(gt=0)
     active: int = Field(gt=0)
     layers: int = Field(gt=0)
@@ -46,7 +46,7 @@ class MoESpec(BaseModel):
 
 
 class ModelSpec(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
     name: str
     version: str
     weights_gb: float = Field(gt=0)
@@ -65,7 +65,7 @@ class ModelSpec(BaseModel):
 
 
 class Catalog(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
     name: str = "catalog"
     models: list[ModelSpec] = Field(min_length=1)
 

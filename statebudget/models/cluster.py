@@ -15,7 +15,7 @@ GB = 1e9
 
 
 class GpuKind(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     hbm_gb: float = Field(gt=0)
     hbm_gbps: float = Field(gt=0)
     h2d_gbps: float = Field(gt=0)
@@ -27,7 +27,7 @@ class GpuKind(BaseModel):
 
 
 class Node(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     name: str
     host_dram_gb: float = Field(gt=0)
     nvme_gb: float = Field(gt=0)
@@ -53,7 +53,7 @@ class Gpu(BaseModel):
 
 
 class Cluster(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
     name: str
     gpu_kinds: dict[str, GpuKind]
     nodes: list[Node] = Field(min_length=1)

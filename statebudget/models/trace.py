@@ -22,7 +22,7 @@ DEFAULT_MAX_TOKENS = 4096
 
 
 class TraceNode(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
     id: str
     kind: Literal["call", "tool"]
     after: list[str] = Field(default_factory=list)
@@ -53,7 +53,7 @@ class TraceNode(BaseModel):
 
 
 class Hint(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True, allow_inf_nan=False)
     issued_at: str
     for_: str = Field(alias="for")
     model: str
@@ -67,7 +67,7 @@ class Cancel(BaseModel):
 
 
 class Program(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
     program: str
     tenant: str = "default"
     start: float = Field(ge=0)
@@ -138,7 +138,7 @@ def ttft_bound(slo_classes: dict[str, float], slo: str) -> float:
 
 
 class TraceHeader(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
     trace_format: int = 1
     preset: str | None = None
     seed: int | None = None

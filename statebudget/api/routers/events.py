@@ -5,9 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from ..deps import RuntimeDep, ServiceDep
+from ..inputs import StrictJsonRoute
 from ..schemas import EventCreate, EventPublic
 
-router = APIRouter(prefix="/v1/events", tags=["runtime"])
+router = APIRouter(prefix="/v1/events", tags=["runtime"], route_class=StrictJsonRoute)
 
 
 @router.post("", response_model=EventPublic)

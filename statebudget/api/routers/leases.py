@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging
+from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 
 from ..deps import RuntimeDep, ServiceDep
+from ..inputs import StrictJsonRoute
 from ...models.lease import LeasePublic
-from ..schemas import LeaseCreate
+from ..schemas import Id, LeaseCreate
 
-router = APIRouter(prefix="/v1/leases", tags=["runtime"])
+router = APIRouter(prefix="/v1/leases", tags=["runtime"], route_class=StrictJsonRoute)
+LeaseId = Annotated[Id, Path(description="the lease_id its submission answered")]
 log = logging.getLogger("statebudget.api")
 
 
@@ -25,13 +28,13 @@ async def submit_lease(body: LeaseCreate, svc: ServiceDep, who: RuntimeDep):
 
 
 @router.get("/{lease_id}", response_model=LeasePublic)
-async def get_lease(lease_id: str, svc: ServiceDep, who: RuntimeDep):
+async def get_lease(lease_id: LeaseId, svc: ServiceDep, who: RuntimeDep):
     p = svc.planner
     return p.lease_view(p.get_lease(who.tenant, lease_id))
 
 
 @router.delete("/{lease_id}", response_model=LeasePublic)
-async def cancel_lease(lease_id: str, svc: ServiceDep, who: RuntimeDep):
+async def cancel_lease(lease_id: LeaseId, svc: ServiceDep, who: RuntimeDep):
     """Cancel: transfers stop, reservations are freed; a second cancel changes nothing."""
     out = svc.planner.cancel_lease(who.tenant, lease_id)
     svc.changed()

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
 from ..deps import PrincipalDep, ServiceDep
+from ..schemas import Id
 
 router = APIRouter(prefix="/v1/queue", tags=["runtime"])
 
 
 @router.get("")
-async def get_queue(svc: ServiceDep, who: PrincipalDep, model: str | None = Query(None, description="only calls on this model")):
+async def get_queue(svc: ServiceDep, who: PrincipalDep,
+                    model: Annotated[Id | None, Query(description="only calls on this model")] = None):
     """`{queue, calls: [{rank, program, call, model, attempt, waited_s, promoted}]}`, first to start
     first: the simulator's queue key at this instant (`serve --queue`), which follows the
     starvation promotion and a shrinking TTFT slack that `call_arrived`'s fixed `priority`

@@ -5,9 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from ..deps import AdminDep, ServiceDep
+from ..inputs import StrictJsonRoute
 from ..schemas import ClusterPut
 
-router = APIRouter(tags=["operators"])
+router = APIRouter(tags=["operators"], route_class=StrictJsonRoute)
 
 
 @router.get("/v1/residency")

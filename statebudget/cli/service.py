@@ -96,6 +96,8 @@ def serve(
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
     synchronous: Annotated[str, typer.Option(help="full | normal: SQLite's sync of the ledger at each commit (full "
                                                   "survives a power loss; normal only a crash of the process)")] = "full",
+    docs: Annotated[bool, typer.Option(help="serve /docs (plain HTML, nothing from the internet) and /openapi.json, "
+                                            "both for admin tokens")] = False,
 ):
     """Run the planner service: runtimes post events and leases, adapters poll plans (DESIGN.md §7).
     On a restart with the same --db the cluster and catalog come from the ledger. Without --tokens
@@ -166,7 +168,7 @@ def serve(
                   f"PUT /v1/cluster while the planner holds no state)", highlight=False)
     err.print(f"planner on http://{host}:{port}: cluster {planner.cluster.name}, catalog {planner.catalog.name}, "
               f"queue {queue}, tool-wait KV {kv_rule}, ledger {db} (plan version {planner.plan_version}, {len(planner.ops)} open ops)")
-    uvicorn.run(create_app(planner, auth, tick_s=tick_s), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(planner, auth, tick_s=tick_s, docs=docs), host=host, port=port, log_level="warning")
 
 
 @guard

@@ -26,8 +26,8 @@ from ..service.live import Conflict, Forbidden, Invalid, LivePlanner, NotFound, 
 from . import docs as api_docs
 from .auth import Auth
 from .inputs import BodyLimit, excerpt, validation_failed
-from .metrics import ServiceMetrics
-from .routers import events, health, leases, oracle, plan, queue, residency
+from .metrics import HttpMetrics, ServiceMetrics
+from .routers import events, health, inventory, leases, oracle, plan, queue, residency
 
 log = logging.getLogger("statebudget.api")
 
@@ -151,7 +151,9 @@ def create_app(planner: LivePlanner, auth: Auth, tick_s: float = 5.0, coalesce_s
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = svc
     app.add_middleware(BodyLimit)  # 413 past BODY_LIMIT, or its route's larger limit
-    for r in (events.router, leases.router, queue.router, plan.router, residency.router, oracle.router, health.router):
+    app.add_middleware(HttpMetrics, metrics=metrics)  # request seconds by route template and status
+    for r in (events.router, leases.router, queue.router, plan.router, inventory.router, residency.router, oracle.router,
+              health.router):
         app.include_router(r)
     if docs:
         app.include_router(api_docs.router)

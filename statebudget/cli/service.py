@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -224,13 +225,23 @@ def adapter(
         except DataPlaneError as e:
             fail(str(e))
 
-    def write_inventory(_n: int) -> None:
-        tmp = inventory.with_name(inventory.name + ".tmp")
-        tmp.write_text(json.dumps(a.inventory()))
-        tmp.replace(inventory)
+    # SIGUSR1 does to the data plane what an engine crash does to its GPU memory (for drills and
+    # chaos tests): every copy in HBM is lost, between two polls; the adapter then sends the
+    # planner its inventory again, as after an engine restart.
+    crash = {"due": False}
+    signal.signal(signal.SIGUSR1, lambda *_: crash.__setitem__("due", True))
+
+    def after_step(_n: int) -> None:
+        if crash["due"]:
+            crash["due"] = False
+            err.print(f"SIGUSR1: {a.plane.lose_gpus()} copies in HBM lost, as in an engine crash")
+        if inventory is not None:
+            tmp = inventory.with_name(inventory.name + ".tmp")
+            tmp.write_text(json.dumps(a.inventory()))
+            tmp.replace(inventory)
 
     err.print(f"local adapter of {node} polling {planner}; data under {root / node} ({a.plane.device})")
-    a.run(wait_s=wait_s, on_step=write_inventory if inventory else None)
+    a.run(wait_s=wait_s, on_step=after_step)
 
 
 @guard

@@ -12,6 +12,11 @@ was cancelled while it ran: the adapter undoes the target (`abort`), so half-mov
 is never used. An op offered again (a planner restart, a lost answer) is never executed twice: the
 adapter remembers the results it reported by op id and reports them again.
 
+When it starts, and whenever its engine restarted (`engine_generation` moved: the engine lost
+its memory), an adapter sends its inventory (`announce`: PUT /v1/inventory, the ready copies it
+holds in HBM and host DRAM); the planner closes the node's open ops, forgets what the adapter no
+longer holds and answers what the adapter should free.
+
 Tiers in ops: `gpu:<i>` or `gpu:<i>,<j>` (a tensor-parallel group, GPU indexes of the cluster),
 `host:<node>`, `nvme:<node>`, `none`. Objects: `["w", model]`, `["e", model, page]`,
 `["kv", program, model]`.
@@ -93,6 +98,7 @@ class Adapter(ABC):
         self.reported: dict[str, OpResult] = {}  # op id -> the result reported (never execute twice)
         self.executed: list[str] = []            # op ids in the order they were executed
         self._unsettled: dict[str, Op] = {}      # executed, no answer from the planner yet
+        self._generation: int | None = None      # the engine generation of the last inventory sent
 
     # ---- to implement -------------------------------------------------------------------------
     @abstractmethod
@@ -102,6 +108,19 @@ class Adapter(ABC):
     @abstractmethod
     def health(self) -> dict:
         """Whether the engine is alive, and what it holds."""
+
+    def held(self) -> list[dict]:
+        """The ready copies this adapter vouches for in HBM and host DRAM: `[{object, tier, bytes,
+        version}]` (version None when unknown). By default none: the planner then forgets what
+        its books say this node holds, and plans it again."""
+        return []
+
+    def forget(self, obj: list[str], tier: str) -> None:
+        """Free a copy the planner does not take (an inventory answer's `drop`)."""
+
+    def engine_generation(self) -> int:
+        """A number that changes when the engine restarted and lost its memory."""
+        return 0
 
     def commit(self, op: Op) -> None:
         """The planner acknowledged `op`: release its source (a move, not a copy)."""
@@ -117,9 +136,29 @@ class Adapter(ABC):
         self.version = body["version"]
         return [Op(**o) for o in body["ops"]]
 
+    def announce(self, reason: str = "adapter started") -> dict:
+        """Send the inventory; free what the planner does not take. Ops executed and not yet
+        answered are forgotten: the planner closed them (failed), and offers new ones."""
+        generation = self.engine_generation()
+        r = self.client.put("/v1/inventory", json={"node": self.node, "reason": reason, "copies": self.held()})
+        r.raise_for_status()
+        body = r.json()
+        for c in body.get("drop", ()):
+            self.forget(c["object"], c["tier"])
+        self._unsettled.clear()
+        self._generation, self.version = generation, 0
+        log.info("inventory (%s): %d copies lost, %d adopted, %d dropped, %d ops closed", reason,
+                 len(body.get("lost", ())), len(body.get("adopted", ())), len(body.get("drop", ())),
+                 body.get("ops_closed", 0))
+        return body
+
     def report(self, op: Op, result: OpResult) -> int:
-        """POST the result; returns the HTTP status (200 accepted, 409 refused)."""
+        """POST the result; returns the HTTP status (200 accepted, 409 refused). An op the planner
+        no longer knows (404: closed long ago and compacted) is taken as refused."""
         r = self.client.post(f"/v1/ops/{op.op_id}", json=result.model_dump())
+        if r.status_code == 404:
+            log.warning("op %s: the planner no longer knows it; undone", op.op_id)
+            return 409
         if r.status_code not in (200, 409):
             r.raise_for_status()
         return r.status_code
@@ -179,6 +218,10 @@ class Adapter(ABC):
         refused_since = None
         while stop is None or not stop():
             try:
+                if self._generation is None:
+                    self.announce("adapter started")
+                elif self.engine_generation() != self._generation:
+                    self.announce("engine restarted")
                 n = self.step(wait_s)
                 refused_since = None
             except httpx.HTTPStatusError as e:

@@ -93,6 +93,19 @@ class VllmAdapter(EngineServersAdapter):
     def is_sleeping(self, url: str) -> bool:
         return bool(check(self.engine.get(f"{url}/is_sleeping")).json()["is_sleeping"])
 
+    def held(self) -> list[dict]:
+        """The weights of every server that is up and awake (an asleep one's host copy is not
+        vouched for: its sleep level is not known after a restart of this adapter)."""
+        out = []
+        for (model, group), url in sorted(self.endpoints.items()):
+            try:
+                awake = not self.is_sleeping(url)
+            except (EngineError, httpx.HTTPError, KeyError, ValueError):
+                continue  # down, or not a sleep-mode server: nothing to vouch for
+            if awake:
+                out.append({"object": ["w", model], "tier": "gpu:" + ",".join(map(str, group)), "version": None})
+        return out
+
     # ---- ops ---------------------------------------------------------------------------------------
     def execute(self, op: Op) -> OpResult:
         t0 = time.perf_counter()

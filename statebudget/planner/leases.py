@@ -133,12 +133,14 @@ class LeaseLedger:
         self._by_token: dict[str, set[str]] = {}
         self._by_object: dict[tuple, set[str]] = {}
         self._ids = itertools.count(1)
+        self.new_id = None  # a callable for lease ids (the service: random ones); else L1, L2, ...
         self.changed: set[str] = set()  # ids of leases changed since the owner last persisted them
+        self.on_end = lambda lease: None  # told of each lease once, as it ends (the service counts outcomes)
 
     # ---- submit ---------------------------------------------------------------------------------
     def submit(self, req: LeaseRequest, quote: Quote, state: LeaseState, now: float) -> Lease:
         assert state in (LeaseState.ACCEPTED, LeaseState.PARTIAL, LeaseState.REJECTED)
-        lease = Lease(f"L{next(self._ids)}", req, state, quote, now)
+        lease = Lease(self.new_id() if self.new_id else f"L{next(self._ids)}", req, state, quote, now)
         if state == LeaseState.PARTIAL:
             lease.reason = "partial"
         self._index(lease)
@@ -148,12 +150,14 @@ class LeaseLedger:
             self._index(lease)
             if not keys:
                 self._ready(lease, now)
+        else:
+            self.on_end(lease)  # rejected at submit: it ends here
         return lease
 
     def restore(self, lease: Lease) -> None:
         """Put back a lease read from durable storage (a restart): same id, state and objects."""
         self._index(lease)
-        n = int(lease.lease_id.lstrip("L") or 0)
+        n = int(lease.lease_id[1:]) if lease.lease_id[1:].isdigit() else 0
         if n >= self._peek_id():
             self._ids = itertools.count(n + 1)
 
@@ -237,6 +241,19 @@ class LeaseLedger:
             return []
         return self._end(lease, LeaseState.REJECTED, now, reason)
 
+    def lose(self, lease_id: str, now: float, reason: str) -> list:
+        """A live lease whose prepared state was lost (its engine or adapter restarted): stale."""
+        lease = self.get(lease_id)
+        if not lease.state.live:
+            return []
+        return self._end(lease, LeaseState.STALE, now, reason)
+
+    def forget(self, lease_id: str) -> None:
+        """An ended lease leaves the ledger (compaction)."""
+        lease = self.leases.pop(lease_id, None)
+        assert lease is None or not lease.state.live, "only an ended lease is forgotten"
+        self.changed.discard(lease_id)
+
     def cancel_token(self, token: str, now: float) -> list[tuple[str, list]]:
         """Cancel every live lease holding `token`: [(lease_id, objects to stop)]."""
         out = []
@@ -284,6 +301,7 @@ class LeaseLedger:
         lease.ended_s = now
         self.changed.add(lease.lease_id)
         lease.reason = reason or lease.reason
+        self.on_end(lease)
         return stop
 
     # ---- views ------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from ..core.books import GpuCopy
 from ..models.plan import Op, OpAck, Plan
 from ..planner.leases import Lease
 from .errors import Conflict, Forbidden, NotFound
+from .telemetry import op_reason
 
 log = logging.getLogger("statebudget.planner")
 # An engine busy with requests may refuse a release for a while, and one without per-program
@@ -52,6 +53,7 @@ class OpRec:
                               # place of the move out it replaces (`_demote_undone`)
     tries: int = 0            # a drop sent again: how many drops of that copy failed before it
     not_before: float = 0.0   # ... and not offered before this time (0: offered now)
+    closed_s: float = 0.0     # when it closed (compaction drops it from the ledger later)
 
 
 def gpu_tier(group) -> str:
@@ -115,6 +117,7 @@ class Journal:
         Raises NotFound for a node the cluster does not have."""
         if node not in self.cluster.node_by_name:
             raise NotFound(f"no node {node!r} in cluster {self.cluster.name!r}")
+        self.last_seen[node] = self.now
         ops = sorted((r for r in self.ops.values() if r.node == node and not r.not_before),
                      key=lambda r: r.order)
         if ops:
@@ -133,6 +136,7 @@ class Journal:
         Returns the op's status (`duplicate` for a done report of a closed op sent again).
         Raises NotFound, Forbidden (another node's op) or Conflict (stale, or already closed)."""
         refused = None
+        self.last_seen[node] = self.now
         with self._tx():
             rec = self.ops.get(op_id)
             if rec is None:
@@ -194,6 +198,7 @@ class Journal:
         for link, b in links.items():  # the bytes really copied (0 if the target already held them)
             self.telemetry.moved(link, moved * b / op.bytes if op.bytes else 0.0)
         rec.status, rec.result = OpStatus.DONE, result
+        self.fail_backoff.pop((key, op.dst), None)
         self._finish(rec)
 
     def _close(self, rec: OpRec, status: OpStatus, reason: str, result: dict | None = None,
@@ -217,6 +222,8 @@ class Journal:
         if undo_source and op.src.startswith("gpu:") and (op.kind == "demote" or (op.kind == "drop" and status == OpStatus.FAILED)):
             self._demote_undone(rec)  # the source is still in HBM: a move releases it only on commit
         rec.status, rec.reason, rec.result = status, reason, result
+        if status == OpStatus.FAILED:
+            self._failed(rec)  # back off that target, so a failing op is not planned again in a loop
         self._finish(rec)
         self._bump()
 
@@ -276,11 +283,12 @@ class Journal:
         self._bump()
 
     def _finish(self, rec: OpRec) -> None:
+        rec.closed_s = self.now
         del self.ops[rec.op.op_id]
         self._on_link(rec.op, -1)
         self.writer.pop((object_key(rec.op.object), rec.op.dst), None)
         self._save_op(rec)
-        self.telemetry.op(rec.status)
+        self.telemetry.op(rec.status, op_reason(rec, self))
 
     def _held(self):
         """The open ops held back until their `not_before`."""

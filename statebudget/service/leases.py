@@ -8,8 +8,9 @@ from ..models.lease import LeasePublic, QuotePublic
 from ..models.state import kv_key
 from ..planner.leases import Lease, LeaseRequest, LeaseState
 from ..policies.baselines import place_model
-from .errors import Forbidden, Invalid, NotFound
+from .errors import Invalid, NotFound
 from .journal import gpu_tier
+from .programs import scoped
 
 
 class LeaseDesk:
@@ -36,7 +37,9 @@ class LeaseDesk:
                 raise Invalid(f"model {model!r} fits no GPU group of cluster {self.cluster.name!r}")
             req = LeaseRequest(program=rec.program, tenant=tenant, model=model, version=m.version,
                                deadline_s=now + float(body["deadline_s"]), confidence=float(body.get("confidence", 1.0)),
-                               cancel_token=body.get("cancel_token") or f"{rec.program}/{body.get('for_call') or model}",
+                               # a runtime's cancel token, like its program ids, is its tenant's alone
+                               cancel_token=scoped(tenant, body["cancel_token"]) if body.get("cancel_token")
+                               else f"{rec.program}/{body.get('for_call') or model}",
                                earliest_s=now + float(body.get("earliest_s", 0.0)),
                                kv_version=(self.kv_tokens.get(kvk) or None) if body.get("with_kv", True) else None,
                                for_call=body.get("for_call"))
@@ -65,17 +68,15 @@ class LeaseDesk:
 
     def get_lease(self, tenant: str, lease_id: str) -> Lease:
         """The lease `lease_id` of `tenant`. Called by GET and DELETE /v1/leases/{id}. Raises
-        NotFound, or Forbidden for another tenant's lease."""
+        NotFound, for another tenant's lease too (its ids are not to be probed)."""
         lease = self.ledger.leases.get(lease_id)
-        if lease is None:
+        if lease is None or lease.request.tenant != tenant:
             raise NotFound(f"no lease {lease_id!r}")
-        if lease.request.tenant != tenant:
-            raise Forbidden(f"lease {lease_id!r} belongs to another tenant")
         return lease
 
     def cancel_lease(self, tenant: str, lease_id: str) -> LeasePublic:
         """Cancel a lease: its transfers stop and what they reserved is freed. A second cancel
-        changes nothing.
+        changes nothing, and the lease's end is counted once, by the ledger (`on_end`).
 
         Called by DELETE /v1/leases/{id}. Returns the lease as it is after the cancel. Raises
         NotFound, or Forbidden for another tenant's lease."""
@@ -84,6 +85,5 @@ class LeaseDesk:
             stop = self.ledger.cancel(lease_id, self.now, "cancelled by the runtime")
             self._apply(self.policy.stop_leases(self, [(lease_id, stop)]))
             self._flush()
-        self.telemetry.lease("cancelled")
         return self.lease_view(lease)
 

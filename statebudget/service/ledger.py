@@ -4,9 +4,9 @@
     residency   one row per copy: (state key, tier) -> bytes, ready, version, epoch, op
     kv          one row per program KV: (program, model) -> tokens (the KV's version)
     leases      every lease: request, quote, state, objects, the GPU group it prepares
-    ops         every op: the op itself, its node, status, how often it was offered, its result,
-                its place in the node's plan, the time before which it is held back, the
-                failed drops before it
+    ops         every op (closed ones until compaction): the op itself, its node, status, how
+                often it was offered, its result, its place in the node's plan, the time before
+                which it is held back, the failed drops before it, when it closed
     programs    program state: tenant, epoch, status, its calls
     oracle_runs background oracle jobs and their results
 
@@ -41,14 +41,15 @@ CREATE TABLE IF NOT EXISTS leases (lease_id TEXT PRIMARY KEY, tenant TEXT NOT NU
   state TEXT NOT NULL, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS ops (op_id TEXT PRIMARY KEY, node TEXT NOT NULL, status TEXT NOT NULL,
   plan_version INTEGER NOT NULL, offered INTEGER NOT NULL, op TEXT NOT NULL, result TEXT, reason TEXT,
-  ord INTEGER NOT NULL DEFAULT 0, not_before REAL NOT NULL DEFAULT 0, tries INTEGER NOT NULL DEFAULT 0);
+  ord INTEGER NOT NULL DEFAULT 0, not_before REAL NOT NULL DEFAULT 0, tries INTEGER NOT NULL DEFAULT 0,
+  closed_s REAL NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS ops_open ON ops (status, node);
 CREATE TABLE IF NOT EXISTS programs (program TEXT PRIMARY KEY, tenant TEXT NOT NULL, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS oracle_runs (run_id TEXT PRIMARY KEY, status TEXT NOT NULL, body TEXT NOT NULL);
 """
 # the ops columns added since the first ledgers (`Store` adds them to an older one)
-OPS_ADDED = (("ord", "INTEGER"), ("not_before", "REAL"), ("tries", "INTEGER"))
-OPS_COLUMNS = "op_id, node, status, plan_version, offered, op, result, reason, ord, not_before, tries"
+OPS_ADDED = (("ord", "INTEGER"), ("not_before", "REAL"), ("tries", "INTEGER"), ("closed_s", "REAL"))
+OPS_COLUMNS = "op_id, node, status, plan_version, offered, op, result, reason, ord, not_before, tries, closed_s"
 
 
 SYNCHRONOUS = ("FULL", "NORMAL")
@@ -170,10 +171,12 @@ class Store:
         return [json.loads(b) for (b,) in self.db.execute("SELECT body FROM leases ORDER BY rowid")]
 
     def put_op(self, op_id: str, node: str, status: str, plan_version: int, offered: int, op: dict,
-               result: dict | None, reason: str, order: int, not_before: float, tries: int) -> None:
-        self.db.execute(f"INSERT OR REPLACE INTO ops ({OPS_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+               result: dict | None, reason: str, order: int, not_before: float, tries: int,
+               closed_s: float = 0.0) -> None:
+        self.db.execute(f"INSERT OR REPLACE INTO ops ({OPS_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (op_id, node, status, plan_version, offered, json.dumps(op),
-                         json.dumps(result) if result is not None else None, reason, order, not_before, tries))
+                         json.dumps(result) if result is not None else None, reason, order, not_before, tries,
+                         closed_s))
 
     def get_op(self, op_id: str) -> dict | None:
         row = self.db.execute(f"SELECT {OPS_COLUMNS} FROM ops WHERE op_id = ?", (op_id,)).fetchone()
@@ -184,6 +187,20 @@ class Store:
         rows = self.db.execute(q + " WHERE status = ? ORDER BY rowid" if status else q + " ORDER BY rowid",
                                (status,) if status else ()).fetchall()
         return [_op_row(r) for r in rows]
+
+    def delete_closed_ops(self, before_s: float) -> int:
+        """Closed ops that closed before `before_s` (a repeated report of one is then a 404)."""
+        return self.db.execute("DELETE FROM ops WHERE status != 'open' AND closed_s < ?", (before_s,)).rowcount
+
+    def delete_programs(self, programs: list[str]) -> int:
+        n = 0
+        for p in programs:
+            n += self.db.execute("DELETE FROM programs WHERE program = ?", (p,)).rowcount
+            n += self.db.execute("DELETE FROM kv WHERE program = ?", (p,)).rowcount
+        return n
+
+    def delete_leases(self, lease_ids: list[str]) -> int:
+        return sum(self.db.execute("DELETE FROM leases WHERE lease_id = ?", (lid,)).rowcount for lid in lease_ids)
 
     def op_count(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM ops").fetchone()[0]
@@ -210,7 +227,7 @@ class Store:
 
 
 def _op_row(row) -> dict:
-    op_id, node, status, pv, offered, op, result, reason, order, not_before, tries = row
+    op_id, node, status, pv, offered, op, result, reason, order, not_before, tries, closed_s = row
     return {"op_id": op_id, "node": node, "status": status, "plan_version": pv, "offered": offered,
             "op": json.loads(op), "result": json.loads(result) if result else None, "reason": reason or "",
-            "order": order, "not_before": not_before, "tries": tries}
+            "order": order, "not_before": not_before, "tries": tries, "closed_s": closed_s}

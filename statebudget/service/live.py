@@ -34,6 +34,7 @@ the residency view the policies read (`core/view.py`). Its parts live beside it:
 from __future__ import annotations
 
 import itertools
+import secrets
 import time
 from collections import Counter
 
@@ -59,13 +60,14 @@ from .ledger import LedgerError, Store
 from .persist import Persist
 from .programs import ProgramEvents, ProgramRec
 from .queue import QueueOrder
+from .reconcile import Reconcile
 from .results import ClusterView, EventAck, ResidencyReport
 from .telemetry import Telemetry
 
 __all__ = ["Conflict", "Forbidden", "Invalid", "LivePlanner", "NotFound", "Unavailable"]
 
 
-class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal, Persist, ResidencyView):
+class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal, Reconcile, Persist, ResidencyView):
     """The live planner behind the API (one instance per service; not thread-safe: the service
     calls it from one event loop, one request at a time). Policies read it as their residency
     view: `tiers`, `kv_tokens`, `now`, `cost`, `gpus`, `catalog`, `cluster`, `policy`,
@@ -75,7 +77,8 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
     def __init__(self, cluster: Cluster, catalog: Catalog, store: Store | None = None, clock=time.time,
                  profile: dict | None = None, telemetry: Telemetry | None = None, queue: str = "fcfs",
                  config: PlannerConfig | None = None, kv_rule: str = "preserve",
-                 tenant_weights: dict[str, float] | None = None):
+                 tenant_weights: dict[str, float] | None = None, retain_ops_s: float = 3600.0,
+                 retain_programs_s: float = 86_400.0):
         """`queue`: the discipline whose priority `call_arrived` answers (fcfs, plas, atlas, auto), for
         the runtime to pass to its engine (vLLM's `priority`, lower first; `arrival_priority`), with
         the fair share of `tenant_weights` (tenant -> weight, 1 if not named). `config`: the planner's
@@ -83,7 +86,9 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         `kv_rule`: what happens to a program's KV in HBM while it waits on a tool (preserve, swap,
         discard, adaptive: the simulator's `ToolWaitKV`, carried out as ops). A `store` that
         already holds a ledger is a restart: its cluster, catalog and books win over the arguments.
-        Built by `statebudget serve` (the CLI) and by tests."""
+        `retain_ops_s`, `retain_programs_s`: how long closed ops and ended programs stay in the
+        ledger (compaction, `reconcile.py`). Built by `statebudget serve` (the CLI) and by tests."""
+        self.retain_ops_s, self.retain_programs_s = retain_ops_s, retain_programs_s
         self.config = config
         if queue not in QUEUES:
             raise ValueError(f"unknown queue discipline {queue!r} (known: {', '.join(QUEUES)})")
@@ -95,6 +100,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         self.ledger_error: str | None = None  # the last write the ledger refused, until one succeeds
         self.resume_due = False  # a restart's writes (`_resume`) still to do
         self.telemetry = telemetry or Telemetry()
+        self.last_seen: dict[str, float] = {}  # node -> when its adapter last polled or reported (`now`)
         self.profile = profile
         # Priorities count aging from this instant (`arrival_priority`); kept on disk, so the
         # priorities given before a restart and after it stay comparable.
@@ -126,6 +132,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         self.running_models: Counter = Counter()
         self.policy = StateBudgetLease(self.config)
         self.policy.plan_on_events = False
+        self.ledger.on_end = lambda lease: self.telemetry.lease_ended(lease.state.name.lower())
         self.programs: dict[str, ProgramRec] = {}  # every program seen (an ended one refuses late events)
         self.running: dict[str, ProgramRec] = {}   # ... those still running
         self.tenant_service: Counter = Counter()  # seconds the calls of each tenant ran (attained service)
@@ -141,6 +148,8 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         self.kv_waits: dict[tuple, float | None] = {}  # (program, thread) -> the predicted wait of its tool
         self.swap_in_after: dict[tuple, tuple] = {}  # KV key -> (program, wait, group): swap in once written
         self._timer_seq = itertools.count()
+        self.fail_backoff: dict[tuple, tuple[int, float]] = {}  # (key, target tier) -> (failures, held until)
+        self._compacted_s = float("-inf")
         self.stock_model_store(preload=False)
 
     @property
@@ -155,8 +164,12 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
 
     @property
     def ledger(self):
-        """The lease ledger (`planner/leases.py`)."""
-        return self.core.ledger
+        """The lease ledger (`planner/leases.py`), whose lease ids are random here: a tenant cannot
+        guess another's."""
+        ledger = self.core.ledger
+        if ledger.new_id is None:
+            ledger.new_id = lambda: f"lease-{secrets.token_hex(8)}"
+        return ledger
 
     # ---- versions ---------------------------------------------------------------------------------
     def version_of(self, key) -> int:
@@ -252,6 +265,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
             n = self._op_seq
             self._kv_due()  # first: a failure later in the step must not leave a due timer in place
             self._release_held()
+            self._compact()
             self.ledger.expire(self.now)
             self._apply(self.policy.on_tick(self))
             self._flush()
@@ -293,7 +307,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
                 if existing.ready:
                     self.policy.on_copy_ready(self, existing)
             return
-        if key[0] == "kv" and self.kv_tokens.get(key, 0) == 0:
+        if key[0] == "kv" and self.kv_tokens.get(key, 0) == 0 or self.held_back(key, gpu_tier(group)):
             return
         per_gpu = self.size_of(key) / len(group)
         victims = self.plan_eviction(group, per_gpu + self.tiers.engine_need(key, group), protect={(key, group)},
@@ -321,7 +335,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
 
     def _promote_host(self, key, node) -> None:
         """Weights into host DRAM where there is room (KV is never staged this way)."""
-        if (key, node) in self.tiers.host or key[0] == "kv":
+        if (key, node) in self.tiers.host or key[0] == "kv" or self.held_back(key, f"host:{node}"):
             return
         nbytes = self.size_of(key)
         if not self.tiers.alloc_host(node, nbytes):

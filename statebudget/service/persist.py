@@ -43,7 +43,8 @@ class Persist:
 
     def _save_op(self, rec: OpRec) -> None:
         self.store.put_op(rec.op.op_id, rec.node, rec.status, rec.plan_version, rec.offered, rec.op.model_dump(),
-                          rec.result, rec.reason, rec.order, rec.not_before, rec.tries)
+                          rec.result, rec.reason, rec.order, rec.not_before, rec.tries,
+                           rec.closed_s)
 
     def _save_program(self, rec: ProgramRec) -> None:
         self.store.put_program(rec.program, rec.tenant, dict(rec.__dict__))  # json copies it; no deepcopy

@@ -24,10 +24,23 @@ from ..core import kvwait
 from ..core.books import GpuCopy
 from ..core.estimates import OutputEstimate
 from ..policies.baselines import place_model
-from .errors import Conflict, Forbidden, Invalid, NotFound
+from .errors import Conflict, Invalid, NotFound
 from .journal import OpStatus, gpu_tier
 from .results import CallAck, CallStartedAck, EffectDone, ProgramAck, ToolAck
 
+
+
+def scoped(tenant: str, program: str) -> str:
+    """The planner's id of a tenant's program whose id another tenant took first: the tenant's
+    namespace, then the runtime's id. Neither holds `#` (the API's id pattern), so it never
+    meets a bare id, and tenants never share a program; ops and the residency report name
+    programs by the planner's id."""
+    return f"{tenant}#{program}"
+
+
+def unscoped(program: str) -> str:
+    """The runtime's id of a planner program id (`scoped` undone)."""
+    return program.split("#", 1)[1] if "#" in program else program
 
 class ProgramStatus(StrEnum):
     RUNNING = "running"
@@ -125,28 +138,34 @@ class ProgramEvents:
         return est
 
     def _program(self, tenant: str, program: str, epoch: int | None) -> ProgramRec:
-        """The program an event or lease names, if it is the tenant's and the epoch is current."""
-        rec = self.programs.get(program)
+        """The program an event or lease names, in the tenant's namespace, if the epoch is current.
+        Another tenant's program of the same name is another program: not found, as one that
+        does not exist (no answer tells a tenant which ids others use)."""
+        rec = self._find_program(tenant, program)
         if rec is None:
             raise NotFound(f"program {program!r} was never started (send program_started first)")
-        if rec.tenant != tenant:
-            raise Forbidden(f"program {program!r} belongs to another tenant")
         if epoch is not None and epoch != rec.epoch:
             raise Conflict(f"program {program!r} is at epoch {rec.epoch}; an event of epoch {epoch} is stale")
         return rec
+
+    def _find_program(self, tenant: str, program: str) -> ProgramRec | None:
+        rec = self.programs.get(program)
+        if rec is not None and rec.tenant == tenant:
+            return rec
+        return self.programs.get(scoped(tenant, program))
 
     def _live(self, rec: ProgramRec, what: str) -> None:
         if rec.status != ProgramStatus.RUNNING:
             raise Conflict(f"program {rec.program!r} is {rec.status}: no {what} after that")
 
     def _program_started(self, tenant: str, program: str) -> ProgramAck:
-        rec = self.programs.get(program)
+        rec = self._find_program(tenant, program)
         if rec is not None:
-            if rec.tenant != tenant:
-                raise Forbidden(f"program {program!r} belongs to another tenant")
             return ProgramAck(program, rec.epoch, rec.status)  # a retried start
-        rec = self.programs[program] = self.running[program] = ProgramRec(program, tenant)
-        self.policy.on_program_start(self, HookProgram(program, tenant))
+        # the first tenant to use an id keeps it bare; another one's is namespaced (`scoped`)
+        pid = program if program not in self.programs else scoped(tenant, program)
+        rec = self.programs[pid] = self.running[pid] = ProgramRec(pid, tenant)
+        self.policy.on_program_start(self, HookProgram(pid, tenant))
         self._save_program(rec)
         return ProgramAck(program, 0, ProgramStatus.RUNNING)
 
@@ -397,7 +416,8 @@ class ProgramEvents:
         """Finish or cancel: live leases stop, calls unpin, every KV of the program is released.
         A cancel bumps the epoch, so late reports and events of the old epoch are refused."""
         if rec.status != ProgramStatus.RUNNING:
-            return ProgramAck(rec.program, rec.epoch, rec.status)
+            return ProgramAck(unscoped(rec.program), rec.epoch, rec.status)
+        self.telemetry.program_ended(status)
         if status == ProgramStatus.CANCELLED:
             rec.epoch += 1
         rec.status, rec.ended_s = status, self.now
@@ -424,5 +444,5 @@ class ProgramEvents:
         self.policy.on_program_end(self, HookProgram(rec.program, rec.tenant))
         self._apply(decisions)
         self._save_program(rec)
-        return ProgramAck(rec.program, rec.epoch, status)
+        return ProgramAck(unscoped(rec.program), rec.epoch, status)
 

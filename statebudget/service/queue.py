@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..core.programs import AGING, arrival_priority, queue_key, tenant_excess
 from .errors import Invalid
-from .programs import CallRow, CallStatus, ProgramRec
+from .programs import CallRow, CallStatus, ProgramRec, unscoped
 from .results import QueueView, WaitingCall
 
 
@@ -64,7 +64,7 @@ class QueueOrder:
                 key = queue_key(queue, call["arrived_s"], now, *self._key_inputs(rec, call, now))
                 rows.append((key + (rec.program, cid), rec, cid, call))
         rows.sort(key=lambda r: r[0])
-        calls = [WaitingCall(i, rec.program, cid, call["model"], call.get("attempt", 0), now - call["arrived_s"],
+        calls = [WaitingCall(i, unscoped(rec.program), cid, call["model"], call.get("attempt", 0), now - call["arrived_s"],
                              queue != "fcfs" and key[0] == 0)
                  for i, (key, rec, cid, call) in enumerate(rows) if tenant in (None, rec.tenant)]
         if self.queue == "auto":

@@ -155,3 +155,16 @@ class ClusterView(Result):
     gpus: int
     models: list[str]
     catalog_epoch: int
+
+
+@dataclass(frozen=True)
+class InventoryAck(Result):
+    """PUT /v1/inventory: what the node's inventory changed in the books; `drop` lists the copies
+    the adapter holds that the books do not take (stale, or no room): the adapter frees them."""
+    node: str
+    plan_version: int
+    ops_closed: int
+    lost: list
+    adopted: list
+    drop: list
+    leases_stale: int

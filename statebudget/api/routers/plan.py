@@ -23,6 +23,7 @@ async def get_plan(svc: ServiceDep, who: AdapterDep, node: Annotated[Id, Query()
     """The open ops of `node` once the plan version passes `after`, waiting up to `wait` seconds."""
     if node != who.node:
         raise HTTPException(403, f"this adapter token is for node {who.node!r}, not {node!r}")
+    svc.planner.last_seen[node] = svc.planner.now  # an adapter waiting in a long poll is alive
     await svc.wait_for_version(after, wait)
     return svc.planner.plan_for(node, after)
 

@@ -32,6 +32,15 @@ class LocalAdapter(Adapter):
     def abort(self, op: Op) -> None:
         self.plane.abort(op)
 
+    def held(self) -> list[dict]:
+        return self.plane.held()
+
+    def forget(self, obj: list[str], tier: str) -> None:
+        self.plane.forget(obj, tier)
+
+    def engine_generation(self) -> int:
+        return self.plane.generation
+
     def health(self) -> dict:
         return {"kind": self.kind, **self.plane.health()}
 

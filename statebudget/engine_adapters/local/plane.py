@@ -62,6 +62,7 @@ class Copy:
     checksum: str
     shards: list[torch.Tensor] = field(default_factory=list)
     path: Path | None = None
+    version: int | None = None   # the version of the op that wrote it (None: the model store's own)
 
 
 @dataclass
@@ -106,6 +107,7 @@ class LocalDataPlane:
         self.pending: dict[str, Pending] = {}            # op id -> executed, not yet answered
         self.totals: dict[str, dict[str, float]] = {}    # "nvme->host" -> bytes, seconds, ops
         self._lock = threading.RLock()
+        self.generation = 0  # bumped each time the GPU memory is lost (`lose_gpus`)
         self._adopt_files()
 
     # ---- tiers ------------------------------------------------------------------------------------
@@ -374,6 +376,7 @@ class LocalDataPlane:
                         self.nvme_pool.free(old.nbytes)
                     else:
                         self._release(old)
+                p.target.version = p.op.version
                 self.copies[(p.key, p.op.dst)] = p.target
             if p.release_source and p.source is not None and self.copies.get((p.key, p.op.src)) is p.source:
                 del self.copies[(p.key, p.op.src)]
@@ -385,6 +388,35 @@ class LocalDataPlane:
             p = self.pending.pop(op.op_id, None)
             if p is not None and p.target is not None:
                 self._release(p.target)
+
+    # ---- what it holds --------------------------------------------------------------------------------
+    def held(self) -> list[dict]:
+        """Every ready copy in HBM (arena) and host DRAM, with the version that wrote it: the
+        inventory the adapter sends the planner."""
+        with self._lock:
+            return [{"object": list(k), "tier": t, "bytes": float(c.nbytes), "version": c.version}
+                    for (k, t), c in sorted(self.copies.items()) if tier_kind(t) in ("gpu", "host")]
+
+    def forget(self, key: Sequence[str], tier: str) -> None:
+        """Free a ready copy the planner's books do not take (an inventory's `drop`)."""
+        with self._lock:
+            c = self.copies.pop((tuple(key), tier), None)
+            if c is not None:
+                self._release(c)
+
+    def lose_gpus(self) -> int:
+        """What a crashed engine does: every copy in HBM is gone, ready or pending (their ops can
+        no longer commit). Returns the copies lost; `generation` counts the losses."""
+        with self._lock:
+            lost = [kt for kt in self.copies if tier_kind(kt[1]) == "gpu"]
+            for kt in lost:
+                self._release(self.copies.pop(kt))
+            for op_id, p in list(self.pending.items()):
+                if p.target is not None and tier_kind(p.target.tier) == "gpu":
+                    self._release(p.target)
+                    del self.pending[op_id]
+            self.generation += 1
+            return len(lost)
 
     # ---- views ---------------------------------------------------------------------------------------
     def ready(self, key: Sequence[str], tier: str) -> bool:

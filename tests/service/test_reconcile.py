@@ -1,0 +1,135 @@
+"""The books follow what adapters really hold: an inventory after a restart replaces the node's
+books, a failing op backs off and is given up instead of looping, and compaction keeps the
+ledger bounded."""
+
+import pytest
+
+from tests.helpers import Clock, report_op
+from statebudget.models.load import load_catalog, load_cluster
+from statebudget.service.errors import Invalid, NotFound
+from statebudget.service.journal import OpStatus
+from statebudget.service.ledger import Store
+from statebudget.service.live import LivePlanner
+from statebudget.service.reconcile import FAIL_GIVE_UP
+
+W = ("w", "planner")
+
+
+def planner(db=None, clock=None, **kw):
+    return LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(db) if db else None,
+                       clock=clock or Clock(1000.0), **kw)
+
+
+def ready_weights(p, tenant="a", program="p1"):
+    """A lease for the planner model, its op reported done: weights ready in some HBM."""
+    p.event(tenant, {"type": "program_started", "program": program})
+    lease = p.submit_lease(tenant, {"program": program, "model": "planner", "deadline_s": 60})
+    (rec,) = [r for r in p.ops.values() if r.op.lease_id == lease.lease_id]
+    report_op(p, rec.op)
+    return lease, rec.node, rec.op.dst
+
+
+def test_an_adapter_restarted_empty_takes_its_copies_out_of_the_books_and_the_ledger(tmp_path):
+    p = planner(tmp_path / "sb.db")
+    lease, node, tier = ready_weights(p)
+    assert p.lease_view(p.ledger.leases[lease.lease_id]).ready
+    out = p.reconcile(node, [], "adapter started")
+    assert {"object": list(W), "tier": tier} in out.lost
+    assert not any(k == W for k, _ in p.tiers.gpu) and sum(p.tiers.hbm_used) == pytest.approx(0.0)
+    assert not any(r["tier"] == tier for r in p.store.copies())
+    view = p.lease_view(p.ledger.leases[lease.lease_id])
+    assert view.state == "stale" and "inventory" in view.reason and out.leases_stale == 1
+    p.store.close()
+    q = planner(tmp_path / "sb.db")  # a restart does not bring the lost copy back
+    assert not any(k == W for k, _ in q.tiers.gpu)
+
+
+def test_an_inventory_that_still_holds_the_copy_changes_nothing_and_closes_open_ops(tmp_path):
+    p = planner(tmp_path / "sb.db")
+    _, node, tier = ready_weights(p)
+    p.event("a", {"type": "program_started", "program": "p2"})
+    p.submit_lease("a", {"program": "p2", "model": "coder", "deadline_s": 60})
+    open_ops = [r.op.op_id for r in p.ops.values() if r.node == node]
+    out = p.reconcile(node, [{"object": list(W), "tier": tier, "version": p.catalog_epoch}])
+    assert out.lost == [] or all(l["object"] != list(W) for l in out.lost)
+    assert (W, tuple(int(x) for x in tier[4:].split(","))) in p.tiers.gpu
+    assert out.ops_closed == len(open_ops) and not any(r.node == node for r in p.ops.values())
+    for op_id in open_ops:  # on disk too: a restart does not offer them to the new adapter
+        row = p.store.get_op(op_id)
+        assert row["status"] == "failed" and "inventory" in row["reason"]
+
+
+def test_copies_the_books_lack_are_adopted_when_current_and_dropped_when_not():
+    p = planner()
+    node = "n0"
+    gpu = next(i for i, g in enumerate(p.gpus) if g.node == node)
+    out = p.reconcile(node, [{"object": list(W), "tier": f"gpu:{gpu}", "version": p.catalog_epoch},
+                             {"object": ["kv", "gone", "planner"], "tier": f"gpu:{gpu}", "version": 7},
+                             {"object": ["w", "coder"], "tier": f"host:{node}", "version": p.catalog_epoch + 5}])
+    assert out.adopted == [{"object": list(W), "tier": f"gpu:{gpu}"}]
+    assert {"object": ["kv", "gone", "planner"], "tier": f"gpu:{gpu}"} in out.drop
+    assert {"object": ["w", "coder"], "tier": f"host:{node}"} in out.drop
+    c = p.tiers.gpu[(W, (gpu,))]
+    assert c.ready and (W, (gpu,)) in p.tiers.engines  # awake weights have their engine
+
+
+def test_an_inventory_for_another_nodes_tier_or_an_unknown_node_is_refused_unchanged():
+    p = planner()
+    _, node, tier = ready_weights(p)
+    other = "n1" if node == "n0" else "n0"
+    with pytest.raises(Invalid, match="copies\\[0\\]"):
+        p.reconcile(other, [{"object": list(W), "tier": tier}])
+    with pytest.raises(NotFound):
+        p.reconcile("nowhere", [])
+    assert (W, tuple(int(x) for x in tier[4:].split(","))) in p.tiers.gpu
+
+
+def test_a_promote_that_keeps_failing_backs_off_and_gives_up_its_host_source():
+    clock = Clock(1000.0)
+    p = planner(clock=clock)
+    node = "n0"
+    p.reconcile(node, [{"object": list(W), "tier": f"host:{node}", "version": p.catalog_epoch}])
+    assert p.tiers.host[(W, node)].ready
+    p.event("a", {"type": "program_started", "program": "p1"})
+    failures = 0
+    for step in range(200):  # 20 s of an adapter failing every promote, ticking at 10 Hz
+        clock.t += 0.1
+        p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 5, "for_call": f"c{step}"})
+        p.tick()
+        for r in [r for r in p.ops.values() if r.op.kind == "promote" and r.op.object == list(W)]:
+            report_op(p, r.op, status="failed", error="engine: cudaErrorMemoryAllocation")
+            failures += 1
+    # each of the two GPUs backs off 1, 2, 4, 8 s: a handful in 20 s, not one a tick (200)
+    assert failures <= 2 * 5
+    assert (W, node) not in p.tiers.host  # given up after FAIL_GIVE_UP failures from host
+    gave_up = [r for r in p.store.ops("failed") if "gave up" in r["reason"]]
+    assert len(gave_up) == 1 and failures >= FAIL_GIVE_UP
+
+
+def test_compaction_removes_closed_ops_and_ended_programs_past_retention(tmp_path):
+    clock = Clock(1000.0)
+    p = planner(tmp_path / "sb.db", clock=clock, retain_ops_s=100.0, retain_programs_s=200.0)
+    for i in range(20):  # programs whose KV comes and goes: each leaves closed ops behind
+        prog = f"p{i}"
+        p.event("a", {"type": "program_started", "program": prog})
+        p.submit_lease("a", {"program": prog, "model": ("planner", "coder")[i % 2], "deadline_s": 60})
+        for ev in ({"type": "call_arrived", "model": ("planner", "coder")[i % 2]}, {"type": "call_started"},
+                   {"type": "call_finished", "tokens": 500}):
+            p.event("a", {"program": prog, "call": "c", **ev})
+        p.event("a", {"type": "program_finished", "program": prog})
+        for _ in range(3):
+            p.tick()
+            for r in list(p.ops.values()):
+                report_op(p, r.op)
+    rows = p.store.op_count()
+    assert rows >= 20 and len(p.store.programs()) == 20
+    clock.t += 150
+    p.tick()
+    assert p.store.op_count() < rows and all(r["status"] == OpStatus.OPEN for r in p.store.ops())
+    assert len(p.store.programs()) == 20  # programs are kept longer
+    clock.t += 100
+    p.tick()
+    assert p.store.programs() == [] and not p.programs
+    assert all(l.state.live for l in p.ledger.leases.values())
+    p.event("a", {"type": "program_started", "program": "fresh"})  # the planner goes on
+    assert "fresh" in p.programs

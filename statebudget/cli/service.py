@@ -95,6 +95,9 @@ def serve(
     stage_host: Annotated[bool, typer.Option(help="stage weights in host DRAM ahead of use (off for vLLM/SGLang "
                                                   "adapters: their engines reach host DRAM only by sleeping)")] = True,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
+    require_checksums: Annotated[bool, typer.Option(help="ops ask for a checksum and a done report without one is "
+                                                         "refused (local adapters verify every copy; vLLM and SGLang "
+                                                         "sleep/wake cannot)")] = False,
     synchronous: Annotated[str, typer.Option(help="full | normal: SQLite's sync of the ledger at each commit (full "
                                                   "survives a power loss; normal only a crash of the process)")] = "full",
     docs: Annotated[bool, typer.Option(help="serve /docs (plain HTML, nothing from the internet) and /openapi.json, "
@@ -162,7 +165,7 @@ def serve(
     from ..planner.core import lease_config
 
     planner = LivePlanner(cl, cat, store, profile=prof, queue=queue, config=lease_config(stage_host=stage_host),
-                          kv_rule=kv_rule, tenant_weights=weights)
+                          kv_rule=kv_rule, tenant_weights=weights, require_checksums=require_checksums)
     if (planner.cluster.name, planner.catalog.name) != (cl.name, cat.name):
         err.print(f"[yellow]warning:[/] {db} was started with cluster {planner.cluster.name} and catalog "
                   f"{planner.catalog.name}; they win over --cluster {cl.name} --catalog {cat.name} (serve a fresh --db, or "

@@ -25,6 +25,8 @@ class Op(BaseModel):
     background: bool = Field(False, description="a tool-wait KV swap (seed 003 §11) or a promote no lease "
                                                 "asked for (speculation, §21): run it after the node's "
                                                 "foreground ops, which it must not delay")
+    checksum: bool = Field(False, description="the planner refuses a done report of this op without a checksum "
+                                              "(`serve --require-checksums`: adapters whose data plane verifies)")
 
 
 class Plan(BaseModel):

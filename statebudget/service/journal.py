@@ -22,7 +22,7 @@ from enum import StrEnum
 from ..core.books import GpuCopy
 from ..models.plan import Op, OpAck, Plan
 from ..planner.leases import Lease
-from .errors import Conflict, Forbidden, NotFound
+from .errors import Conflict, Forbidden, Invalid, NotFound
 from .telemetry import op_reason
 
 log = logging.getLogger("statebudget.planner")
@@ -91,7 +91,7 @@ class Journal:
                 epoch=self.epoch_of(key) if epoch is None else epoch,
                 version=self.version_of(key) if version is None else version,
                 deadline=lease.request.deadline_s if lease else None, lease_id=lease.lease_id if lease else None,
-                background=background)
+                background=background, checksum=self.require_checksums and kind != "drop")
         self._bump()  # an adapter long-polling the plan must see it
         rec = self.ops[op.op_id] = OpRec(op, node, plan_version=self.plan_version,
                                          order=self._op_seq if order is None else order, tries=tries,
@@ -144,7 +144,10 @@ class Journal:
             if rec.node != node:
                 raise Forbidden(f"op {op_id} belongs to node {rec.node}, not {node}")
             op, key = rec.op, object_key(rec.op.object)
-            if result["status"] == OpStatus.DONE:
+            bad = self._implausible(op, result) if result["status"] == OpStatus.DONE else None
+            if bad:
+                self._close(rec, OpStatus.FAILED, f"report refused: {bad}", result)
+            elif result["status"] == OpStatus.DONE:
                 if (result.get("version"), result.get("epoch")) != (op.version, op.epoch):
                     refused = (f"reported version/epoch {result.get('version')}/{result.get('epoch')} "
                                f"!= op's {op.version}/{op.epoch}")
@@ -159,9 +162,23 @@ class Journal:
                 self._close(rec, OpStatus(result["status"]), result.get("error") or "reported " + result["status"], result)
             self._flush()
         self.plan_due = True
+        if bad:
+            raise Invalid(f"op {op_id}: {bad}; the op is failed, its target undone")
         if refused:
             raise Conflict(f"op {op_id}: {refused}")
         return OpAck(op_id=op_id, status=rec.status.value)
+
+    @staticmethod
+    def _implausible(op: Op, result: dict) -> str | None:
+        """What makes a done report of `op` impossible: more bytes copied than the object could
+        hold (an existing copy moves whole, so up to twice the op's bytes, plus rounding), or no
+        checksum where the op asked for one."""
+        limit = max(2.0 * op.bytes, op.bytes + 2.0 ** 20)
+        if float(result.get("bytes", 0.0)) > limit:
+            return f"{result['bytes']:.4g} bytes copied for an object of {op.bytes:.4g} B"
+        if op.checksum and not result.get("checksum"):
+            return "no checksum, and the op asked for one"
+        return None
 
     def _stale(self, op: Op) -> bool:
         """The state `op` is about has moved on (another version, or epoch) since it was made."""

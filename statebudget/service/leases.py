@@ -47,9 +47,12 @@ class LeaseDesk:
             self._apply(decisions)
             lease = leases[0]
             missing = [k for k in lease.objects if (k, group) not in self.tiers.gpu] if lease.state.live else []
-            if missing:  # no room to prepare it now: say so instead of letting it expire
+            if missing:  # no room to prepare it now (or a failed load backs off): say so, not let it expire
+                what = f"{gpu_tier(group)} for {'/'.join(map(str, missing[0]))}"
+                why = (f"a load onto {what} failed; it is retried after its back-off"
+                       if self.held_back(missing[0], gpu_tier(group)) else f"no room on {what}")
                 self._apply(self.policy.stop_leases(self, [(lease.lease_id, self.ledger.refuse(
-                    lease.lease_id, self.now, f"no room on {gpu_tier(group)} for {'/'.join(map(str, missing[0]))}"))]))
+                    lease.lease_id, self.now, why))]))
             self._flush()
         self.telemetry.lease(lease.decision)
         self.plan_due = True

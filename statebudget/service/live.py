@@ -78,7 +78,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
                  profile: dict | None = None, telemetry: Telemetry | None = None, queue: str = "fcfs",
                  config: PlannerConfig | None = None, kv_rule: str = "preserve",
                  tenant_weights: dict[str, float] | None = None, retain_ops_s: float = 3600.0,
-                 retain_programs_s: float = 86_400.0):
+                 retain_programs_s: float = 86_400.0, require_checksums: bool = False):
         """`queue`: the discipline whose priority `call_arrived` answers (fcfs, plas, atlas, auto), for
         the runtime to pass to its engine (vLLM's `priority`, lower first; `arrival_priority`), with
         the fair share of `tenant_weights` (tenant -> weight, 1 if not named). `config`: the planner's
@@ -87,8 +87,10 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         discard, adaptive: the simulator's `ToolWaitKV`, carried out as ops). A `store` that
         already holds a ledger is a restart: its cluster, catalog and books win over the arguments.
         `retain_ops_s`, `retain_programs_s`: how long closed ops and ended programs stay in the
-        ledger (compaction, `reconcile.py`). Built by `statebudget serve` (the CLI) and by tests."""
+        ledger (compaction, `reconcile.py`). `require_checksums`: ops ask for a checksum, and a
+        done report without one is refused (for data planes that verify, like the local one). Built by `statebudget serve` (the CLI) and by tests."""
         self.retain_ops_s, self.retain_programs_s = retain_ops_s, retain_programs_s
+        self.require_checksums = require_checksums
         self.config = config
         if queue not in QUEUES:
             raise ValueError(f"unknown queue discipline {queue!r} (known: {', '.join(QUEUES)})")

@@ -187,6 +187,9 @@ class ProgramEvents:
         attempt = ev.get("attempt", 0)
         call = rec.calls.get(ev["call"])
         if call is not None:
+            if model != call["model"]:
+                raise Conflict(f"call {ev['call']!r} arrived on model {call['model']!r}; a call id is one call "
+                               f"(a retry, or a repeat, names the same model): give this one its own id")
             if attempt == call["attempt"]:
                 return CallAck(ev["call"], call["status"], attempt)  # a repeated event
             if attempt < call["attempt"]:

@@ -133,3 +133,46 @@ def test_compaction_removes_closed_ops_and_ended_programs_past_retention(tmp_pat
     assert all(l.state.live for l in p.ledger.leases.values())
     p.event("a", {"type": "program_started", "program": "fresh"})  # the planner goes on
     assert "fresh" in p.programs
+
+
+# ---- reports checked against their op, call ids kept to one model ------------------------------------
+
+def test_a_done_report_claiming_more_bytes_than_the_object_fails_the_op_and_publishes_nothing():
+    p = planner()
+    p.event("a", {"type": "program_started", "program": "p1"})
+    lease = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60})
+    (rec,) = [r for r in p.ops.values() if r.op.lease_id == lease.lease_id]
+    with pytest.raises(Invalid, match="bytes copied for an object"):
+        report_op(p, rec.op, bytes=1e15)
+    assert p.store.get_op(rec.op.op_id)["status"] == "failed"
+    assert not any(k == W and c.ready for (k, _), c in p.tiers.gpu.items())
+    assert not p.lease_view(p.ledger.leases[lease.lease_id]).ready
+
+
+def test_an_op_that_asks_for_a_checksum_refuses_a_report_without_one():
+    p = planner(require_checksums=True)
+    p.event("a", {"type": "program_started", "program": "p1"})
+    lease = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60})
+    (rec,) = [r for r in p.ops.values() if r.op.lease_id == lease.lease_id]
+    assert rec.op.checksum
+    with pytest.raises(Invalid, match="no checksum"):
+        p.report(rec.node, rec.op.op_id, {"status": "done", "version": rec.op.version, "epoch": rec.op.epoch})
+    assert p.store.get_op(rec.op.op_id)["status"] == "failed"
+    lease2 = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60, "for_call": "c2"})
+    assert lease2.state == "rejected" and "back-off" in lease2.reason  # says why, not "no room"
+    p.clock.t += 1.5  # past the first back-off: the load is tried again, and a checksummed report commits
+    lease3 = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60, "for_call": "c3"})
+    (again,) = [r for r in p.ops.values() if r.op.lease_id == lease3.lease_id]
+    report_op(p, again.op)
+    assert p.lease_view(p.ledger.leases[lease3.lease_id]).ready
+
+
+def test_a_call_id_arriving_again_on_another_model_is_refused():
+    from statebudget.service.errors import Conflict
+
+    p = planner()
+    p.event("a", {"type": "program_started", "program": "p1"})
+    p.event("a", {"type": "call_arrived", "program": "p1", "call": "c1", "model": "planner"})
+    with pytest.raises(Conflict, match="arrived on model 'planner'"):
+        p.event("a", {"type": "call_arrived", "program": "p1", "call": "c1", "model": "coder", "attempt": 1})
+    assert p.programs["p1"].calls["c1"]["model"] == "planner"

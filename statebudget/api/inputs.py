@@ -32,6 +32,7 @@ from .schemas import MAX_INT
 MIB = 1024 * 1024
 BODY_LIMIT = 1 * MIB  # events, leases, op reports: a few hundred bytes each (an event's `after`: 200 KB at most)
 ROUTE_LIMITS = {("PUT", "/v1/cluster"): 8 * MIB,         # a cluster and a catalog: a few KB
+                ("PUT", "/v1/inventory"): 16 * MIB,      # up to 100,000 copies of ~100 bytes
                 ("POST", "/v1/oracle/runs"): 64 * MIB}   # a trace of up to 50 MB, as an escaped JSON string
 
 MAX_ERRORS = 20

@@ -182,16 +182,16 @@ class ClusterPut(BaseModel):
 class InventoryCopy(BaseModel):
     """One ready copy an adapter holds: `["w", model]`, `["e", model, page]` or `["kv", program,
     model]` on `gpu:<i>[,<j>]` or `host:<node>`, with the version it was written at if known."""
-    model_config = ConfigDict(extra="forbid")
-    object: list[str] = Field(min_length=2, max_length=3)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    object: list[Id] = Field(min_length=2, max_length=3)
     tier: str = Field(min_length=5, max_length=200, pattern=r"^(gpu:[0-9]+(,[0-9]+)*|host:[A-Za-z0-9._:/@+-]+)$")
     bytes: float | None = Field(None, ge=0, le=1e13)
-    version: int | None = Field(None, ge=0)
+    version: int | None = Field(None, ge=0, le=MAX_INT)
 
 
 class InventoryPut(BaseModel):
     """An adapter's inventory (PUT /v1/inventory)."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     node: str = Name
     reason: Literal["adapter started", "engine restarted"] = "adapter started"
     copies: list[InventoryCopy] = Field(default_factory=list, max_length=100_000)

@@ -146,6 +146,8 @@ def test_the_trace_and_cluster_routes_take_larger_bodies(client):
     assert r.status_code == 422
     r = send(client, "PUT", "/v1/cluster", json.dumps({"cluster": {"pad": "x" * (9 * MIB)}, "catalog": {}}), "admin")
     assert r.status_code == 413
+    r = send(client, "PUT", "/v1/inventory", json.dumps({"node": "n0", "copies": [], "pad": two_mib}), "n0")
+    assert r.status_code == 422  # an inventory of many copies is more than 1 MiB
 
 
 def _run_limit(headers, n_chunks=1000):
@@ -226,6 +228,14 @@ def test_an_id_with_a_control_bidi_or_format_character_is_a_422_that_escapes_it(
                                    (f"/v1/oracle/runs/r{quote(ch)}", {}, "admin", ["path", "run_id"])):
         only_error(client.get(path, params=params, headers=H(who)), loc)
     only_error(send(client, "POST", f"/v1/ops/op{quote(ch)}", '{"status": "done"}', "n0"), ["path", "op_id"])
+
+
+def test_an_inventory_takes_printable_ids_and_64_bit_versions_only(client):
+    def inventory(obj, **kw):
+        body = {"node": "n0", "copies": [{"object": obj, "tier": "gpu:0", **kw}]}
+        return send(client, "PUT", "/v1/inventory", json.dumps(body), "n0")
+    only_error(inventory(["w", "plan\u202ener"]), ["body", "copies", 0, "object", 1])
+    only_error(inventory(["w", "planner"], version=2**64), ["body", "copies", 0, "version"])
 
 
 def test_ids_have_a_length_limit(client):

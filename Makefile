@@ -19,11 +19,12 @@ demo: $(STAMP)
 	  --policy ondemand,lru-keepwarm,frequency,prefetch-all,static,llama-swap,sleep-swap,forecast-prewarm,ray-multiplex,statebudget,statebudget-lease \
 	  --json out/report.json --plots out/plots
 
-# The end-to-end service tests run after the rest, alone: their leases are quoted from this
-# machine's measured tiers, and a simulator test on the other core slows the copies they time.
+# The end-to-end service and chaos tests run after the rest, alone: their leases are quoted from
+# this machine's measured tiers, and a simulator test on the other core slows the copies they time.
+E2E := tests/test_e2e_service.py tests/test_chaos_service.py
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=5 --ignore tests/test_e2e_service.py
-	$(BIN)/python -m pytest --durations=3 tests/test_e2e_service.py
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=5 $(addprefix --ignore ,$(E2E))
+	$(BIN)/python -m pytest --durations=3 $(E2E)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_sim.py

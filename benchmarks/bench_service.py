@@ -17,7 +17,12 @@ than the server on a 2-core machine and measure itself. Goal: >= 2,000 events/s 
 p99 <= 20 ms on 2 cores.
 
     python benchmarks/bench_service.py --seconds 10 --connections 8 [--kv-rule adaptive] [--queue plas]
-        [--waiting 1000] [--json OUT]
+        [--waiting 1000] [--synchronous full|normal|both] [--rounds 2] [--src DIR] [--json OUT]
+
+`--synchronous both` runs fresh servers with the ledger's `synchronous=FULL` (the default: a
+commit survives a power loss) and `NORMAL` (a crash of the process only) alternately, and prints
+the ratio of their rates: what FULL costs on this disk. `--src DIR` adds, each round, the server
+of another checkout (with its own defaults) for a side-by-side comparison of versions.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["planner", "coder", "reviewer"]
+TOKEN = "bench-runtime-token-0123456789"
 
 
 def free_port() -> int:
@@ -148,28 +154,22 @@ async def phase(worker, port: int, token: str, connections: int, seconds: float)
             "errors": len(errors), "first_error": errors[0] if errors else None}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--connections", type=int, default=8)
-    ap.add_argument("--json", type=Path)
-    ap.add_argument("--kv-rule", default="preserve", help="serve --kv-rule: the tool-wait KV rule the events phase exercises")
-    ap.add_argument("--queue", default="fcfs", help="serve --queue: the discipline whose priority call_arrived answers")
-    ap.add_argument("--waiting", type=int, default=0,
-                    help="then N programs with a call waiting each, and GET /v1/queue?model=M in a closed loop")
-    ap.add_argument("--port", type=int, help="drive a server already running there (token: bench-runtime-token-0123456789)")
-    args = ap.parse_args()
+def run(args, synchronous: str, src: Path | None = None) -> dict:
+    """One fresh server with `serve --synchronous SYNCHRONOUS` (of the checkout `src`, which
+    then runs with its own default), its phases; the numbers."""
     tmp = Path(tempfile.mkdtemp(prefix="sb-bench-"))
-    token = "bench-runtime-token-0123456789"
+    # clear tokens, which every version of the server reads (a current one hashes them in memory)
     (tmp / "tokens.json").write_text(json.dumps({"tokens": [
-        {"token": token, "role": "runtime", "tenant": "bench"},
+        {"token": TOKEN, "role": "runtime", "tenant": "bench"},
         {"token": "bench-admin-token-0123456789", "role": "admin"}]}))
+    env = {**os.environ, "PYTHONPATH": str(src)} if src else {**os.environ}
+    sync = [] if src else ["--synchronous", synchronous]
     port = args.port or free_port()
     server = None if args.port else subprocess.Popen([sys.executable, "-m", "statebudget.cli", "serve", "--db", str(tmp / "sb.db"),
                                "--cluster", "hetero16", "--catalog", "toy", "--port", str(port),
                                "--tokens", str(tmp / "tokens.json"), "--kv-rule", args.kv_rule, "--queue", args.queue,
-                               "--log-level", "warning"],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ})
+                               *sync, "--log-level", "warning"],
+                              cwd=src or ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -181,27 +181,63 @@ def main() -> None:
                     raise SystemExit(f"server did not start: {server.stderr.read().decode()[-2000:]}")
                 time.sleep(0.1)
         out = {"cores": os.cpu_count(), "connections": args.connections, "seconds": args.seconds, "kv_rule": args.kv_rule,
-               "queue": args.queue,
-               "events": asyncio.run(phase(events_worker, port, token, args.connections, args.seconds)),
-               "leases": asyncio.run(phase(leases_worker, port, token, args.connections, args.seconds))}
+               "queue": args.queue, "synchronous": f"{src}'s default" if src else synchronous,
+               "events": asyncio.run(phase(events_worker, port, TOKEN, args.connections, args.seconds)),
+               "leases": asyncio.run(phase(leases_worker, port, TOKEN, args.connections, args.seconds))}
         if args.waiting:
-            asyncio.run(fill_queue(port, token, args.waiting))
+            asyncio.run(fill_queue(port, TOKEN, args.waiting))
             out["waiting"] = args.waiting
-            out["queue_reads"] = asyncio.run(phase(queue_worker, port, token, args.connections, args.seconds))
+            out["queue_reads"] = asyncio.run(phase(queue_worker, port, TOKEN, args.connections, args.seconds))
     finally:
         if server is not None:
             server.terminate()
             server.wait(10)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--kv-rule", default="preserve", help="serve --kv-rule: the tool-wait KV rule the events phase exercises")
+    ap.add_argument("--queue", default="fcfs", help="serve --queue: the discipline whose priority call_arrived answers")
+    ap.add_argument("--waiting", type=int, default=0,
+                    help="then N programs with a call waiting each, and GET /v1/queue?model=M in a closed loop")
+    ap.add_argument("--synchronous", default="full", choices=["full", "normal", "both"],
+                    help="the ledger's SQLite sync; both: full and normal alternately, --rounds times each")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of the servers (full and/or normal, --src)")
+    ap.add_argument("--src", type=Path, help="also run the server of this checkout (e.g. `git archive <commit> | "
+                                             "tar -x -C DIR`) after each round, with its own default sync")
+    ap.add_argument("--port", type=int, help=f"drive a server already running there (token: {TOKEN})")
+    args = ap.parse_args()
+    modes = ["full", "normal"] if args.synchronous == "both" else [args.synchronous]
+    runs = []
+    for _ in range(args.rounds):
+        runs += [run(args, m) for m in modes] + ([run(args, "", args.src.resolve())] if args.src else [])
+    for out in runs:
+        report(out, args.waiting)
+    by = {}
+    for r in runs:
+        by.setdefault(r["synchronous"], []).append(r)
+    base = runs[0]["synchronous"]
+    for what in ("events", "leases"):
+        rate = {k: np.mean([r[what]["per_s"] for r in v]) for k, v in by.items()}
+        print(f"{what}/s relative to {base}: " + ", ".join(f"{k} {rate[k] / rate[base]:.3f}" for k in by))
+    if args.json:
+        args.json.write_text(json.dumps(runs if len(runs) > 1 else runs[0], indent=1) + "\n")
+
+
+def report(out: dict, waiting: int) -> None:
+    print(f"[synchronous={out['synchronous']}]")
     print(f"events: {out['events']['per_s']:.0f}/s  p50 {out['events']['p50_ms']:.2f} ms  p99 {out['events']['p99_ms']:.2f} ms"
           f"  ({out['events']['requests']} requests, {out['events']['errors']} errors)")
     print(f"leases: {out['leases']['per_s']:.0f}/s  p50 {out['leases']['p50_ms']:.2f} ms  p99 {out['leases']['p99_ms']:.2f} ms"
           f"  ({out['leases']['requests']} requests, {out['leases']['errors']} errors)")
     if "queue_reads" in out:
         q = out["queue_reads"]
-        print(f"GET /v1/queue, {args.waiting} calls waiting: {q['per_s']:.0f}/s  p50 {q['p50_ms']:.2f} ms"
+        print(f"GET /v1/queue, {waiting} calls waiting: {q['per_s']:.0f}/s  p50 {q['p50_ms']:.2f} ms"
               f"  p99 {q['p99_ms']:.2f} ms  ({q['requests']} requests, {q['errors']} errors)")
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,11 @@ class Reconcile:
                 raise Invalid(f"copies[{i}]: not a state object on a tier: {c['object']!r} on {tier!r}") from None
             if key[0] not in ("w", "kv", "e") or not ok_tier:
                 raise Invalid(f"copies[{i}]: {list(c['object'])} on {tier!r} is not a copy node {node} can hold")
+            model = key[2] if key[0] == "kv" else key[1]
+            m = self.catalog.by_name.get(model)
+            if m is None or (key[0] == "e" and not (m.moe and 0 <= key[2] < m.moe.pages)) or \
+                    (key[0] == "kv" and len(key) != 3) or (key[0] == "w" and len(key) != 2):
+                raise Invalid(f"copies[{i}]: {list(c['object'])} is no state object of catalog {self.catalog.name!r}")
             out[(key, tier)] = c
         return out
 

@@ -42,7 +42,7 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", app, headers=H("admin")
 def _role(path: str) -> str:
     if path.startswith(("/v1/events", "/v1/leases")):
         return "runtime"
-    if path.startswith(("/v1/plan", "/v1/ops")):
+    if path.startswith(("/v1/plan", "/v1/ops", "/v1/inventory")):
         return "adapter"
     return "admin"
 
@@ -73,11 +73,12 @@ _ROUTES = {
     ("POST", "/v1/ops/op1", "adapter"): {"status": "failed", "version": 0, "epoch": 0},
     ("PUT", "/v1/cluster", "admin"): {"cluster": {"name": "x", "gpu_kinds": {}, "nodes": []}, "catalog": {"models": []}},
     ("POST", "/v1/oracle/runs", "admin"): {"preset": "not-a-preset"},
+    ("PUT", "/v1/inventory", "adapter"): {"node": "n0", "copies": [{"object": ["w", "planner"], "tier": "gpu:0"}]},
 }
 _FIELDS = {"type", "program", "call", "model", "tool", "thread", "after", "effect", "result", "ttft_s", "duration_s",
            "context_tokens", "tokens", "epoch", "attempt", "deadline_s", "earliest_s", "confidence", "cancel_token",
            "for_call", "status", "bytes", "seconds", "checksum", "version", "error", "cluster", "catalog", "hours",
-           "seed", "window", "overlap", "time_limit_s"}
+           "seed", "window", "overlap", "time_limit_s", "node", "reason", "copies"}
 _client = TestClient(app, raise_server_exceptions=False)
 _body = st.one_of(
     _junk,

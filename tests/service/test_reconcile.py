@@ -176,3 +176,11 @@ def test_a_call_id_arriving_again_on_another_model_is_refused():
     with pytest.raises(Conflict, match="arrived on model 'planner'"):
         p.event("a", {"type": "call_arrived", "program": "p1", "call": "c1", "model": "coder", "attempt": 1})
     assert p.programs["p1"].calls["c1"]["model"] == "planner"
+
+
+@pytest.mark.parametrize("obj", [["w", "nope"], ["kv", "p1", "nope"], ["e", "planner", "0"], ["w", "planner", "x"]])
+def test_an_inventory_naming_no_state_object_of_the_catalog_is_refused(obj):
+    p = planner()
+    with pytest.raises(Invalid, match="no state object|not a state object|not a copy"):
+        p.reconcile("n0", [{"object": obj, "tier": "gpu:0"}])
+    assert not p.tiers.gpu

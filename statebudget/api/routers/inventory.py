@@ -8,9 +8,10 @@ import logging
 from fastapi import APIRouter, HTTPException
 
 from ..deps import AdapterDep, ServiceDep
+from ..inputs import StrictJsonRoute
 from ..schemas import InventoryPut
 
-router = APIRouter(prefix="/v1", tags=["adapters"])
+router = APIRouter(prefix="/v1", tags=["adapters"], route_class=StrictJsonRoute)
 log = logging.getLogger("statebudget.api")
 
 

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 
 from .. import __version__
 from ..models.errors import InputError
+from ..service.ledger import LedgerError
 from ..service.live import Conflict, Forbidden, Invalid, LivePlanner, NotFound, Unavailable
 from . import docs as api_docs
 from .auth import Auth
@@ -85,7 +86,10 @@ class Service:
         run_id = uuid.uuid4().hex[:12]
         run = {"run_id": run_id, "status": "queued", "request": body.model_dump(exclude={"trace_jsonl"}),
                "created_s": time.time()}
-        self.planner.store.put_run(run_id, "queued", run)
+        try:
+            self.planner.store.put_run(run_id, "queued", run)
+        except LedgerError as e:
+            raise Unavailable(f"{e}; the run was not started, send it again later") from None
         job = asyncio.get_running_loop().run_in_executor(None, self._oracle_job, run, body)
         self._jobs[run_id] = job
         job.add_done_callback(lambda _: self._jobs.pop(run_id, None))
@@ -120,8 +124,11 @@ class Service:
                                     body.time_limit_s, replicas=body.replicas, guide_from=lead)
             store.put_run(run["run_id"], "done", {**run, "status": "done", "result": result, "finished_s": time.time()})
         except Exception as e:
-            store.put_run(run["run_id"], "failed", {**run, "status": "failed", "error": f"{type(e).__name__}: {e}",
-                                                    "finished_s": time.time()})
+            try:
+                store.put_run(run["run_id"], "failed", {**run, "status": "failed", "error": f"{type(e).__name__}: {e}",
+                                                        "finished_s": time.time()})
+            except LedgerError:  # the run stays "running" in the ledger; say why here at least
+                log.exception("oracle run %s failed (%s) and the ledger refused to record it", run["run_id"], e)
 
 
 def create_app(planner: LivePlanner, auth: Auth, tick_s: float = 5.0, coalesce_s: float = 0.005,

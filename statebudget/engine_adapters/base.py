@@ -141,10 +141,16 @@ class Adapter(ABC):
         answered are forgotten: the planner closed them (failed), and offers new ones."""
         generation = self.engine_generation()
         r = self.client.put("/v1/inventory", json={"node": self.node, "reason": reason, "copies": self.held()})
+        if r.status_code in (404, 405) and r.json().get("detail") in ("Not Found", "Method Not Allowed"):
+            log.warning("the planner at %s takes no inventory (an older version): not reconciled", self.planner)
+            self._generation = generation
+            return {}
         r.raise_for_status()
         body = r.json()
         for c in body.get("drop", ()):
             self.forget(c["object"], c["tier"])
+        for op in self._unsettled.values():  # closed by the planner: their targets are undone here too
+            self._settle(op, 409)
         self._unsettled.clear()
         self._generation, self.version = generation, 0
         log.info("inventory (%s): %d copies lost, %d adopted, %d dropped, %d ops closed", reason,

@@ -254,10 +254,13 @@ class LeaseLedger:
         assert lease is None or not lease.state.live, "only an ended lease is forgotten"
         self.changed.discard(lease_id)
 
-    def cancel_token(self, token: str, now: float) -> list[tuple[str, list]]:
-        """Cancel every live lease holding `token`: [(lease_id, objects to stop)]."""
+    def cancel_token(self, token: str, now: float, program: str | None = None) -> list[tuple[str, list]]:
+        """Cancel every live lease holding `token` (of `program` only, if given: a token made of a
+        program and a call id could be another program's too): [(lease_id, objects to stop)]."""
         out = []
         for lid in sorted(self._by_token.get(token, ())):
+            if program is not None and self.leases[lid].request.program != program:
+                continue
             stop = self.cancel(lid, now, f"token {token}")
             out.append((lid, stop))
         return out

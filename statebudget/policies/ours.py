@@ -171,7 +171,7 @@ class StateBudgetLease(StateBudget):
     def on_call_cancelled(self, sim, call):
         core = self._core(sim)
         core.predictor.call_cancelled(call.program, call.node, call.arrive >= 0, sim.now)
-        return self.stop_leases(sim, core.ledger.cancel_token(f"{call.program}/{call.node}", sim.now))
+        return self.stop_leases(sim, core.ledger.cancel_token(f"{call.program}/{call.node}", sim.now, call.program))
 
     def on_call_end(self, sim, call):
         core = self._core(sim)

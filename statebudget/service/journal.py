@@ -216,6 +216,7 @@ class Journal:
             self.telemetry.moved(link, moved * b / op.bytes if op.bytes else 0.0)
         rec.status, rec.result = OpStatus.DONE, result
         self.fail_backoff.pop((key, op.dst), None)
+        self.fail_backoff.pop((key, op.src), None)
         self._finish(rec)
 
     def _close(self, rec: OpRec, status: OpStatus, reason: str, result: dict | None = None,
@@ -264,15 +265,21 @@ class Journal:
                 self._finish_as(self.ops[writer], OpStatus.CANCELLED, "its source never left HBM")
             self.policy.on_copy_ready(self, back)
             return
-        if (key, group) not in self.tiers.gpu and self.tiers.fits_gpu(group, per_gpu + self.tiers.engine_need(key, group)):
-            if key[0] == "w":
-                self.tiers.start_engine(key, group, self.now)
-            self.tiers.alloc_gpu(group, per_gpu)
-            c = GpuCopy(key, group, per_gpu, True, self.now, self.now)
-            self.tiers.add_gpu_copy(c)
-            self._save_gpu(c)
-        else:
+        if (key, group) in self.tiers.gpu or not self._take_gpu_copy(key, group, per_gpu):
             self._drop_instead(rec)
+
+    def _take_gpu_copy(self, key, group, per_gpu: float) -> bool:
+        """Put a copy the engine holds (a move that did not leave, an adapter's inventory) into the
+        books as ready, with its engine if it is weights, if it fits; whether it did."""
+        if not self.tiers.fits_gpu(group, per_gpu + self.tiers.engine_need(key, group)):
+            return False
+        if key[0] == "w":
+            self.tiers.start_engine(key, group, self.now)
+        self.tiers.alloc_gpu(group, per_gpu)
+        c = GpuCopy(key, group, per_gpu, True, self.now, self.now)
+        self.tiers.add_gpu_copy(c)
+        self._save_gpu(c)
+        return True
 
     def _drop_instead(self, rec: OpRec) -> None:
         """Drop the source of `rec`, a move out of HBM that did not land or a drop that failed, in

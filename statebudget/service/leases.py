@@ -10,7 +10,7 @@ from ..planner.leases import Lease, LeaseRequest, LeaseState
 from ..policies.baselines import place_model
 from .errors import Invalid, NotFound
 from .journal import gpu_tier
-from .programs import scoped
+from .programs import scoped, unscoped
 
 
 class LeaseDesk:
@@ -66,8 +66,9 @@ class LeaseDesk:
             lease_id=lease.lease_id, decision=lease.decision, state=lease.state.name.lower(),
             quote=QuotePublic(p50_s=q.p50_s, p95_s=q.p95_s), version=lease.request.version,
             kv_version=lease.request.kv_version, ready=lease.state in (LeaseState.READY, LeaseState.CONSUMED),
-            deadline_in_s=lease.request.deadline_s - self.now, reason=lease.reason,
-            objects={"/".join(map(str, k)): v for k, v in lease.objects.items()})
+            deadline_in_s=lease.request.deadline_s - self.now,
+            reason=lease.reason.replace(lease.request.program, unscoped(lease.request.program)),
+            objects={"/".join(map(str, _runtime_key(k))): v for k, v in lease.objects.items()})
 
     def get_lease(self, tenant: str, lease_id: str) -> Lease:
         """The lease `lease_id` of `tenant`. Called by GET and DELETE /v1/leases/{id}. Raises
@@ -90,3 +91,8 @@ class LeaseDesk:
             self._flush()
         return self.lease_view(lease)
 
+
+
+def _runtime_key(key) -> tuple:
+    """A state key as the runtime names it: a KV under its own program id, not the planner's."""
+    return ("kv", unscoped(key[1]), key[2]) if key[0] == "kv" else key

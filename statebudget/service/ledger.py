@@ -202,6 +202,12 @@ class Store:
     def delete_leases(self, lease_ids: list[str]) -> int:
         return sum(self.db.execute("DELETE FROM leases WHERE lease_id = ?", (lid,)).rowcount for lid in lease_ids)
 
+    def delete_old_runs(self, keep: int) -> int:
+        """All but the newest `keep` oracle runs that have ended."""
+        with self.lock:
+            return self.db.execute("DELETE FROM oracle_runs WHERE status IN ('done', 'failed') AND rowid NOT IN "
+                                   "(SELECT rowid FROM oracle_runs ORDER BY rowid DESC LIMIT ?)", (keep,)).rowcount
+
     def op_count(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM ops").fetchone()[0]
 

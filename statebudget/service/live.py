@@ -56,7 +56,7 @@ from .errors import Conflict, Forbidden, Invalid, NotFound, Unavailable
 from .journal import Journal, OpRec, OpStatus, gpu_tier
 from .kvwait import ToolWaitKVPart
 from .leases import LeaseDesk
-from .ledger import LedgerError, Store
+from .ledger import Store
 from .persist import Persist
 from .programs import ProgramEvents, ProgramRec
 from .queue import QueueOrder
@@ -255,12 +255,12 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         a few ms after events arrive, every `tick_s` regardless, and by tests. Returns the number
         of ops it created."""
         t0 = time.perf_counter()
-        if self.ledger_error is not None:
-            try:  # a write that needs room: has the disk been freed?
-                self.store.probe_write()
-            except LedgerError as e:
-                self.ledger_error = str(e)
-                return 0
+        try:
+            return self._tick(t0)
+        except Unavailable:  # the ledger still refuses writes (its probe says so): no step
+            return 0
+
+    def _tick(self, t0: float) -> int:
         with self._tx():
             if self.resume_due:
                 self._resume()
@@ -313,7 +313,8 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
             return
         per_gpu = self.size_of(key) / len(group)
         victims = self.plan_eviction(group, per_gpu + self.tiers.engine_need(key, group), protect={(key, group)},
-                                     allow=lambda v: self.policy.may_evict_for_prefetch(self, v, key))
+                                     allow=lambda v: self.policy.may_evict_for_prefetch(self, v, key)
+                                     and not self.held_back(v.key, gpu_tier(v.group)))
         if victims is None or (background and victims):
             return
         for v in victims:
@@ -350,7 +351,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         """A ready, unpinned copy leaves the books' HBM now; its room is free for the plan, and the
         op moves it to `to` (host, where there is room and no other writer) or drops it."""
         c = self.tiers.gpu.get((key, group))
-        if c is None or c.pins > 0 or not c.ready:
+        if c is None or c.pins > 0 or not c.ready or self.held_back(key, gpu_tier(group)):
             return
         node = self.gpus[group[0]].node
         dst = "none"

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from dataclasses import asdict
 
 from ..core.books import GpuCopy, HostCopy
+from ..models.catalog import Catalog
+from ..models.cluster import Cluster
 from ..models.plan import Op
 from ..models.state import kv_key, weights_key
 from ..models.trace import MAIN_THREAD
@@ -18,6 +20,7 @@ from .errors import Conflict, Forbidden, Invalid, NotFound, Unavailable
 from .journal import OpRec, OpStatus, gpu_tier, object_key, tier_group
 from .ledger import LedgerError
 from .programs import CallStatus, HookProgram, ProgramRec, ProgramStatus
+from .telemetry import HeldTelemetry
 
 log = logging.getLogger("statebudget.planner")
 
@@ -43,8 +46,7 @@ class Persist:
 
     def _save_op(self, rec: OpRec) -> None:
         self.store.put_op(rec.op.op_id, rec.node, rec.status, rec.plan_version, rec.offered, rec.op.model_dump(),
-                          rec.result, rec.reason, rec.order, rec.not_before, rec.tries,
-                           rec.closed_s)
+                          rec.result, rec.reason, rec.order, rec.not_before, rec.tries, rec.closed_s)
 
     def _save_program(self, rec: ProgramRec) -> None:
         self.store.put_program(rec.program, rec.tenant, dict(rec.__dict__))  # json copies it; no deepcopy
@@ -152,41 +154,59 @@ class Persist:
         write (or the request fails in a way nobody planned for, after changing memory), the
         transaction is rolled back and the books are rebuilt from what is on disk, as after a
         restart; the caller gets `Unavailable` (503) for a refused write. The refusals the planner
-        raises on purpose (NotFound, Conflict ...) come before any change, and pass through."""
-        outer = self.store._depth == 0
-        try:
-            with self.store.tx():
+        raises on purpose (NotFound, Conflict ...) come before any change, and pass through.
+
+        The store's lock is held throughout, so a background job writing through the same store
+        (an oracle run) never makes a request's transaction look nested. While the ledger is known
+        to refuse writes, a request is refused before it touches memory unless a probe write now
+        succeeds. Telemetry is held back until the commit: a request rolled back counts nothing."""
+        with self.store.lock:
+            if self.store._depth:  # nested in this thread's transaction: the outer one decides
                 yield
-        except (NotFound, Forbidden, Conflict, Invalid):
-            raise
-        except LedgerError as e:
-            if outer:
+                return
+            if self.ledger_error is not None:
+                try:
+                    self.store.probe_write()
+                except LedgerError as e:
+                    self.ledger_error = str(e)
+                    raise Unavailable(f"{e}; nothing of this request was kept, send it again later") from None
+            real, self.telemetry = self.telemetry, HeldTelemetry()
+            try:
+                with self.store.tx():
+                    yield
+            except (NotFound, Forbidden, Conflict, Invalid):
+                self.telemetry.replay(real)  # a refusal commits what it closed (its op, on disk)
+                raise
+            except LedgerError as e:
                 self._rebuild(str(e))
-            raise Unavailable(f"{e}; nothing of this request was kept, send it again later") from None
-        except Exception:
-            if outer:
+                raise Unavailable(f"{e}; nothing of this request was kept, send it again later") from None
+            except Exception:
                 self._rebuild(None)
-            raise
-        if outer and self.ledger_error is not None:
-            log.warning("ledger writable again after: %s", self.ledger_error)
-            self.ledger_error = None
+                raise
+            finally:
+                held, self.telemetry = self.telemetry, real
+            held.replay(real)
+            if self.ledger_error is not None:
+                log.warning("ledger writable again after: %s", self.ledger_error)
+                self.ledger_error = None
 
     def _rebuild(self, error: str | None) -> None:
-        """Memory from the ledger after a rolled-back transaction. Its own writes (`_resume`) are
-        tried once; if the ledger refuses them too, the next planning step does them."""
+        """Memory from the ledger after a rolled-back transaction, the cluster and catalog too (a
+        PUT /v1/cluster may have been the request). Its own writes (`_resume`) are tried once; if
+        the ledger refuses them too, the next planning step does them."""
         if error is not None:
             self.ledger_error = error
             log.error("%s: the books are rebuilt from the ledger", error)
-        self._setup(self.cluster, self.catalog)
+        cluster, catalog = Cluster(**self.store.get_meta("cluster")), Catalog(**self.store.get_meta("catalog"))
+        self._setup(cluster, catalog)
         self._restore(resume=False)
         try:
             with self.store.tx():
                 self._resume()
         except LedgerError as e:
             self.ledger_error = str(e)
-            self._setup(self.cluster, self.catalog)
+            self._setup(cluster, catalog)
             self._restore(resume=False)
-
 
 
 def _lease_body(lease: Lease, group) -> dict:

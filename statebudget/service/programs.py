@@ -156,7 +156,7 @@ class ProgramEvents:
 
     def _live(self, rec: ProgramRec, what: str) -> None:
         if rec.status != ProgramStatus.RUNNING:
-            raise Conflict(f"program {rec.program!r} is {rec.status}: no {what} after that")
+            raise Conflict(f"program {unscoped(rec.program)!r} is {rec.status}: no {what} after that")
 
     def _program_started(self, tenant: str, program: str) -> ProgramAck:
         rec = self._find_program(tenant, program)
@@ -173,7 +173,7 @@ class ProgramEvents:
         """The call an event is about, at the attempt it names (default: the current one)."""
         call = rec.calls.get(ev["call"])
         if call is None:
-            raise NotFound(f"call {ev['call']!r} of program {rec.program!r} never arrived (send call_arrived first)")
+            raise NotFound(f"call {ev['call']!r} of program {unscoped(rec.program)!r} never arrived (send call_arrived first)")
         attempt = ev.get("attempt", call["attempt"])
         if attempt != call["attempt"]:
             raise Conflict(f"call {ev['call']!r} is at attempt {call['attempt']}; an event of attempt {attempt} is stale")
@@ -292,7 +292,7 @@ class ProgramEvents:
         call = self._call_of(rec, ev)
         if call["status"] == CallStatus.CANCELLED:
             raise Conflict(f"the result of call {ev['call']!r} is late: it was cancelled"
-                           + (f" with program {rec.program!r}" if rec.status == ProgramStatus.CANCELLED else ""))
+                           + (f" with program {unscoped(rec.program)!r}" if rec.status == ProgramStatus.CANCELLED else ""))
         if call["status"] not in (CallStatus.ARRIVED, CallStatus.STARTED):
             return CallAck(ev["call"], call["status"])  # a repeated result commits nothing
         group = self._unpin(rec, call)
@@ -352,11 +352,11 @@ class ProgramEvents:
             if e is not None and e["state"] == "done":  # applied once already: the runtime must not run it again
                 return EffectDone(ev["tool"], "done", key, e["call"], e["result"])
             if e is not None and e["call"] != tid and e["thread"] != thread and waiting_thread(rec, e["call"]) is not None:
-                raise Conflict(f"side effect {key!r} of program {rec.program!r} is in flight as tool call "
+                raise Conflict(f"side effect {key!r} of program {unscoped(rec.program)!r} is in flight as tool call "
                                f"{e['call']!r} on thread {e['thread']!r}: running it again would repeat it; await "
                                f"that call's result")
         if tid is not None and tid in rec.tools_over:
-            raise Conflict(f"tool call {tid!r} of program {rec.program!r} is over (finished, or retried under "
+            raise Conflict(f"tool call {tid!r} of program {unscoped(rec.program)!r} is over (finished, or retried under "
                            f"another id): a repeated start is stale")
         if (th := waiting_thread(rec, tid)) is not None:
             return ToolAck(rec.tools[th][0], "started")  # a repeated event: nothing changes
@@ -378,12 +378,12 @@ class ProgramEvents:
         if tid is not None and tid in rec.tools_done:  # a repeated delivery of a result already taken
             return ToolAck(tool, "finished", repeated=True)
         if rec.status != ProgramStatus.RUNNING:
-            raise Conflict(f"tool result {tid or tool!r} of program {rec.program!r} is late: the program is "
+            raise Conflict(f"tool result {tid or tool!r} of program {unscoped(rec.program)!r} is late: the program is "
                            f"{rec.status}")
         if tid is not None:
             thread = waiting_thread(rec, tid)
             if thread is None:
-                raise Conflict(f"tool result {tid!r} of program {rec.program!r} is late: that tool is no "
+                raise Conflict(f"tool result {tid!r} of program {unscoped(rec.program)!r} is late: that tool is no "
                                f"longer awaited")
         else:
             thread = ev.get("thread") or MAIN_THREAD

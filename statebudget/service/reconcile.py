@@ -11,21 +11,24 @@ every ready copy it holds in HBM and host DRAM (`PUT /v1/inventory`). The planne
                               answer tells the adapter to drop it
 and plans again from there.
 
-Failed ops back off: a promote that failed is not planned again onto the same tier for 1 s, 2 s,
-4 s ... (`FAIL_BACKOFF_S`, doubling, at most `FAIL_BACKOFF_MAX_S`); after `FAIL_GIVE_UP`
+Failed ops back off: a promote that failed is not planned again onto the same tier, nor a move
+out of HBM that failed from the same copy, for 1 s, 2 s, 4 s ... (`FAIL_BACKOFF_S`, doubling, at
+most `FAIL_BACKOFF_MAX_S`); after `FAIL_GIVE_UP`
 failures in a row from a host copy, that host copy is given up (the books let it go, so the next
 plan reads the model store instead). A commit clears the record. This is soft state: a restart
 starts it afresh, which costs at most `FAIL_GIVE_UP` more tries.
 
-Compaction keeps the ledger bounded: closed ops older than `retain_ops_s`, and ended programs
-(with their ended leases) older than `retain_programs_s`, leave memory and disk.
+Compaction keeps the ledger bounded: closed ops older than `retain_ops_s`, ended programs (with
+their ended leases) and any lease ended longer than `retain_programs_s` ago leave memory and
+disk, and only the newest `KEEP_ORACLE_RUNS` oracle runs stay. A program id whose record was
+compacted is new again: a late `program_started` for it starts a fresh program.
 """
 
 from __future__ import annotations
 
 import logging
 
-from ..core.books import GpuCopy, HostCopy
+from ..core.books import HostCopy
 from ..planner.leases import LeaseState
 from .errors import Invalid, NotFound
 from .journal import OpStatus, gpu_tier, object_key, tier_group
@@ -37,6 +40,7 @@ FAIL_BACKOFF_S = 1.0
 FAIL_BACKOFF_MAX_S = 60.0
 FAIL_GIVE_UP = 3
 COMPACT_EVERY_S = 60.0
+KEEP_ORACLE_RUNS = 100  # the newest oracle runs kept in the ledger
 
 
 class Reconcile:
@@ -93,6 +97,9 @@ class Reconcile:
             if m is None or (key[0] == "e" and not (m.moe and 0 <= key[2] < m.moe.pages)) or \
                     (key[0] == "kv" and len(key) != 3) or (key[0] == "w" and len(key) != 2):
                 raise Invalid(f"copies[{i}]: {list(c['object'])} is no state object of catalog {self.catalog.name!r}")
+            if tier.startswith("gpu:") and tier_group(tier) not in self.groups(m.tp):
+                raise Invalid(f"copies[{i}]: {tier!r} is no GPU group of cluster {self.cluster.name!r} for {model!r} "
+                              f"(tensor-parallel width {m.tp})")
             out[(key, tier)] = c
         return out
 
@@ -117,7 +124,13 @@ class Reconcile:
         return lost
 
     def _holds(self, row: dict | None, key) -> bool:
-        return row is not None and row.get("version") in (None, self.version_of(key))
+        """An inventory row holds the books' current version of `key`. A KV's version (its token
+        count) must be given; weights without one (an engine that cannot tell) are taken as the
+        catalog's current version."""
+        if row is None:
+            return False
+        v = row.get("version")
+        return v == self.version_of(key) or (v is None and key[0] != "kv")
 
     def _adopt(self, held: dict) -> tuple[list, list]:
         """Inventory copies the books lack: current ones that fit are taken in (ready), the rest
@@ -130,14 +143,7 @@ class Reconcile:
                 group = tier_group(tier)
                 if (key, group) in self.tiers.gpu:
                     continue
-                per_gpu = size / len(group)
-                if current and self.tiers.fits_gpu(group, per_gpu + self.tiers.engine_need(key, group)):
-                    if key[0] == "w":
-                        self.tiers.start_engine(key, group, self.now)
-                    self.tiers.alloc_gpu(group, per_gpu)
-                    c = GpuCopy(key, group, per_gpu, True, self.now, self.now)
-                    self.tiers.add_gpu_copy(c)
-                    self._save_gpu(c)
+                if current and self._take_gpu_copy(key, group, size / len(group)):
                     adopted.append((key, tier))
                 else:
                     drop.append((key, tier))
@@ -166,14 +172,18 @@ class Reconcile:
 
     # ---- failed ops --------------------------------------------------------------------------------
     def _failed(self, rec) -> None:
-        """A promote failed: hold that target back, doubling; give up a host source after
-        FAIL_GIVE_UP failures in a row."""
+        """An op failed: a promote holds its target back, a move out of HBM its source (which went
+        back into the books), doubling each time; a host source of promotes is given up after
+        FAIL_GIVE_UP failures in a row. A failed drop has its own retries (`_drop_instead`)."""
         op, key = rec.op, object_key(rec.op.object)
+        if op.kind == "drop":
+            return
+        tier = op.dst if op.kind == "promote" else op.src
+        n, _ = self.fail_backoff.get((key, tier), (0, 0.0))
+        n += 1
+        self.fail_backoff[(key, tier)] = (n, self.now + min(FAIL_BACKOFF_S * 2 ** (n - 1), FAIL_BACKOFF_MAX_S))
         if op.kind != "promote":
             return
-        n, _ = self.fail_backoff.get((key, op.dst), (0, 0.0))
-        n += 1
-        self.fail_backoff[(key, op.dst)] = (n, self.now + min(FAIL_BACKOFF_S * 2 ** (n - 1), FAIL_BACKOFF_MAX_S))
         if n >= FAIL_GIVE_UP and op.src.startswith("host:"):
             hc = self.tiers.host.get((key, op.src.split(":", 1)[1]))
             if hc is not None and hc.ready:
@@ -203,11 +213,13 @@ class Reconcile:
             del self.programs[p]
         n += self.store.delete_programs(old)
         gone = set(old)
-        leases = [lid for lid, l in self.ledger.leases.items() if l.request.program in gone and l.state in ended]
+        leases = [lid for lid, l in self.ledger.leases.items() if l.state in ended and (
+            l.request.program in gone or (l.ended_s is not None and l.ended_s < now - self.retain_programs_s))]
         for lid in leases:
             self.ledger.forget(lid)
             self.policy.group_of.pop(lid, None)
         n += self.store.delete_leases(leases)
+        n += self.store.delete_old_runs(KEEP_ORACLE_RUNS)
         return n
 
 

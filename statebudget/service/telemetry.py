@@ -8,8 +8,9 @@ stops its leases, ends nothing anew), a program's end in `_end_program`, an op's
 `Journal._finish`. What is cheap to read off the books (occupancy, open ops, adapters' last
 contact) is not reported here: the `/metrics` handler reads it at scrape time.
 
-A hook runs inside the request's transaction; a transaction the ledger refuses (503) is rolled
-back but what its hooks counted stays counted.
+Hooks called inside a request's transaction are held (`HeldTelemetry`) and replayed once it
+commits: a request the ledger refuses (503) is rolled back and counts nothing, and its retry
+counts once.
 """
 
 from __future__ import annotations
@@ -85,3 +86,21 @@ class Telemetry:
 
     def program_sizes(self, cv: float | None, ordering: str) -> None:
         """Queue `auto`: the CV of finished programs' service, and the discipline it orders by."""
+
+
+class HeldTelemetry:
+    """Telemetry calls held back during a transaction, replayed on the real one once it commits
+    (dropped if it rolls back): what a refused request did is not counted."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, tuple, dict]] = []
+
+    def __getattr__(self, name: str):
+        def hold(*args, **kw):
+            self.calls.append((name, args, kw))
+        return hold
+
+    def replay(self, real) -> None:
+        for name, args, kw in self.calls:
+            getattr(real, name)(*args, **kw)
+        self.calls.clear()

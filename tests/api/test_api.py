@@ -1,6 +1,7 @@
 """The planner service through its HTTP API (in process): auth, the lease and op protocol, the
 commit boundary, epochs, metrics and oracle runs."""
 
+import json
 
 import pytest
 from fastapi.testclient import TestClient
@@ -376,3 +377,32 @@ def test_the_auto_queue_gauges_are_set_from_the_start_and_after_a_restart(tmp_pa
     with client:
         g = gauges(client)
         assert g['statebudget_queue_ordering{discipline="atlas"}'] == "1.0" and g["statebudget_program_service_cv"] != "NaN"
+
+
+def test_a_tenant_cannot_tell_that_another_took_its_program_id_first(client):
+    # b's program "p1" is namespaced inside the planner because a took "p1" first; nothing b
+    # hears says so: lease objects and reasons, refusals and answers carry b's own id.
+    start_program(client, "a")
+    assert ev(client, "b", type="program_started", program="p1").json()["program"] == "p1"
+    assert ev(client, "b", type="call_arrived", program="p1", call="c1", model="planner").status_code == 200
+    assert ev(client, "b", type="call_started", program="p1", call="c1").status_code == 200
+    assert ev(client, "b", type="call_finished", program="p1", call="c1", tokens=100).status_code == 200
+    r = client.post("/v1/leases", json={"program": "p1", "model": "planner", "deadline_s": 30}, headers=H("b"))
+    body = r.json()
+    assert r.status_code == 200 and "#" not in json.dumps(body), body
+    assert ev(client, "b", type="program_finished", program="p1").status_code == 200
+    late = ev(client, "b", type="call_arrived", program="p1", call="c2", model="planner")
+    assert late.status_code == 409 and "'p1'" in late.json()["detail"] and "#" not in late.json()["detail"]
+    assert "#" not in client.get(f"/v1/leases/{body['lease_id']}", headers=H("b")).text
+
+
+def test_one_tenants_call_cancel_never_cancels_anothers_lease_with_the_same_token_text(client):
+    # a's program "p" with a lease for call "x/y" and b's program "p/x" with call "y" make the
+    # same default cancel token text "p/x/y"; b's cancel stops b's leases only.
+    start_program(client, "a", "p")
+    lid = client.post("/v1/leases", json={"program": "p", "model": "planner", "deadline_s": 30, "for_call": "x/y"},
+                      headers=H("a")).json()["lease_id"]
+    assert ev(client, "b", type="program_started", program="p/x").status_code == 200
+    assert ev(client, "b", type="call_arrived", program="p/x", call="y", model="coder").status_code == 200
+    assert ev(client, "b", type="call_cancelled", program="p/x", call="y").status_code == 200
+    assert client.get(f"/v1/leases/{lid}", headers=H("a")).json()["state"] != "cancelled"

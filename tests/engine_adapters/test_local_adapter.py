@@ -323,3 +323,58 @@ def test_an_adapter_whose_token_the_planner_keeps_refusing_stops_and_says_why(tm
         ad.run(wait_s=0)
     first_403 = seen[3]  # after the 401, the 503 and the poll that went through
     assert seen[-1] - first_403 >= base.REFUSED_GRACE_S > seen[-2] - first_403  # stopped once the grace ran out
+
+
+# ---- inventories -----------------------------------------------------------------------------------
+
+def test_an_announce_after_a_lost_answer_undoes_the_unanswered_target_and_drops_what_the_planner_refuses(tmp_path):
+    seen = []
+
+    def planner(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path))
+        if request.method == "GET":
+            return httpx.Response(200, json={"version": 1, "ops": [op("promote", KV, "none", "host:n0", MiB, op_id="a").model_dump()]})
+        if request.method == "POST":
+            raise httpx.ReadError("the planner went away")
+        body = json.loads(request.content)
+        assert body["node"] == "n0" and body["reason"] == "engine restarted"
+        return httpx.Response(200, json={"drop": [{"object": c["object"], "tier": c["tier"]} for c in body["copies"]]})
+
+    client = httpx.Client(base_url="http://planner", transport=httpx.MockTransport(planner))
+    ad = LocalAdapter("http://planner", "n0", "t", client=client, root=tmp_path, use_cuda=False)
+    with pytest.raises(httpx.ReadError):
+        ad.step(0)
+    assert ad.plane.pending and ad.plane.host_pool.used == MiB  # executed, its answer lost
+    extra = ad.plane.store(["w", "coder"], MiB)  # a copy in the model store: not in the inventory
+    ad.plane.copies[(("kv", "p9", "coder"), "gpu:0")] = ad.plane._alloc(("kv", "p9", "coder"), "gpu:0", MiB, "x")
+    assert {c["tier"] for c in ad.plane.held()} == {"gpu:0"}  # HBM and host only, ready copies only
+    ad.announce("engine restarted")
+    assert not ad.plane.pending and ad.plane.host_pool.used == 0  # the unanswered target is undone
+    assert not ad.plane.ready(["kv", "p9", "coder"], "gpu:0") and ad.plane.ready(["w", "coder"], extra.tier)
+    assert ad.version == 0 and ("PUT", "/v1/inventory") in seen
+
+
+def test_an_adapter_goes_on_without_reconciliation_against_a_planner_that_takes_no_inventory(tmp_path):
+    def planner(request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT":
+            return httpx.Response(404, json={"detail": "Not Found"})
+        return httpx.Response(200, json={"version": 0, "ops": []})
+
+    client = httpx.Client(base_url="http://planner", transport=httpx.MockTransport(planner))
+    ad = LocalAdapter("http://planner", "n0", "t", client=client, root=tmp_path, use_cuda=False)
+    steps = []
+    ad.run(stop=lambda: len(steps) >= 2, wait_s=0, on_step=steps.append)
+    assert steps == [0, 0]  # it polled on, instead of retrying the inventory for ever
+
+
+def test_losing_the_gpus_frees_every_hbm_copy_and_moves_the_generation(tmp_path):
+    plane = LocalDataPlane(tmp_path, node="n0", arena_bytes=8 * MiB, use_cuda=False)
+    for i, o in enumerate((op("promote", KV, "none", "gpu:0", MiB, op_id="a"),
+                           op("promote", ["kv", "p2", "coder"], "none", "host:n0", MiB, op_id="b"))):
+        assert plane.execute(o).status == "done"
+        plane.commit(o)
+    pending = op("promote", ["kv", "p3", "coder"], "none", "gpu:0", MiB, op_id="c")
+    plane.execute(pending)
+    assert plane.lose_gpus() == 1 and plane.generation == 1
+    assert plane.gpu_pools[0].used == 0 and "c" not in plane.pending
+    assert [c["tier"] for c in plane.held()] == ["host:n0"]

@@ -85,3 +85,60 @@ def test_full_synchronous_is_the_default_and_normal_can_be_chosen(tmp_path):
     assert Store(tmp_path / "b.db", synchronous="normal").db.execute("PRAGMA synchronous").fetchone()[0] == 1
     with pytest.raises(ValueError, match="synchronous"):
         Store(tmp_path / "c.db", synchronous="off")
+
+
+class Counting:
+    """Telemetry that counts each hook by name."""
+
+    def __init__(self):
+        from collections import Counter
+        self.n = Counter()
+
+    def __getattr__(self, name):
+        return lambda *a, **k: self.n.update([name])
+
+
+def test_a_request_the_ledger_refuses_counts_nothing_and_its_retry_counts_once(tmp_path):
+    p = planner(tmp_path / "sb.db")
+    p.telemetry = Counting()
+    p.event("a", {"type": "program_started", "program": "p" * 190})
+    fill_disk(p.store)
+    with pytest.raises(Unavailable):
+        for i in range(30):  # program rows until one needs a page
+            p.event("a", {"type": "program_started", "program": f"{'q' * 190}{i}"})
+    refused = next(f"{'q' * 190}{i}" for i in range(30) if f"{'q' * 190}{i}" not in p.programs)
+    with pytest.raises(Unavailable):
+        p.event("a", {"type": "program_cancelled", "program": "p" * 190})
+    assert p.telemetry.n["program_ended"] == 0  # held back, then dropped with the rollback
+    free_disk(p.store)
+    p.event("a", {"type": "program_cancelled", "program": "p" * 190})
+    p.event("a", {"type": "program_started", "program": refused})
+    assert p.telemetry.n["program_ended"] == 1
+
+
+def test_while_the_ledger_refuses_writes_requests_are_refused_before_touching_memory(tmp_path, monkeypatch):
+    p = planner(tmp_path / "sb.db")
+    fill_disk(p.store)
+    rebuilds = []
+    real = p._rebuild
+    monkeypatch.setattr(p, "_rebuild", lambda err: (rebuilds.append(err), real(err)))
+    with pytest.raises(Unavailable):
+        for i in range(30):
+            p.event("a", {"type": "program_started", "program": f"{'q' * 190}{i}"})
+    for i in range(20):  # the probe refuses them: no rebuild of the books each time
+        with pytest.raises(Unavailable):
+            p.event("a", {"type": "program_started", "program": f"again{i}"})
+    assert len(rebuilds) == 1
+
+
+def test_a_cluster_change_the_ledger_refuses_leaves_the_old_cluster_in_memory(tmp_path):
+    p = planner(tmp_path / "sb.db")
+    fill_disk(p.store)
+    with pytest.raises(LedgerError):  # every free page taken, so the bigger cluster cannot be written
+        for i in range(10_000):
+            with p.store.tx():
+                p.store.set_meta(f"filler{i}", "z" * 500)
+    big, cat = load_cluster("hetero16"), load_catalog("agent-team")
+    with pytest.raises(Unavailable):
+        p.set_cluster(big.model_dump(mode="json"), cat.model_dump(mode="json"))
+    assert p.cluster.name == "toy2" and len(p.gpus) == 2 and p.catalog.name == load_catalog("toy").name

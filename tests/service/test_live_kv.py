@@ -378,7 +378,9 @@ def test_the_service_loop_wakes_for_a_ttl_without_any_event():
     p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), kv_rule="adaptive")
     p.kvw.waits = ToolWaitModel({"quick": (0.1, 2.0)})
     runtime = {"Authorization": "Bearer runtime-a-0123456789"}
-    with TestClient(create_app(p, auth, tick_s=60.0)) as c:
+    # coalesce_s: the first planning step comes 1 s after the first event, after the five events
+    # below, so it cannot move the KV between the call's end and the tool's start
+    with TestClient(create_app(p, auth, tick_s=60.0, coalesce_s=1.0)) as c:
         def ev(**body):
             r = c.post("/v1/events", json={"program": "p1", **body}, headers=runtime)
             assert r.status_code == 200, r.text

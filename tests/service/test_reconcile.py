@@ -184,3 +184,54 @@ def test_an_inventory_naming_no_state_object_of_the_catalog_is_refused(obj):
     with pytest.raises(Invalid, match="no state object|not a state object|not a copy"):
         p.reconcile("n0", [{"object": obj, "tier": "gpu:0"}])
     assert not p.tiers.gpu
+
+
+def test_a_move_out_of_hbm_that_keeps_failing_is_not_planned_again_in_a_loop():
+    # One GPU with room for two of three models, a lease a second for each in turn, and an
+    # engine that fails every demote: the failed source goes back into the books and backs off,
+    # instead of being chosen as the victim of every next promote.
+    from tests.helpers import catalog, cluster
+
+    clock = Clock(1000.0)
+    p = LivePlanner(cluster(gpus=1, hbm_gb=30), catalog(("m1", 12), ("m2", 16), ("m3", 10)), clock=clock)
+    demotes_failed = 0
+    for step in range(200):  # 100 s
+        clock.t += 0.5
+        prog = f"p{step}"
+        p.event("a", {"type": "program_started", "program": prog})
+        p.submit_lease("a", {"program": prog, "model": ("m1", "m2", "m3")[step % 3], "deadline_s": 5})
+        p.event("a", {"type": "program_finished", "program": prog})
+        for _ in range(2):
+            p.tick()
+            for r in list(p.ops.values()):
+                if r.op.op_id not in p.ops or r.not_before:
+                    continue
+                failing = step >= 20 and r.op.kind == "demote"
+                demotes_failed += failing
+                try:
+                    report_op(p, r.op, status="failed" if failing else "done", error="engine busy")
+                except Invalid:
+                    pass
+    # three models, each backing off 1, 2, 4, ... up to 60 s over 90 s: tens, not one per lease
+    assert 0 < demotes_failed <= 3 * 8, demotes_failed
+    p.tiers.check()
+
+
+@pytest.mark.parametrize("tier", ["gpu:0,0", "gpu:0,1", "gpu:7"])
+def test_an_inventory_on_a_gpu_group_the_cluster_does_not_have_for_that_model_is_refused(tier):
+    p = planner()
+    with pytest.raises(Invalid, match="no GPU group|not a copy"):
+        p.reconcile("n0", [{"object": list(W), "tier": tier}])
+    assert not p.tiers.gpu and sum(p.tiers.hbm_used) == 0
+
+
+def test_a_kv_copy_without_its_version_is_not_taken_as_current():
+    p = planner()
+    p.event("a", {"type": "program_started", "program": "p1"})
+    for ev in ({"type": "call_arrived", "model": "planner"}, {"type": "call_started"}, {"type": "call_finished", "tokens": 300}):
+        p.event("a", {"program": "p1", "call": "c1", **ev})
+    (kv_tier,) = [f"gpu:{g[0]}" for (k, g) in p.tiers.gpu if k[0] == "kv"]
+    node = p.gpus[int(kv_tier[4:])].node
+    out = p.reconcile(node, [{"object": ["kv", "p1", "planner"], "tier": kv_tier}])  # no version
+    assert {"object": ["kv", "p1", "planner"], "tier": kv_tier} in out.lost
+    assert not any(k[0] == "kv" for k, _ in p.tiers.gpu)

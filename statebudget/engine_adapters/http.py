@@ -96,6 +96,25 @@ class EngineServersAdapter(Adapter):
         self.lmcache = lmcache
         self.engine = engine_client or engine_http_client(timeout_s)
         self.timeout_s = timeout_s
+        self._down: set[str] = set()  # servers whose last /health failed
+        self._restarts = 0            # servers seen down, then up again: each lost its memory
+
+    def engine_generation(self) -> int:
+        """Moves each time a server that failed /health answers it again: an engine that came
+        back has restarted and holds only what it loads at start (its inventory says what)."""
+        for url in sorted(set(self.endpoints.values())):
+            if self.unprobed(url):
+                continue
+            try:
+                up = self.engine.get(f"{url}/health").is_success
+            except httpx.HTTPError:
+                up = False
+            if not up:
+                self._down.add(url)
+            elif url in self._down:
+                self._down.discard(url)
+                self._restarts += 1
+        return self._restarts
 
     def endpoint(self, op: Op) -> str:
         """The server of the op's model on the op's GPU end."""

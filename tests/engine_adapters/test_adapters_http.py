@@ -520,3 +520,18 @@ def test_an_engine_file_with_an_api_key_sends_it_to_the_engine_servers(sglang, t
     assert sglang.engine_auth == ["Bearer sk-local"] * 3  # release, resume, health
     path.write_text(json.dumps({"endpoints": {"coder@gpu:0": sglang.url}}))
     assert load_engine_file(path).engine_client() is None  # the adapter's own client, no header
+
+
+# ---- inventories of engine servers ----------------------------------------------------------------------
+
+def test_a_vllm_server_that_died_and_came_back_moves_the_engine_generation_and_lists_its_awake_weights(vllm):
+    a = vllm_adapter(vllm)
+    assert a.engine_generation() == 0
+    assert a.held() == [{"object": ["w", "coder"], "tier": "gpu:0,1", "version": None}]
+    vllm.dead = True
+    assert a.engine_generation() == 0  # down: nothing to announce yet
+    vllm.dead = False
+    assert a.engine_generation() == 1  # back: it restarted and lost its memory
+    assert a.engine_generation() == 1
+    vllm.asleep = {"weights", "kv_cache"}
+    assert a.held() == []  # an asleep server's host copy is not vouched for

@@ -83,9 +83,7 @@ async def soak(stack: Stack, minutes: float, fault_every: float, seed: int) -> d
             elif kind == "engine_loss":
                 stack.adapters[i].send_signal(signal.SIGUSR1)
             else:
-                stack.server.send_signal(signal.SIGKILL)
-                stack.server.wait()
-                await asyncio.to_thread(stack.start_server)
+                await asyncio.to_thread(stack.kill_server)
             faults[kind] += 1
 
     await asyncio.gather(replays(), inject())

@@ -154,9 +154,7 @@ def test_the_server_killed_three_times_under_drive_loses_no_acknowledged_event(s
         replay = asyncio.create_task(driver.replay(trace))
         for k in range(3):
             await asyncio.to_thread(wait_until, lambda: len(driver.acked) >= 30 * (k + 1), 120, f"events before kill {k}")
-            stack.server.send_signal(signal.SIGKILL)
-            stack.server.wait()
-            await asyncio.to_thread(stack.start_server)
+            await asyncio.to_thread(stack.kill_server)
         await replay
 
     asyncio.run(run())

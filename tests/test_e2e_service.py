@@ -77,6 +77,12 @@ class Stack:
 
         _wait_healthy(self.server, self.url, self.tmp / "server.log")
 
+    def kill_server(self):
+        """SIGKILL the server and start it again on its ledger."""
+        self.server.send_signal(signal.SIGKILL)
+        self.server.wait()
+        self.start_server()
+
     def start_adapters(self):
         for node in ("n0", "n1"):
             self.adapters.append(self.cli("adapter", "local", "--planner", self.url, "--node", node,
@@ -227,9 +233,7 @@ def test_sigkill_restart_loses_nothing(stack):
         await asyncio.to_thread(wait_until, lambda: driver.events >= 150, 120, "150 events before the crash")
         acked = {r[0] for r in stack.ledger("SELECT op_id FROM ops WHERE status = 'done'")}
         accepted = [r["lease_id"] for r in driver.leases if r["decision"] != "rejected"]
-        stack.server.send_signal(signal.SIGKILL)
-        stack.server.wait()
-        await asyncio.to_thread(stack.start_server)
+        await asyncio.to_thread(stack.kill_server)
         await replay
         return acked, accepted
 

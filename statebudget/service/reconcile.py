@@ -66,7 +66,7 @@ class Reconcile:
             lost = self._forget_missing(node, held)
             adopted, drop = self._adopt(held)
             stale = self._stale_leases(lost, why)
-            self.fail_backoff = {k: v for k, v in self.fail_backoff.items() if k[1] not in self._node_tiers(node)}
+            self.fail_backoff = {k: v for k, v in self.fail_backoff.items() if not self._on_node(node, k[1])}
             self._bump()
             self._flush()
         self.plan_due = True
@@ -75,19 +75,20 @@ class Reconcile:
         return InventoryAck(node, self.plan_version, closed, [_wire(k, t) for k, t in lost],
                             [_wire(k, t) for k, t in adopted], [_wire(k, t) for k, t in drop], stale)
 
-    def _node_tiers(self, node: str) -> set[str]:
-        on = {i for i, g in enumerate(self.gpus) if g.node == node}
-        tiers = {t for (_, grp) in self.tiers.gpu for t in [gpu_tier(grp)] if set(grp) <= on}
-        return tiers | {f"host:{node}"} | {f"gpu:{i}" for i in on}
+    def _on_node(self, node: str, tier: str) -> bool:
+        """Whether `tier` is node `node`'s DRAM or a group of its GPUs (raises ValueError for a
+        GPU tier that is not one)."""
+        if tier.startswith("gpu:"):
+            return all(i < len(self.gpus) and self.gpus[i].node == node for i in tier_group(tier))
+        return tier == f"host:{node}"
 
     def _inventory_index(self, node: str, copies: list[dict]) -> dict[tuple, dict]:
-        on = {i for i, g in enumerate(self.gpus) if g.node == node}
         out = {}
         for i, c in enumerate(copies):
             tier = c["tier"]
             try:
                 key = object_key(c["object"])
-                ok_tier = tier == f"host:{node}" or (tier.startswith("gpu:") and set(tier_group(tier)) <= on)
+                ok_tier = self._on_node(node, tier)
             except (ValueError, IndexError):
                 raise Invalid(f"copies[{i}]: not a state object on a tier: {c['object']!r} on {tier!r}") from None
             if key[0] not in ("w", "kv", "e") or not ok_tier:
@@ -106,10 +107,9 @@ class Reconcile:
     def _forget_missing(self, node: str, held: dict) -> list[tuple]:
         """Books copies of `node` the inventory does not list at their version: gone."""
         lost = []
-        on = {i for i, g in enumerate(self.gpus) if g.node == node}
         for (key, group), c in sorted(self.tiers.gpu.items(), key=lambda x: (gpu_tier(x[0][1]), x[0][0])):
             tier = gpu_tier(group)
-            if not set(group) <= on or (c.ready and self._holds(held.get((key, tier)), key)):
+            if not self._on_node(node, tier) or (c.ready and self._holds(held.get((key, tier)), key)):
                 continue
             self.tiers.remove_gpu_copy(c)
             self.store.delete_copy(key, tier)

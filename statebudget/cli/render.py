@@ -72,6 +72,9 @@ def print_oracle(out: dict) -> None:
                   f"handoff stall p95 {out['handoff_stall_s']['p95']:.3f} s over {out['handoffs']} handoffs"
                   + (f"; the greedy warm start's objective is {out['greedy_vs_oracle']:.3f}x the solver's"
                      if out["greedy_vs_oracle"] else ""))
+    if block.get("bound_total_stall_s") is not None:
+        console.print(f"lower bound on total stall (any policy, either start): {block['bound_total_stall_s']:.3f} s "
+                      f"({block['bound_status']})")
     if out["violations"]:
         console.print(f"[red]the stitched schedule breaks {len(out['violations'])} constraints[/], first: {out['violations'][0]}")
 

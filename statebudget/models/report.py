@@ -87,6 +87,11 @@ class OracleBlock(BaseModel):
     bound: float | None
     gap: float
     solve_s: float
+    # The lower bound on total stall (`solvers/bound.py`): no policy's `stall_total_s` on this
+    # trace and start is below it. `bound_status` says how it was found (OPTIMAL, FEASIBLE: the
+    # solver's proven bound at its limit, CLOSED_FORM: too large for the pairwise relaxation).
+    bound_total_stall_s: float | None = None
+    bound_status: str | None = None
 
 
 class RunBlock(BaseModel):

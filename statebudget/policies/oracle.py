@@ -1,6 +1,13 @@
-"""Policies made from the offline MILP (`solvers/milp/`).
+"""Policies made from the offline solvers (`solvers/bound.py`, `solvers/milp/`).
 
-`oracle` replays the MILP schedule in the closed-loop simulator. The schedule's slots are the
+`oracle` replays an offline schedule in the closed-loop simulator. On a trace small enough for the
+lower bound's relaxation (`solvers/bound.py`, up to `max_calls` calls) the schedule is that
+relaxation's optimum: each call's group and the order in which calls hold each group. The replay
+places each call on its group, keeps the next call of each group's order prefetched (its weights,
+the expert pages it touches, its program's KV), sleeps what it evicts, and evicts by the
+schedule's next use. Where the relaxation is tight this reaches the bound, hence the optimum.
+
+On larger traces the schedule is the rolling MILP's (`solvers/milp/`). Its slots are the
 call arrivals of the zero-stall timeline; in the closed loop the clock shifts, so the replay is
 keyed on calls, not seconds: when the call of slot t arrives, the state the schedule holds in HBM
 for slot t+1 is promoted (prefetched as planned), what it holds in neither slot is demoted (to
@@ -19,8 +26,10 @@ import math
 
 from ..models.state import expert_key, kv_key, weights_key
 from ..core.costs import page_touch_probs
+from ..solvers.bound import lower_bound
 from ..solvers.milp import build_instance, chosen, object_model, solve_rolling, solve_static
 from .base import Policy, default_place
+from .follow import FollowSchedule
 from .baselines import Static
 from ..core.decisions import Demote, Promote, PromoteHost
 
@@ -39,14 +48,22 @@ class Oracle(Policy):
     name = "oracle"
     demote_to = "host"
     hot_touch = 0.5
+    tick_s = 1e9
 
-    def __init__(self, backend: str = "scip", window: int = 24, overlap: int = 8, time_limit_s: float = 10.0):
+    def __init__(self, backend: str = "scip", window: int = 24, overlap: int = 8, time_limit_s: float = 10.0,
+                 max_calls: int = 60):
         self.backend, self.window, self.overlap, self.time_limit_s = backend, window, overlap, time_limit_s
-        self.result = None
+        self.max_calls = max_calls
+        self.result = None  # the MILP's, on a large trace
+        self.bound = None   # the relaxation's, on a small one
         self.ptr = -1
 
     def _prepare(self, sim):
-        if self.result is not None:
+        if self.result is not None or self.bound is not None:
+            return
+        if sim.trace.n_calls <= self.max_calls:
+            self.bound = lower_bound(sim.cluster, sim.catalog, sim.trace, sim.cost, max_calls=self.max_calls)
+            self.follow = FollowSchedule(self.bound.schedule, sim)
             return
         inst, index = build_instance(sim.cluster, sim.catalog, sim.trace, sim.cost, hot_touch=self.hot_touch)
         self.inst, self.index = inst, index
@@ -70,11 +87,34 @@ class Oracle(Policy):
 
     def on_program_start(self, sim, program):
         self._prepare(sim)
+        return self.follow.next_states(sim) if self.bound is not None else None
+
+    def on_tick(self, sim):
+        """One tick at t = 0: the schedule's first loads start before any program does."""
+        self._prepare(sim)
+        return self.follow.next_states(sim) if self.bound is not None else None
+
+    def on_call_end(self, sim, call):
+        return self.follow.next_states(sim) if self.bound is not None else None
+
+    def on_tool_start(self, sim, program, node, tool):
+        return self.follow.next_states(sim) if self.bound is not None else None
+
+    def on_call_cancelled(self, sim, call):
+        return self.follow.next_states(sim) if self.bound is not None else None
+
+    def demote_tier(self, sim, copy) -> str:
+        return "host"
+
+    def may_evict_for_prefetch(self, sim, victim, key) -> bool:
+        return self.follow.may_evict(sim, victim, key) if self.bound is not None else True
 
     def place(self, sim, call):
-        """The group the MILP chose; calls it let wait, or that find no room there now, go to
-        wherever the default placement finds room."""
+        """The group the schedule chose; calls the MILP let wait, or that find no room there now,
+        go to wherever the default placement finds room."""
         self._prepare(sim)
+        if self.bound is not None:
+            return self.follow.place(sim, call)
         g = self.group_for.get((call.program, call.node))
         if g is not None and sim.could_ever_fit(call, g) and sim.has_room_now(call, g):
             return g
@@ -82,6 +122,8 @@ class Oracle(Policy):
 
     def on_call_arrive(self, sim, call):
         self._prepare(sim)
+        if self.bound is not None:
+            return self.follow.next_states(sim)
         t = self.slot_of.get((call.program, call.node))
         if t is None:
             return None
@@ -104,6 +146,8 @@ class Oracle(Policy):
         return out
 
     def evict_priority(self, sim, copy):
+        if self.bound is not None:
+            return self.follow.evict_priority(sim, copy)
         o = self.obj_of.get((copy.key, copy.group)) if self.result is not None else None
         if o is None:
             return (-math.inf, copy.last_use)  # nothing the schedule keeps: first to go

@@ -17,6 +17,7 @@ from .engine import SimResult, Simulator
 from .metrics import policy_report
 from ..core.programs import parse_spec
 from ..policies import REGISTRY, make_policy
+from ..solvers.bound import lower_bound
 
 
 @dataclass
@@ -46,6 +47,13 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
             oracle = OracleBlock(status=sol.status, objective=round(sol.objective, 6),
                                  bound=round(sol.bound, 6) if sol.bound == sol.bound else None,
                                  gap=sol.gap, solve_s=round(sol.solve_s, 3))
+        elif base == "oracle" and policy.bound is not None:  # the relaxation's schedule, replayed
+            b = policy.bound
+            oracle = OracleBlock(status=b.status, objective=b.total_stall_s, bound=b.total_stall_s, gap=0.0,
+                                 solve_s=b.solve_s)
+        if base == "oracle" and oracle is not None:
+            lb = lower_bound(cluster, catalog, trace, cost, warmup_s=config.warmup_s)
+            oracle.bound_total_stall_s, oracle.bound_status = lb.total_stall_s, lb.status
     if oracle is not None:
         ref = next(b for n, b in blocks.items() if parse_spec(n, REGISTRY)[0] == "oracle").handoff_stall_s
         for name, block in blocks.items():
@@ -57,6 +65,10 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
                 "handoff_stall_total": round(mine.mean * mine.n / (ref.mean * ref.n), 6) if ref.mean * ref.n > 0 else None,
                 "handoff_stall_p95": round(mine.p95 / ref.p95, 6) if ref.p95 > 0 else None,
             }
+        for block in blocks.values():
+            # Total stall over the lower bound: at most this far from optimal (>= 1).
+            block.stall_total_vs_bound = round(block.stall_total_s / oracle.bound_total_stall_s, 6) \
+                if oracle.bound_total_stall_s else None
     report = Report(
         statebudget=__version__, cluster=cluster.name, catalog=catalog.name,
         trace=TraceSummary(programs=len(trace.programs), calls=trace.n_calls, handoffs=count_handoffs(trace)),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..bound import lower_bound
 from ...models.report import Dist
 from ...traces.graph import handoff_calls
 from .build import build_instance
@@ -124,6 +125,8 @@ def oracle_summary(cluster, catalog, trace, cost, window: int = 24, overlap: int
     handoff_stalls = [s for s, key in zip(stalls, index["calls"]) if key in handoffs]
     block = {"status": sol.status, "objective": sol.objective, "bound": sol.bound if sol.bound == sol.bound else None,
              "gap": sol.gap, "solve_s": round(sol.solve_s, 3)}
+    lb = lower_bound(cluster, catalog, trace, cost)
+    block.update(bound_total_stall_s=lb.total_stall_s, bound_status=lb.status)
     trace_calls = sum(1 for p in trace.programs for n in p.nodes if n.kind == "call")
     return {"oracle": block, "backend": backend, "replicas": replicas, "objects": len(inst.objects),
             "calls": len(inst.calls), "trace_calls": trace_calls, "waits": int(sol.wait.sum()) if sol.wait is not None else 0,

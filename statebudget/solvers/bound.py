@@ -1,0 +1,298 @@
+"""A lower bound on total stall (DESIGN.md §4 `stall_total_s`, §8 `bound_total_stall_s`): the
+optimum of a relaxation of the simulator's physics, solved with OR-Tools CP-SAT. Every schedule the
+simulator can run is a feasible point of the relaxation, so no policy, the oracle's replay
+included, comes out below it on the same trace and start.
+
+The relaxation keeps, per call c with its choice of GPU group g (any group of its model's width on
+which its weights and the KV it asks room for fit at all):
+    arrive(c) = the program's start for a root, else the max over its dependencies of their end
+        (a tool ends `duration` after it starts);
+    ready(c) >= arrive(c);  ready(c) >= first(m): no engine exists at t = 0, so the first copy
+        of model m anywhere needs its weights over a GPU's H2D link and a cold start;
+    end(c) - ready(c) in [lo, hi]: lo is its decode and the prefill of the tokens its model never
+        saw (reusing all the KV it could have); hi is the prefill of its whole context and its decode
+        on g, plus the compute of every other call (and its KV recompute) that could share a GPU of g
+        (a GPU's fair share delays c by at most the others' work: queueing and batching included).
+    Two calls whose HBM needs on a shared GPU i (their weights' share, the KV they ask room for,
+    each engine's overhead; one copy of the weights when the model is the same) exceed i's
+    capacity do not hold i at once: one's [ready, end] precedes the other's, and when the
+    earlier call's needs leave no room for the later model's weights, the later one's weights
+    come in after the earlier ends: at least their share over i's H2D link, plus a wake-up or
+    cold start unless another GPU could hold a copy to take them from.
+Everything else (link sharing, KV restores, expert pages, eviction, the admission order, three-way
+HBM conflicts) is relaxed away, which is what makes it a bound and why it is loose where
+contention is spread over many GPUs and programs.
+
+Times are integers of `UNIT_S`; every lower side is rounded down and every upper side up, so the
+floor of any real schedule's times is feasible, and each call's stall is taken as one unit less
+than its integer stall (floor(r) - floor(a) <= r - a + 1 unit). Assumed: no call attempt fails
+(`call_failure_rate` 0), and a GPU computes only calls and their KV recomputes (at most one per
+call). Instances with more than `max_calls` calls get the relaxation without the pairwise HBM
+terms and without interference (each call's stall >= first(m) - arrive where arrive is fixed:
+a program's root calls), solved in closed form.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from ..core.costs import LATENCY_S, CostModel
+from ..models.cluster import GB
+from ..models.trace import Trace
+
+UNIT_S = 1e-3
+_SLACK_B = 1.0  # bytes: the books' tolerance on a capacity check
+HORIZON_UNITS = 10 ** 12
+
+
+@dataclass(frozen=True)
+class Bound:
+    """`total_stall_s`: the bound; `status`: OPTIMAL (the relaxation solved to optimality),
+    FEASIBLE (the solver's proven bound at its time limit: still valid), or CLOSED_FORM (too large
+    for the pairwise model); `counted`: calls in it (those that surely count: not cancellable,
+    arriving after the warm-up); `solve_s`; `schedule`: the relaxation's optimal point, per call
+    (program, node) its group and ready and end times (s), for a replay to follow (empty in
+    closed form)."""
+    total_stall_s: float
+    status: str
+    counted: int
+    solve_s: float
+    schedule: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass
+class _Call:
+    key: tuple[str, str]
+    model: str
+    ctx: int
+    out: int
+    room: int           # the KV tokens the simulator allocates room for (context + requested)
+    reuse: int          # most KV tokens of this program and model an earlier call can leave
+    groups: list[tuple[int, ...]]
+    counted: bool
+    cancellable: bool
+    ancestors: frozenset
+
+
+def _calls(trace: Trace, catalog, cost: CostModel, warmup_s: float) -> tuple[list[_Call], dict]:
+    hbm = [cost.cluster.usable_hbm_bytes(g) for g in cost.cluster.gpus]
+    ovh = [cost.cluster.gpu_kinds[g.kind].engine_overhead_gb * GB for g in cost.cluster.gpus]
+    out, anc_of = [], {}
+    for p in trace.programs:
+        after = {n.id: n.after for n in p.nodes}
+        anc: dict[str, set] = {}
+
+        def ancestors(nid):
+            if nid not in anc:
+                anc[nid] = set()
+                for d in after[nid]:
+                    anc[nid] |= {d} | ancestors(d)
+            return anc[nid]
+        cancellable = set()
+        for cz in p.cancel:  # what has ended when `at_after` ends (it, its ancestors) stays done
+            done_by_then = {cz.at_after} | ancestors(cz.at_after)
+            cancellable |= ({cz.node} | {n for n in after if cz.node in ancestors(n)}) - done_by_then
+        seen: dict[str, int] = {}
+        for n in _topo(p.nodes):
+            ancestors(n.id)
+            if n.kind != "call":
+                continue
+            m = catalog.by_name[n.model]
+            room = n.context_tokens + n.requested_tokens
+            groups = [g for g in cost.cluster.groups(m.tp)
+                      if all((m.dense_bytes + room * m.kv_bytes_per_token) / m.tp + ovh[i] <= hbm[i] + _SLACK_B
+                             for i in g)]
+            reuse = seen.get(m.name, 0)
+            seen[m.name] = max(reuse, n.context_tokens + n.output_tokens)
+            out.append(_Call((p.program, n.id), m.name, n.context_tokens, n.output_tokens, room, min(reuse, n.context_tokens),
+                             groups, p.start >= warmup_s, n.id in cancellable,
+                             frozenset((p.program, a) for a in anc[n.id])))
+        anc_of[p.program] = anc
+    return out, {"hbm": hbm, "ovh": ovh}
+
+
+def _topo(nodes):
+    done, order, by_id = set(), [], {n.id: n for n in nodes}
+
+    def visit(n):
+        if n.id in done:
+            return
+        done.add(n.id)
+        for d in n.after:
+            visit(by_id[d])
+        order.append(n)
+    for n in nodes:
+        visit(n)
+    return order
+
+
+class _Physics:
+    """The relaxation's constants from the cost model (seconds, bytes)."""
+
+    def __init__(self, cost: CostModel, catalog, caps: dict):
+        self.cost, self.catalog, self.hbm, self.ovh = cost, catalog, caps["hbm"], caps["ovh"]
+        self.gpus = cost.cluster.gpus
+        self.h2d = [cost.link_bw[f"h2d:{g.id}"] for g in self.gpus]
+        self.kind = [cost.cluster.gpu_kinds[g.kind] for g in self.gpus]
+        self.lat = min(LATENCY_S.values())
+
+    def share(self, model: str) -> float:
+        m = self.catalog.by_name[model]
+        return m.dense_bytes / m.tp
+
+    def need(self, c: _Call, i: int) -> float:
+        m = self.catalog.by_name[c.model]
+        return (m.dense_bytes + c.room * m.kv_bytes_per_token) / m.tp + self.ovh[i]
+
+    def first(self, model: str) -> float:
+        """The earliest a copy of `model` can be ready anywhere: no engine at t = 0."""
+        m = self.catalog.by_name[model]
+        return min(max(self.share(model) / self.h2d[i] for i in g) + self.lat
+                   + max(self.kind[i].cold_start_s for i in g) for g in self.cost.cluster.groups(m.tp))
+
+    def switch_in(self, model: str, i: int) -> float:
+        """The least time to bring `model`'s share onto GPU i: over i's H2D link, plus a wake-up or
+        cold start unless a GPU outside i's group could hold a copy to copy from."""
+        m = self.catalog.by_name[model]
+        peer = any(i not in g for g in self.cost.cluster.groups(m.tp)
+                   if all(self.share(model) + self.ovh[j] <= self.hbm[j] for j in g))
+        engine = 0.0 if peer else min(self.kind[i].wake_s, self.kind[i].cold_start_s)
+        return self.share(model) / self.h2d[i] + self.lat + engine
+
+    def lo(self, c: _Call, g) -> float:
+        m = self.catalog.by_name[c.model]
+        return self.cost.prefill_s(m, c.ctx - c.reuse, g) + self.cost.decode_s(m, c.out, c.ctx, g)
+
+    def work(self, c: _Call, g) -> float:
+        """The most GPU time c can take on g: its whole prefill, its decode, one KV recompute."""
+        m = self.catalog.by_name[c.model]
+        return self.cost.call_s(m, c.ctx, c.out, g) + self.cost.prefill_s(m, c.reuse, g)
+
+    def pair(self, a: _Call, b: _Call, i: int) -> tuple[bool, float]:
+        """Whether a and b cannot hold GPU i at once, and the gap when b follows a."""
+        same = a.model == b.model
+        shared = self.share(a.model) + self.ovh[i] if same else 0.0
+        if self.need(a, i) + self.need(b, i) - shared <= self.hbm[i] + _SLACK_B:
+            return False, 0.0
+        if same or self.need(a, i) + self.share(b.model) + self.ovh[i] <= self.hbm[i] + _SLACK_B:
+            return True, 0.0
+        return True, self.switch_in(b.model, i)
+
+
+def _down(s: float) -> int:
+    return int(math.floor(s / UNIT_S + 1e-9))
+
+
+def _up(s: float) -> int:
+    return int(math.ceil(s / UNIT_S - 1e-9))
+
+
+def lower_bound(cluster, catalog, trace: Trace, cost: CostModel | None = None, warmup_s: float = 0.0,
+                max_calls: int = 60, time_limit_s: float = 30.0, workers: int = 1) -> Bound:
+    """The bound on `stall_total_s` for `trace` on `cluster` from either start (the relaxation
+    assumes the fastest: weights in host DRAM, no engine)."""
+    cost = cost or CostModel(cluster, catalog)
+    t0 = time.perf_counter()
+    calls, caps = _calls(trace, catalog, cost, warmup_s)
+    ph = _Physics(cost, catalog, caps)
+    counted = [c for c in calls if c.counted and not c.cancellable and c.groups]
+    if len(calls) > max_calls:
+        return _closed_form(trace, counted, ph, warmup_s, t0)
+    m = cp_model.CpModel()
+    H = HORIZON_UNITS
+
+    def var(name):
+        return m.NewIntVar(0, H, name)
+    start, end = {}, {}
+    for p in trace.programs:
+        for n in _topo(p.nodes):
+            k = (p.program, n.id)
+            start[k], end[k] = var(f"s{k}"), var(f"e{k}")
+            if not n.after:
+                m.Add(start[k] == _down(p.start))
+            else:
+                m.AddMaxEquality(start[k], [end[(p.program, d)] for d in n.after])
+            if n.kind == "tool":
+                m.Add(end[k] >= start[k] + _down(n.duration))
+                m.Add(end[k] <= start[k] + _up(n.duration))
+    ready, place = {}, {}
+    for c in calls:
+        k = c.key
+        r = ready[k] = var(f"r{k}")
+        m.Add(r >= start[k])
+        if not c.groups:  # never placeable: the simulator ends it unrun; nothing to bound
+            continue
+        m.Add(r >= _down(ph.first(c.model)))
+        zs = [m.NewBoolVar(f"z{k}{g}") for g in c.groups]
+        m.AddExactlyOne(zs)
+        for g, z in zip(c.groups, zs):
+            place[(k, g)] = z
+            others = sum(ph.work(o, og) for o in calls if o is not c and k not in o.ancestors
+                         and o.key not in c.ancestors for og in [_slowest(ph, o, g)] if og is not None)
+            m.Add(end[k] >= r + _down(ph.lo(c, g))).OnlyEnforceIf(z)
+            m.Add(end[k] <= r + _up(ph.work(c, g) + others)).OnlyEnforceIf(z)
+    pairs = [(a, b) for ai, a in enumerate(calls) for b in calls[ai + 1:]
+             if a.groups and b.groups and not a.cancellable and not b.cancellable
+             and (a.key[0], a.model) != (b.key[0], b.model)]  # one program's KV of a model is shared
+    for a, b in pairs:
+        order = None
+        for ga in a.groups:
+            for gb in b.groups:
+                shared = set(ga) & set(gb)
+                conflicts = [(ph.pair(a, b, i), ph.pair(b, a, i)) for i in shared]
+                if not any(ab[0] for ab, _ in conflicts):
+                    continue
+                if order is None:
+                    order = m.NewBoolVar(f"o{a.key}{b.key}")
+                gap_ab = max(ab[1] for ab, _ in conflicts)
+                gap_ba = max(ba[1] for _, ba in conflicts)
+                both = [place[(a.key, ga)], place[(b.key, gb)]]
+                m.Add(ready[b.key] >= end[a.key] + _down(gap_ab)).OnlyEnforceIf([order] + both)
+                m.Add(ready[a.key] >= end[b.key] + _down(gap_ba)).OnlyEnforceIf([order.Not()] + both)
+    stalls = []
+    for c in counted:
+        s = m.NewIntVar(0, H, f"t{c.key}")
+        m.Add(s >= ready[c.key] - start[c.key] - 1)
+        stalls.append(s)
+    m.Minimize(sum(stalls))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = 0
+    # The disjunctions are enforced literals; their LP relaxation (level 2) is what proves the
+    # optimum of small instances in well under a second where the default level stalls for minutes.
+    solver.parameters.linearization_level = 2
+    st = solver.Solve(m)
+    if st == cp_model.OPTIMAL:
+        status, units = "OPTIMAL", solver.ObjectiveValue()
+    elif st == cp_model.FEASIBLE:
+        status, units = "FEASIBLE", solver.BestObjectiveBound()
+    else:  # cannot happen for a valid instance (the floor of any schedule is feasible)
+        raise RuntimeError(f"lower bound: the relaxation is {solver.StatusName(st)}; the instance is malformed")
+    # Cancellable calls are left out: the relaxation does not constrain where or when they run.
+    schedule = {c.key: (g, solver.Value(ready[c.key]) * UNIT_S, solver.Value(end[c.key]) * UNIT_S)
+                for c in calls if not c.cancellable for g in c.groups if solver.BooleanValue(place[(c.key, g)])}
+    return Bound(round(max(0.0, units) * UNIT_S, 6), status, len(counted), round(time.perf_counter() - t0, 3), schedule)
+
+
+def _slowest(ph: _Physics, o: _Call, g) -> tuple | None:
+    """The group of `o` sharing a GPU with `g` on which it would compute longest (None: none)."""
+    near = [og for og in o.groups if set(og) & set(g)]
+    return max(near, key=lambda og: ph.work(o, og)) if near else None
+
+
+def _closed_form(trace: Trace, counted: list[_Call], ph: _Physics, warmup_s: float, t0: float) -> Bound:
+    """Root calls arrive at their program's start whatever the schedule: each stalls at least
+    until its model's first copy can be ready."""
+    starts = {p.program: p for p in trace.programs}
+    total = 0.0
+    for c in counted:
+        p = starts[c.key[0]]
+        node = next(n for n in p.nodes if n.id == c.key[1])
+        if not node.after:
+            total += max(0.0, _down(ph.first(c.model)) - _up(p.start) - 1) * UNIT_S
+    return Bound(round(total, 6), "CLOSED_FORM", len(counted), round(time.perf_counter() - t0, 3))

@@ -62,7 +62,8 @@ class Oracle(Policy):
         if self.result is not None or self.bound is not None:
             return
         if sim.trace.n_calls <= self.max_calls:
-            self.bound = lower_bound(sim.cluster, sim.catalog, sim.trace, sim.cost, max_calls=self.max_calls)
+            self.bound = lower_bound(sim.cluster, sim.catalog, sim.trace, sim.cost, start=getattr(sim, "start", "warm"),
+                                     max_calls=self.max_calls)
             self.follow = FollowSchedule(self.bound.schedule, sim)
             return
         inst, index = build_instance(sim.cluster, sim.catalog, sim.trace, sim.cost, hot_touch=self.hot_touch)

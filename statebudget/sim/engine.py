@@ -54,6 +54,7 @@ class Simulator(ProgramsMixin, AdmissionMixin, CallsMixin, TransfersMixin, Event
         self.cluster, self.catalog, self.trace, self.policy = cluster, catalog, trace, policy
         self.cost = cost or CostModel(cluster, catalog)
         self.seed, self.check_invariants = config.seed, config.check_invariants
+        self.start = config.start  # the state at t = 0 (DESIGN.md §4), for an offline schedule to assume
         self.max_batch, self.sample_dt = config.max_batch, config.sample_dt
         self.queue = config.queue
         self.prefill_slots = config.prefill_slots

@@ -52,7 +52,7 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
             oracle = OracleBlock(status=b.status, objective=b.total_stall_s, bound=b.total_stall_s, gap=0.0,
                                  solve_s=b.solve_s)
         if base == "oracle" and oracle is not None:
-            lb = lower_bound(cluster, catalog, trace, cost, warmup_s=config.warmup_s)
+            lb = lower_bound(cluster, catalog, trace, cost, warmup_s=config.warmup_s, start=config.start)
             oracle.bound_total_stall_s, oracle.bound_status = lb.total_stall_s, lb.status
     if oracle is not None:
         ref = next(b for n, b in blocks.items() if parse_spec(n, REGISTRY)[0] == "oracle").handoff_stall_s

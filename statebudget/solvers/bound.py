@@ -148,11 +148,20 @@ class _Physics:
         m = self.catalog.by_name[c.model]
         return (m.dense_bytes + c.room * m.kv_bytes_per_token) / m.tp + self.ovh[i]
 
-    def first(self, model: str) -> float:
-        """The earliest a copy of `model` can be ready anywhere: no engine at t = 0."""
+    def first(self, model: str, cold: bool) -> float:
+        """The earliest a copy of `model` can be ready anywhere: no engine at t = 0, and from a cold
+        start a model the cluster does not preload comes off its node's NVMe."""
         m = self.catalog.by_name[model]
-        return min(max(self.share(model) / self.h2d[i] for i in g) + self.lat
-                   + max(self.kind[i].cold_start_s for i in g) for g in self.cost.cluster.groups(m.tp))
+        return min(self.first_on(model, g, cold) for g in self.cost.cluster.groups(m.tp))
+
+    def first_on(self, model: str, g, cold: bool) -> float:
+        """A cold start of `model` on group g: its share over each GPU's H2D link (from a cold
+        start, all its bytes off the node's NVMe unless the cluster preloads it), then the engine."""
+        m = self.catalog.by_name[model]
+        s = max(self.share(model) / self.h2d[i] for i in g)
+        if cold and model not in self.cost.cluster.preload:
+            s = max(s, m.dense_bytes / self.cost.link_bw[f"nvme_r:{self.gpus[g[0]].node}"])
+        return s + self.lat + max(self.kind[i].cold_start_s for i in g)
 
     def switch_in(self, model: str, i: int) -> float:
         """The least time to bring `model`'s share onto GPU i: over i's H2D link, plus a wake-up or
@@ -192,16 +201,20 @@ def _up(s: float) -> int:
 
 
 def lower_bound(cluster, catalog, trace: Trace, cost: CostModel | None = None, warmup_s: float = 0.0,
-                max_calls: int = 60, time_limit_s: float = 30.0, workers: int = 1) -> Bound:
-    """The bound on `stall_total_s` for `trace` on `cluster` from either start (the relaxation
-    assumes the fastest: weights in host DRAM, no engine)."""
+                start: str = "warm", max_calls: int = 60, time_limit_s: float = 30.0, workers: int = 1) -> Bound:
+    """The bound on `stall_total_s` for `trace` on `cluster` from `start` (DESIGN.md §4: `warm`,
+    weights in host DRAM, or `cold`, on NVMe; no engine either way). A `warm` bound holds for a
+    cold run too."""
+    if start not in ("warm", "cold"):
+        raise ValueError(f"lower_bound: start must be 'warm' or 'cold', got {start!r}")
+    cold = start == "cold"
     cost = cost or CostModel(cluster, catalog)
     t0 = time.perf_counter()
     calls, caps = _calls(trace, catalog, cost, warmup_s)
     ph = _Physics(cost, catalog, caps)
     counted = [c for c in calls if c.counted and not c.cancellable and c.groups]
     if len(calls) > max_calls:
-        return _closed_form(trace, counted, ph, warmup_s, t0)
+        return _closed_form(trace, counted, ph, cold, t0)
     m = cp_model.CpModel()
     H = HORIZON_UNITS
 
@@ -226,7 +239,7 @@ def lower_bound(cluster, catalog, trace: Trace, cost: CostModel | None = None, w
         m.Add(r >= start[k])
         if not c.groups:  # never placeable: the simulator ends it unrun; nothing to bound
             continue
-        m.Add(r >= _down(ph.first(c.model)))
+        m.Add(r >= _down(ph.first(c.model, cold)))
         zs = [m.NewBoolVar(f"z{k}{g}") for g in c.groups]
         m.AddExactlyOne(zs)
         for g, z in zip(c.groups, zs):
@@ -253,6 +266,7 @@ def lower_bound(cluster, catalog, trace: Trace, cost: CostModel | None = None, w
                 both = [place[(a.key, ga)], place[(b.key, gb)]]
                 m.Add(ready[b.key] >= end[a.key] + _down(gap_ab)).OnlyEnforceIf([order] + both)
                 m.Add(ready[a.key] >= end[b.key] + _down(gap_ba)).OnlyEnforceIf([order.Not()] + both)
+    _first_engines(m, ph, calls, ready, end, place, cold)
     stalls = []
     for c in counted:
         s = m.NewIntVar(0, H, f"t{c.key}")
@@ -279,13 +293,57 @@ def lower_bound(cluster, catalog, trace: Trace, cost: CostModel | None = None, w
     return Bound(round(max(0.0, units) * UNIT_S, 6), status, len(counted), round(time.perf_counter() - t0, 3), schedule)
 
 
+def _first_engines(m, ph: "_Physics", calls: list[_Call], ready, end, place, cold: bool) -> None:
+    """The first engine of each model starts cold on some group h, at some time S >= 0, and holds
+    its weights' share of HBM there from S to S + its load: that window cannot overlap a call on
+    a GPU of h whose needs leave no room for those weights, and no call of the model is ready
+    before it ends. (Started ahead and put to sleep, it makes later loads wake-ups.)"""
+    live = [c for c in calls if c.groups and not c.cancellable]
+    windows = []  # (model, group, literal, start, load)
+    for model in sorted({c.model for c in live}):
+        mine = [c for c in live if c.model == model]
+        spec = ph.catalog.by_name[model]
+        hs = [h for h in ph.cost.cluster.groups(spec.tp)
+              if all(ph.share(model) + ph.ovh[i] <= ph.hbm[i] + _SLACK_B for i in h)]
+        if not hs:
+            continue
+        s0 = m.NewIntVar(0, HORIZON_UNITS, f"first:{model}")
+        picks = [m.NewBoolVar(f"first:{model}{h}") for h in hs]
+        m.AddExactlyOne(picks)
+        for h, ph_h in zip(hs, picks):
+            load = _down(ph.first_on(model, h, cold))
+            windows.append((model, h, ph_h, s0, load))
+            for c in mine:
+                m.Add(ready[c.key] >= s0 + load).OnlyEnforceIf(ph_h)
+            for c1 in live:
+                if c1.model == model:
+                    continue
+                for g1 in c1.groups:
+                    shared = set(g1) & set(h)
+                    if not any(ph.need(c1, i) + ph.share(model) + ph.ovh[i] > ph.hbm[i] + _SLACK_B for i in shared):
+                        continue
+                    before = m.NewBoolVar(f"fb:{model}{h}{c1.key}{g1}")
+                    both = [ph_h, place[(c1.key, g1)]]
+                    m.Add(s0 + load <= ready[c1.key]).OnlyEnforceIf([before] + both)
+                    m.Add(s0 >= end[c1.key]).OnlyEnforceIf([before.Not()] + both)
+    # Two first loads whose weights cannot share a GPU do not overlap there.
+    for wi, (ma, ha, la, sa, pa) in enumerate(windows):
+        for mb, hb, lb, sb, pb in windows[wi + 1:]:
+            if ma == mb or not any(ph.share(ma) + ph.share(mb) + 2 * ph.ovh[i] > ph.hbm[i] + _SLACK_B
+                                   for i in set(ha) & set(hb)):
+                continue
+            first_a = m.NewBoolVar(f"ff:{ma}{ha}{mb}{hb}")
+            m.Add(sa + pa <= sb).OnlyEnforceIf([first_a, la, lb])
+            m.Add(sb + pb <= sa).OnlyEnforceIf([first_a.Not(), la, lb])
+
+
 def _slowest(ph: _Physics, o: _Call, g) -> tuple | None:
     """The group of `o` sharing a GPU with `g` on which it would compute longest (None: none)."""
     near = [og for og in o.groups if set(og) & set(g)]
     return max(near, key=lambda og: ph.work(o, og)) if near else None
 
 
-def _closed_form(trace: Trace, counted: list[_Call], ph: _Physics, warmup_s: float, t0: float) -> Bound:
+def _closed_form(trace: Trace, counted: list[_Call], ph: _Physics, cold: bool, t0: float) -> Bound:
     """Root calls arrive at their program's start whatever the schedule: each stalls at least
     until its model's first copy can be ready."""
     starts = {p.program: p for p in trace.programs}
@@ -294,5 +352,5 @@ def _closed_form(trace: Trace, counted: list[_Call], ph: _Physics, warmup_s: flo
         p = starts[c.key[0]]
         node = next(n for n in p.nodes if n.id == c.key[1])
         if not node.after:
-            total += max(0.0, _down(ph.first(c.model)) - _up(p.start) - 1) * UNIT_S
+            total += max(0.0, _down(ph.first(c.model, cold)) - _up(p.start) - 1) * UNIT_S
     return Bound(round(total, 6), "CLOSED_FORM", len(counted), round(time.perf_counter() - t0, 3))

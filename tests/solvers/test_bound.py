@@ -56,7 +56,7 @@ def tiny(draw):
 @given(tiny())
 def test_no_policy_beats_the_bound(sc):
     cl, cat, tr, start, warmup = sc
-    b = lower_bound(cl, cat, tr, warmup_s=warmup)
+    b = lower_bound(cl, cat, tr, warmup_s=warmup, start=start)
     assert b.status == "OPTIMAL"
     for name in sorted(REGISTRY):
         res = Simulator(cl, cat, tr, make_policy(name), config=SimConfig(start=start, warmup_s=warmup)).run()

@@ -4,8 +4,9 @@ oracle's replay.
 
 The decision menu (`Scripted`):
     placement: each call may run on any group of its model's width where it could ever fit;
-    prefetch: at t = 0, at each program start, call end and tool start, the policy may do
-        nothing or promote one model's weights onto one group where they are not (the simulator
+    initial placement: at t = 0, for each model, nothing or one group to load it onto;
+    prefetch: at each program start, call end and tool start, the policy may do nothing or
+        promote one model's weights onto one group where they are not (the simulator
         evicts least recently used state to make room, unpinned only; evicted weights sleep in
         host DRAM, so a later promote there is a wake-up).
 Every sequence of choices is one closed-loop replay; a depth-first enumeration replays each
@@ -51,16 +52,25 @@ class Scripted(Policy):
         groups = [g for g in sim.groups(m.tp) if sim.could_ever_fit(call, g)]
         return groups[self._choose(len(groups))] if groups else None
 
+    def _targets(self, sim, models):
+        return [(m.name, g) for m in models for g in sim.groups(m.tp)
+                if (weights_key(m.name), g) not in sim.tiers.gpu
+                and all(m.dense_bytes / m.tp + sim.tiers.engine_overhead[i] <= sim.tiers.hbm_cap[i] for i in g)]
+
     def _prefetch(self, sim):
-        options = [None] + [(m.name, g) for m in sim.catalog.models for g in sim.groups(m.tp)
-                            if (weights_key(m.name), g) not in sim.tiers.gpu
-                            and all(m.dense_bytes / m.tp + sim.tiers.engine_overhead[i] <= sim.tiers.hbm_cap[i]
-                                    for i in g)]
+        options = [None] + self._targets(sim, sim.catalog.models)
         pick = options[self._choose(len(options))]
         return [Promote(weights_key(pick[0]), pick[1])] if pick else None
 
     def on_tick(self, sim):
-        return self._prefetch(sim)
+        """The initial placement: for each model, nothing or one group."""
+        out = []
+        for m in sim.catalog.models:
+            options = [None] + self._targets(sim, [m])
+            pick = options[self._choose(len(options))]
+            if pick:
+                out.append(Promote(weights_key(pick[0]), pick[1]))
+        return out
 
     def on_program_start(self, sim, program):
         return self._prefetch(sim)

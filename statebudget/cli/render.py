@@ -51,6 +51,12 @@ def print_replay(rep, tr, cl, cat, wall: float) -> None:
         console.print(f"start {rep.run.start}, warm-up {rep.run.warmup_s:g} s"
                       + (": calls of programs that start in the warm-up are left out" if rep.run.warmup_s > 0 else "")
                       + "; SLO@5: share of calls with TTFT <= 5 x their ideal TTFT", highlight=False)
+    o = rep.oracle
+    if o is not None and o.bound_total_stall_s is not None:
+        totals = ", ".join(f"{n} {r.stall_total_s:.1f}" for n, r in rep.policies.items())
+        console.print(f"lower bound on total stall: {o.bound_total_stall_s:.2f} s ({o.bound_status}); total stall s: "
+                      f"{totals}; the oracle replayed the {o.schedule} schedule"
+                      + (" (weak on large traces: docs/milp.md)" if o.schedule == "milp" else ""), highlight=False)
     for n, r in rep.policies.items():
         if r.queue_switches:
             console.print(f"{n}: the auto queue ordered by " + ", then ".join(

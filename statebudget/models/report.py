@@ -92,6 +92,9 @@ class OracleBlock(BaseModel):
     # solver's proven bound at its limit, CLOSED_FORM: too large for the pairwise relaxation).
     bound_total_stall_s: float | None = None
     bound_status: str | None = None
+    # What the oracle replayed: "relaxation" (the bound's optimum: up to 60 calls) or "milp" (the
+    # rolling MILP, whose replay stalls more than the online planners on the presets: docs/milp.md).
+    schedule: str | None = None
 
 
 class RunBlock(BaseModel):

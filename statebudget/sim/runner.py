@@ -46,11 +46,11 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
             sol = policy.result.solution
             oracle = OracleBlock(status=sol.status, objective=round(sol.objective, 6),
                                  bound=round(sol.bound, 6) if sol.bound == sol.bound else None,
-                                 gap=sol.gap, solve_s=round(sol.solve_s, 3))
+                                 gap=sol.gap, solve_s=round(sol.solve_s, 3), schedule="milp")
         elif base == "oracle" and policy.bound is not None:  # the relaxation's schedule, replayed
             b = policy.bound
             oracle = OracleBlock(status=b.status, objective=b.total_stall_s, bound=b.total_stall_s, gap=0.0,
-                                 solve_s=b.solve_s)
+                                 solve_s=b.solve_s, schedule="relaxation")
         if base == "oracle" and oracle is not None:
             lb = lower_bound(cluster, catalog, trace, cost, warmup_s=config.warmup_s, start=config.start)
             oracle.bound_total_stall_s, oracle.bound_status = lb.total_stall_s, lb.status

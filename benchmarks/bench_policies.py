@@ -154,7 +154,8 @@ def markdown(out: dict) -> str:
     tag = " — TUNING SEEDS, not for docs" if out["tuning"] else ""
     for start, by_trace in out["tables"].items():
         for trace, g in by_trace.items():
-            lines += [f"### {trace}, {start} start, warm-up {out['warmup_s']:g} s{tag}", "",
+            load = f", {out['load']:g}x load" if out.get("load", 1.0) != 1.0 else ""
+            lines += [f"### {trace}, {start} start{load}, warm-up {out['warmup_s']:g} s{tag}", "",
                       f"{out['cluster']} + {out['catalog']}, {out['hours']:g} h traces, seeds {seeds[0]}..{seeds[-1]} "
                       f"({len(seeds)}); mean ± half-width of the 95 % t interval over seeds.", ""]
             ms = [m for m in METRICS if any(m in g["policies"][p] for p in g["policies"])]
@@ -200,6 +201,7 @@ def main(argv=None):
     ap.add_argument("--cold", action="store_true", help="add the cold-start table (same warm-up) beside the warm one")
     ap.add_argument("--traces", default=None, help=f"comma-separated subset of {','.join(TRACES)} (or any preset)")
     ap.add_argument("--policies", default=None, help="comma-separated subset of the registered policies but oracle")
+    ap.add_argument("--load", type=float, default=1.0, help="multiply the presets' arrival rates (3: three times the load)")
     ap.add_argument("--cluster", default="hetero16")
     ap.add_argument("--catalog", default="agent-team")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
@@ -221,7 +223,8 @@ def main(argv=None):
         raise SystemExit(f"--warmup {warmup:g} s leaves nothing of a {args.hours:g} h trace to measure")
     starts = ["warm"] + (["cold"] if args.cold else [])
     todo = [j for st in starts
-            for j in sw.jobs([args.cluster], traces, seeds, policies, args.catalog, args.hours, start=st, warmup_s=warmup)]
+            for j in sw.jobs([args.cluster], traces, seeds, policies, args.catalog, args.hours, start=st, warmup_s=warmup,
+                       load=args.load)]
     # The slowest replays first, so the pool's tail is short: our planners and prefetch-all, long traces.
     todo.sort(key=lambda j: (j["policy"] not in OURS + ("prefetch-all",), j["trace"] != "mixed-tenants"))
     t0 = time.time()
@@ -240,7 +243,8 @@ def main(argv=None):
     out = {"benchmark": "bench_policies", "statebudget": __version__,
            "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]), "python": sys.executable,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "git": git_commit(),
-           "cluster": args.cluster, "catalog": args.catalog, "hours": args.hours, "seeds": seeds, "tuning": args.tuning,
+           "cluster": args.cluster, "catalog": args.catalog, "hours": args.hours, "load": args.load, "seeds": seeds,
+           "tuning": args.tuning,
            "starts": starts, "warmup_s": warmup, "traces": traces, "policies": policies, "ours": [p for p in OURS if p in policies],
            "baselines": [p for p in policies if p not in OURS], "excluded": list(EXCLUDED),
            "metrics": {m: {"label": lab, "better": b} for m, (lab, b) in METRICS.items()},

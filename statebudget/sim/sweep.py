@@ -28,10 +28,13 @@ WALL_CLOCK = ("decision_p50_ms", "decision_p99_ms")  # the only figures that are
 
 
 def jobs(clusters, traces, seeds, policies, catalog: str, hours: float, start: str = "warm",
-         warmup_s: float = 0.0) -> list[dict]:
+         warmup_s: float = 0.0, load: float = 1.0) -> list[dict]:
+    """`load` multiplies the presets' program arrival rates (`generate`)."""
     SimConfig(start=start, warmup_s=warmup_s)  # bad values fail here, not in a worker
+    if not load > 0:
+        raise ValueError(f"load must be > 0, got {load}")
     return [{"cluster": c, "trace": t, "seed": s, "policy": p, "catalog": catalog, "hours": hours,
-             "start": start, "warmup_s": float(warmup_s)}
+             "start": start, "warmup_s": float(warmup_s), "load": float(load)}
             for c, t, s, p in itertools.product(clusters, traces, seeds, policies)]
 
 
@@ -66,14 +69,14 @@ def figures(r) -> dict:
 def run_job(job: dict) -> dict:
     """One replay; the job's seed makes its trace and seeds the simulator."""
     cl, cat = load_cluster(job["cluster"]), load_catalog(job["catalog"])
-    tr = generate(job["trace"], job["seed"], job["hours"])
+    tr = generate(job["trace"], job["seed"], job["hours"], load=job.get("load", 1.0))
     config = SimConfig(seed=job["seed"], start=job.get("start", "warm"), warmup_s=job.get("warmup_s", 0.0))
     r = replay(cl, cat, tr, [job["policy"]], config).report.policies[job["policy"]]
     return dict(job, **figures(r))
 
 
 def _key(row: dict):
-    return (row["cluster"], row["trace"], row.get("start", ""), row["seed"], row["policy"])
+    return (row["cluster"], row["trace"], row.get("start", ""), row.get("load", 1.0), row["seed"], row["policy"])
 
 
 def run_local(todo: list[dict], workers: int | None = None, progress=None) -> list[dict]:

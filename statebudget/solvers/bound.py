@@ -71,7 +71,8 @@ class _Call:
     ctx: int
     out: int
     room: int           # the KV tokens the simulator allocates room for (context + requested)
-    reuse: int          # most KV tokens of this program and model an earlier call can leave
+    reuse: int          # most KV tokens of this program and model an earlier call can leave, <= ctx
+    prior: int          # the KV tokens an earlier call of this program and model leaves (a recompute's size)
     groups: list[tuple[int, ...]]
     counted: bool
     cancellable: bool
@@ -109,7 +110,7 @@ def _calls(trace: Trace, catalog, cost: CostModel, warmup_s: float) -> tuple[lis
             reuse = seen.get(m.name, 0)
             seen[m.name] = max(reuse, n.context_tokens + n.output_tokens)
             out.append(_Call((p.program, n.id), m.name, n.context_tokens, n.output_tokens, room, min(reuse, n.context_tokens),
-                             groups, p.start >= warmup_s, n.id in cancellable,
+                             reuse, groups, p.start >= warmup_s, n.id in cancellable,
                              frozenset((p.program, a) for a in anc[n.id])))
         anc_of[p.program] = anc
     return out, {"hbm": hbm, "ovh": ovh}
@@ -179,7 +180,7 @@ class _Physics:
     def work(self, c: _Call, g) -> float:
         """The most GPU time c can take on g: its whole prefill, its decode, one KV recompute."""
         m = self.catalog.by_name[c.model]
-        return self.cost.call_s(m, c.ctx, c.out, g) + self.cost.prefill_s(m, c.reuse, g)
+        return self.cost.call_s(m, c.ctx, c.out, g) + self.cost.prefill_s(m, c.prior, g)
 
     def pair(self, a: _Call, b: _Call, i: int) -> tuple[bool, float]:
         """Whether a and b cannot hold GPU i at once, and the gap when b follows a."""

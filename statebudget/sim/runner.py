@@ -51,7 +51,10 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
             b = policy.bound
             oracle = OracleBlock(status=b.status, objective=b.total_stall_s, bound=b.total_stall_s, gap=0.0,
                                  solve_s=b.solve_s, schedule="relaxation")
-        if base == "oracle" and oracle is not None:
+        if base == "oracle" and oracle is not None and config.call_failure_rate > 0:
+            # a retry arrives again and a failed attempt's compute delays others: outside the relaxation
+            oracle.bound_status = "NOT_COMPUTED (call failures)"
+        elif base == "oracle" and oracle is not None:
             lb = lower_bound(cluster, catalog, trace, cost, warmup_s=config.warmup_s, start=config.start)
             oracle.bound_total_stall_s, oracle.bound_status = lb.total_stall_s, lb.status
     if oracle is not None:

@@ -105,3 +105,11 @@ def test_the_report_carries_the_bound_and_every_policy_stays_above_it():
     for name, block in rep.policies.items():
         assert block.stall_total_s >= bound - UNIT_S, name
         assert block.stall_total_vs_bound >= 1 - 1e-3
+
+
+def test_no_bound_is_claimed_when_call_attempts_fail():
+    from statebudget.sim.runner import replay
+    cl, cat, tr = alternating(0.1)
+    rep = replay(cl, cat, tr, ["ondemand", "oracle"], SimConfig(start="warm", call_failure_rate=0.3)).report
+    assert rep.oracle.bound_total_stall_s is None and rep.oracle.bound_status.startswith("NOT_COMPUTED")
+    assert rep.policies["ondemand"].stall_total_vs_bound is None

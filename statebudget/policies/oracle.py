@@ -5,7 +5,7 @@ lower bound's relaxation (`solvers/bound.py`, up to `max_calls` calls) the sched
 relaxation's optimum: each call's group and the order in which calls hold each group. The replay
 places each call on its group, keeps the next call of each group's order prefetched (its weights,
 the expert pages it touches, its program's KV), sleeps what it evicts, and evicts by the
-schedule's next use. Where the relaxation is tight this reaches the bound, hence the optimum.
+schedule's next use. It often reaches the bound where the relaxation is tight (BENCHMARKS.md).
 
 On larger traces the schedule is the rolling MILP's (`solvers/milp/`). Its slots are the
 call arrivals of the zero-stall timeline; in the closed loop the clock shifts, so the replay is

@@ -69,7 +69,7 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
                 "handoff_stall_p95": round(mine.p95 / ref.p95, 6) if ref.p95 > 0 else None,
             }
         for block in blocks.values():
-            # Total stall over the lower bound: at most this far from optimal (>= 1).
+            # Total stall over the lower bound: at most this far from optimal.
             block.stall_total_vs_bound = round(block.stall_total_s / oracle.bound_total_stall_s, 6) \
                 if oracle.bound_total_stall_s else None
     report = Report(

@@ -82,7 +82,7 @@ class _Call:
 def _calls(trace: Trace, catalog, cost: CostModel, warmup_s: float) -> tuple[list[_Call], dict]:
     hbm = [cost.cluster.usable_hbm_bytes(g) for g in cost.cluster.gpus]
     ovh = [cost.cluster.gpu_kinds[g.kind].engine_overhead_gb * GB for g in cost.cluster.gpus]
-    out, anc_of = [], {}
+    out = []
     for p in trace.programs:
         after = {n.id: n.after for n in p.nodes}
         anc: dict[str, set] = {}
@@ -97,22 +97,33 @@ def _calls(trace: Trace, catalog, cost: CostModel, warmup_s: float) -> tuple[lis
         for cz in p.cancel:  # what has ended when `at_after` ends (it, its ancestors) stays done
             done_by_then = {cz.at_after} | ancestors(cz.at_after)
             cancellable |= ({cz.node} | {n for n in after if cz.node in ancestors(n)}) - done_by_then
-        seen: dict[str, int] = {}
-        for n in _topo(p.nodes):
+        for n in p.nodes:
             ancestors(n.id)
-            if n.kind != "call":
-                continue
+        calls = [n for n in p.nodes if n.kind == "call"]
+        # Any call of the program and model that is not a descendant may have ended first and
+        # left its KV (sibling branches too): what a call can reuse, and what a recompute holds.
+        left = {n.id: max((o.context_tokens + o.output_tokens for o in calls
+                           if o.model == n.model and o.id != n.id and n.id not in anc[o.id]), default=0)
+                for n in calls}
+        unsure: set[str] = set()  # calls the simulator might find no room for at all, and their descendants
+        for n in calls:
+            m = catalog.by_name[n.model]
+            pages = m.moe.pages * m.moe.page_bytes if m.moe else 0.0
+            most = (m.dense_bytes + pages + max(left[n.id], n.context_tokens + n.requested_tokens)
+                    * m.kv_bytes_per_token) / m.tp
+            if not any(all(most + ovh[i] <= hbm[i] for i in g) for g in cost.cluster.groups(m.tp)):
+                unsure |= {n.id} | {o for o in after if n.id in anc[o]}
+        for n in calls:
             m = catalog.by_name[n.model]
             room = n.context_tokens + n.requested_tokens
             groups = [g for g in cost.cluster.groups(m.tp)
                       if all((m.dense_bytes + room * m.kv_bytes_per_token) / m.tp + ovh[i] <= hbm[i] + _SLACK_B
                              for i in g)]
-            reuse = seen.get(m.name, 0)
-            seen[m.name] = max(reuse, n.context_tokens + n.output_tokens)
-            out.append(_Call((p.program, n.id), m.name, n.context_tokens, n.output_tokens, room, min(reuse, n.context_tokens),
-                             reuse, groups, p.start >= warmup_s, n.id in cancellable,
+            prior = left[n.id]
+            out.append(_Call((p.program, n.id), m.name, n.context_tokens, n.output_tokens, room,
+                             min(prior, n.context_tokens), prior, groups,
+                             p.start >= warmup_s and n.id not in unsure, n.id in cancellable,
                              frozenset((p.program, a) for a in anc[n.id])))
-        anc_of[p.program] = anc
     return out, {"hbm": hbm, "ovh": ovh}
 
 
@@ -286,12 +297,14 @@ def lower_bound(cluster, catalog, trace: Trace, cost: CostModel | None = None, w
         status, units = "OPTIMAL", solver.ObjectiveValue()
     elif st == cp_model.FEASIBLE:
         status, units = "FEASIBLE", solver.BestObjectiveBound()
-    else:  # cannot happen for a valid instance (the floor of any schedule is feasible)
-        raise RuntimeError(f"lower bound: the relaxation is {solver.StatusName(st)}; the instance is malformed")
+    else:  # no proof within the time limit: the closed form still holds
+        return _closed_form(trace, counted, ph, cold, t0)
     # Cancellable calls are left out: the relaxation does not constrain where or when they run.
     schedule = {c.key: (g, solver.Value(ready[c.key]) * UNIT_S, solver.Value(end[c.key]) * UNIT_S)
                 for c in calls if not c.cancellable for g in c.groups if solver.BooleanValue(place[(c.key, g)])}
-    return Bound(round(max(0.0, units) * UNIT_S, 6), status, len(counted), round(time.perf_counter() - t0, 3), schedule)
+    floor_s = _closed_form(trace, counted, ph, cold, t0).total_stall_s  # a FEASIBLE proof may be weaker
+    return Bound(round(max(0.0, units * UNIT_S, floor_s), 6), status, len(counted), round(time.perf_counter() - t0, 3),
+                 schedule)
 
 
 def _first_engines(m, ph: "_Physics", calls: list[_Call], ready, end, place, cold: bool) -> None:

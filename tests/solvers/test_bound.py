@@ -113,3 +113,35 @@ def test_no_bound_is_claimed_when_call_attempts_fail():
     rep = replay(cl, cat, tr, ["ondemand", "oracle"], SimConfig(start="warm", call_failure_rate=0.3)).report
     assert rep.oracle.bound_total_stall_s is None and rep.oracle.bound_status.startswith("NOT_COMPUTED")
     assert rep.policies["ondemand"].stall_total_vs_bound is None
+
+
+def _every_policy_above(cl, cat, tr, start="warm"):
+    b = lower_bound(cl, cat, tr, start=start)
+    for name in sorted(REGISTRY):
+        res = Simulator(cl, cat, tr, make_policy(name), config=SimConfig(start=start)).run()
+        assert b.total_stall_s <= stall_total(res) + 1e-6, (name, b.total_stall_s, stall_total(res))
+    return b
+
+
+def test_a_sibling_branch_listed_later_still_leaves_its_kv():
+    """KV reuse follows the DAG, not the order nodes are listed in: x may reuse y's KV."""
+    cl = cluster(gpus=1, hbm_gb=16.0)
+    cat = Catalog.model_validate({"name": "h", "models": [
+        {"name": m, "version": "v", "weights_gb": 2.0, "kv_bytes_per_token": 100_000, "active_params_b": 8.0, "tp": 1}
+        for m in ("a", "b")]})
+    p = program("p", [tool("t", [], duration=30.0), call("x", "a", after=["t"], ctx=70_000),
+                      call("y", "a", ctx=70_000)])
+    q = program("q", [call("z", "b", ctx=70_000)], start=30.5)
+    for start in ("warm", "cold"):
+        _every_policy_above(cl, cat, trace(p, q), start)
+
+
+def test_a_call_that_may_never_fit_is_not_counted():
+    """The simulator drops a call whose expert pages and KV fit no group (and cancels what follows)."""
+    cl = cluster(gpus=1, hbm_gb=16.0)
+    cat = Catalog.model_validate({"name": "h", "models": [
+        {"name": "moe", "version": "v", "weights_gb": 4.0, "kv_bytes_per_token": 100_000, "active_params_b": 1.0,
+         "tp": 1, "moe": {"experts": 8, "active": 8, "layers": 1, "expert_gb": 1.5, "pages": 8, "zipf_s": 1.0}},
+        {"name": "d", "version": "v", "weights_gb": 2.0, "kv_bytes_per_token": 1000, "active_params_b": 1.0, "tp": 1}]})
+    tr = trace(program("p", [call("u", "moe", ctx=109_000, out=10, max_tokens=1000), call("v", "d", after=["u"])]))
+    assert _every_policy_above(cl, cat, tr).total_stall_s == 0.0

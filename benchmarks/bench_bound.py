@@ -24,6 +24,8 @@ from statebudget.models.trace import TraceHeader
 from statebudget.policies import REGISTRY, make_policy
 from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
+from statebudget.sim.exact import exact_optimum
+from statebudget.sim.metrics import total_stall as stall_total
 from statebudget.solvers.bound import lower_bound
 
 TOL_S = 1e-3
@@ -65,10 +67,6 @@ def instance(seed: int):
     return cl, cat, Trace(header=TraceHeader(), programs=progs), str(r.choice(["warm", "cold"]))
 
 
-def stall_total(res) -> float:
-    return sum(c.ready - c.arrive for c in res.calls if c.state == "done")
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="100-299")
@@ -76,10 +74,6 @@ def main():
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     lo, hi = (int(x) for x in args.seeds.split("-"))
-    try:
-        from statebudget.sim.exact import exact_optimum
-    except ImportError:
-        exact_optimum = None
     rows = []
     for seed in range(lo, hi + 1):
         cl, cat, tr, start = instance(seed)
@@ -88,9 +82,8 @@ def main():
         stalls = {n: stall_total(Simulator(cl, cat, tr, make_policy(n), config=cfg).run()) for n in sorted(REGISTRY)}
         row = {"seed": seed, "start": start, "calls": tr.n_calls, "bound": b.total_stall_s, "status": b.status,
                "policies": stalls}
-        if exact_optimum is not None:
-            ex = exact_optimum(cl, cat, tr, config=cfg, max_runs=args.exact_runs)
-            row["exact"], row["exact_complete"], row["exact_runs"] = ex.stall_total_s, ex.complete, ex.runs
+        ex = exact_optimum(cl, cat, tr, config=cfg, max_runs=args.exact_runs)
+        row["exact"], row["exact_complete"], row["exact_runs"] = ex.stall_total_s, ex.complete, ex.runs
         rows.append(row)
         print(seed, start, tr.n_calls, f"bound {b.total_stall_s:.3f}", f"oracle {stalls['oracle']:.3f}",
               f"best {min(v for k, v in stalls.items() if k != 'oracle'):.3f}",

@@ -26,6 +26,7 @@ from ..models.state import weights_key
 from ..policies.base import Policy
 from .config import SimConfig
 from .engine import Simulator
+from .metrics import total_stall
 
 
 class Scripted(Policy):
@@ -90,11 +91,6 @@ class ExactResult:
     complete: bool         # every sequence was replayed (else: the best of `runs`)
 
 
-def _stall(res) -> float:
-    w = res.warmup_s
-    return sum(c.ready - c.arrive for c in res.calls if c.state == "done" and c.arrive >= w)
-
-
 def exact_optimum(cluster, catalog, trace, config: SimConfig = SimConfig(start="warm"),
                   max_runs: int = 20000) -> ExactResult:
     best, best_choices, runs = float("inf"), (), 0
@@ -106,7 +102,7 @@ def exact_optimum(cluster, catalog, trace, config: SimConfig = SimConfig(start="
         pol = Scripted(prefix)
         res = Simulator(cluster, catalog, trace, pol, config=config).run()
         runs += 1
-        stall = _stall(res)
+        stall = total_stall(res)
         if stall < best - 1e-12:
             best, best_choices = stall, tuple(pol.taken)
         # every sibling of the choices this replay took past its prefix

@@ -75,6 +75,11 @@ def ttft_ratios(res: SimResult, cost: CostModel | None = None, calls=None) -> li
     return out
 
 
+def total_stall(res: SimResult) -> float:
+    """The report's `stall_total_s` from a result: stall summed over the counted calls that finished."""
+    return sum(c.ready - c.arrive for c in counted_calls(res) if c.state == "done")
+
+
 def slo_metrics(done: list, cost: CostModel) -> dict:
     """`ttft_slowdown`, `slo_attainment` at k = 2, 5, 10 and `stall_total_s` over finished calls."""
     ratios = ttft_ratios(None, cost, done)

@@ -43,6 +43,7 @@ from ortools.sat.python import cp_model
 from ..core.costs import LATENCY_S, CostModel
 from ..models.cluster import GB
 from ..models.trace import Trace
+from ..traces.graph import children_of, reachable
 
 UNIT_S = 1e-3
 _SLACK_B = 1.0  # bytes: the books' tolerance on a capacity check
@@ -84,21 +85,12 @@ def _calls(trace: Trace, catalog, cost: CostModel, warmup_s: float) -> tuple[lis
     ovh = [cost.cluster.gpu_kinds[g.kind].engine_overhead_gb * GB for g in cost.cluster.gpus]
     out = []
     for p in trace.programs:
-        after = {n.id: n.after for n in p.nodes}
-        anc: dict[str, set] = {}
-
-        def ancestors(nid):
-            if nid not in anc:
-                anc[nid] = set()
-                for d in after[nid]:
-                    anc[nid] |= {d} | ancestors(d)
-            return anc[nid]
+        children = children_of(p)
+        below = {n.id: reachable(children, n.id) - {n.id} for n in p.nodes}  # descendants
+        anc = {n.id: {d for d in below if n.id in below[d]} for n in p.nodes}
         cancellable = set()
         for cz in p.cancel:  # what has ended when `at_after` ends (it, its ancestors) stays done
-            done_by_then = {cz.at_after} | ancestors(cz.at_after)
-            cancellable |= ({cz.node} | {n for n in after if cz.node in ancestors(n)}) - done_by_then
-        for n in p.nodes:
-            ancestors(n.id)
+            cancellable |= ({cz.node} | below[cz.node]) - ({cz.at_after} | anc[cz.at_after])
         calls = [n for n in p.nodes if n.kind == "call"]
         # Any call of the program and model that is not a descendant may have ended first and
         # left its KV (sibling branches too): what a call can reuse, and what a recompute holds.
@@ -112,7 +104,7 @@ def _calls(trace: Trace, catalog, cost: CostModel, warmup_s: float) -> tuple[lis
             most = (m.dense_bytes + pages + max(left[n.id], n.context_tokens + n.requested_tokens)
                     * m.kv_bytes_per_token) / m.tp
             if not any(all(most + ovh[i] <= hbm[i] for i in g) for g in cost.cluster.groups(m.tp)):
-                unsure |= {n.id} | {o for o in after if n.id in anc[o]}
+                unsure |= {n.id} | below[n.id]
         for n in calls:
             m = catalog.by_name[n.model]
             room = n.context_tokens + n.requested_tokens
@@ -125,21 +117,6 @@ def _calls(trace: Trace, catalog, cost: CostModel, warmup_s: float) -> tuple[lis
                              p.start >= warmup_s and n.id not in unsure, n.id in cancellable,
                              frozenset((p.program, a) for a in anc[n.id])))
     return out, {"hbm": hbm, "ovh": ovh}
-
-
-def _topo(nodes):
-    done, order, by_id = set(), [], {n.id: n for n in nodes}
-
-    def visit(n):
-        if n.id in done:
-            return
-        done.add(n.id)
-        for d in n.after:
-            visit(by_id[d])
-        order.append(n)
-    for n in nodes:
-        visit(n)
-    return order
 
 
 class _Physics:
@@ -232,23 +209,26 @@ def lower_bound(cluster, catalog, trace: Trace, cost: CostModel | None = None, w
 
     def var(name):
         return m.NewIntVar(0, H, name)
-    start, end = {}, {}
+    begin, end = {}, {}  # every node's start and end
     for p in trace.programs:
-        for n in _topo(p.nodes):
+        for n in p.nodes:
             k = (p.program, n.id)
-            start[k], end[k] = var(f"s{k}"), var(f"e{k}")
+            begin[k], end[k] = var(f"s{k}"), var(f"e{k}")
+    for p in trace.programs:
+        for n in p.nodes:
+            k = (p.program, n.id)
             if not n.after:
-                m.Add(start[k] == _down(p.start))
+                m.Add(begin[k] == _down(p.start))
             else:
-                m.AddMaxEquality(start[k], [end[(p.program, d)] for d in n.after])
+                m.AddMaxEquality(begin[k], [end[(p.program, d)] for d in n.after])
             if n.kind == "tool":
-                m.Add(end[k] >= start[k] + _down(n.duration))
-                m.Add(end[k] <= start[k] + _up(n.duration))
+                m.Add(end[k] >= begin[k] + _down(n.duration))
+                m.Add(end[k] <= begin[k] + _up(n.duration))
     ready, place = {}, {}
     for c in calls:
         k = c.key
         r = ready[k] = var(f"r{k}")
-        m.Add(r >= start[k])
+        m.Add(r >= begin[k])
         if not c.groups:  # never placeable: the simulator ends it unrun; nothing to bound
             continue
         m.Add(r >= _down(ph.first(c.model, cold)))
@@ -282,7 +262,7 @@ def lower_bound(cluster, catalog, trace: Trace, cost: CostModel | None = None, w
     stalls = []
     for c in counted:
         s = m.NewIntVar(0, H, f"t{c.key}")
-        m.Add(s >= ready[c.key] - start[c.key] - 1)
+        m.Add(s >= ready[c.key] - begin[c.key] - 1)
         stalls.append(s)
     m.Minimize(sum(stalls))
     solver = cp_model.CpSolver()

@@ -10,11 +10,8 @@ from statebudget.models import Catalog
 from statebudget.policies import REGISTRY, make_policy
 from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
+from statebudget.sim.metrics import total_stall as stall_total
 from statebudget.solvers.bound import UNIT_S, lower_bound
-
-
-def stall_total(res) -> float:
-    return sum(c.ready - c.arrive for c in res.calls if c.state == "done" and c.arrive >= res.warmup_s)
 
 
 @st.composite

@@ -28,7 +28,7 @@ from . import docs as api_docs
 from .auth import Auth
 from .inputs import BodyLimit, excerpt, validation_failed
 from .metrics import HttpMetrics, ServiceMetrics
-from .routers import events, health, inventory, leases, oracle, plan, queue, residency
+from .routers import calls, events, health, inventory, leases, oracle, plan, queue, residency
 
 log = logging.getLogger("statebudget.api")
 
@@ -42,6 +42,7 @@ class Service:
         self._wake = asyncio.Event()            # events arrived: plan soon
         self._version_moved = asyncio.Event()   # replaced each time the plan version moves
         self._seen_version = planner.plan_version
+        self._books_moved = asyncio.Event()     # replaced after every request that changed the books
         self._jobs: dict = {}  # run id -> the running oracle job (a future)
 
     def changed(self) -> None:
@@ -49,6 +50,8 @@ class Service:
         plan version moved."""
         if self.planner.plan_due:
             self._wake.set()
+        self._books_moved.set()
+        self._books_moved = asyncio.Event()
         if self.planner.plan_version != self._seen_version:
             self._seen_version = self.planner.plan_version
             self._version_moved.set()
@@ -64,6 +67,20 @@ class Service:
                 await asyncio.wait_for(self._version_moved.wait(), left)
             except TimeoutError:
                 return
+
+    async def wait_until(self, done, wait_s: float):
+        """`done()` once it is true or `wait_s` has passed; re-evaluated whenever the books move
+        (an event, an op report, a planning step)."""
+        deadline = time.monotonic() + wait_s
+        while not (out := done()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return out
+            try:
+                await asyncio.wait_for(self._books_moved.wait(), left)
+            except TimeoutError:
+                pass
+        return out
 
     async def planning_loop(self) -> None:
         wake = self._wake
@@ -159,7 +176,7 @@ def create_app(planner: LivePlanner, auth: Auth, tick_s: float = 5.0, coalesce_s
     app.state.service = svc
     app.add_middleware(BodyLimit)  # 413 past BODY_LIMIT, or its route's larger limit
     app.add_middleware(HttpMetrics, metrics=metrics)  # request seconds by route template and status
-    for r in (events.router, leases.router, queue.router, plan.router, inventory.router, residency.router, oracle.router,
+    for r in (events.router, calls.router, leases.router, queue.router, plan.router, inventory.router, residency.router, oracle.router,
               health.router):
         app.include_router(r)
     if docs:

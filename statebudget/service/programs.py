@@ -26,7 +26,7 @@ from ..core.estimates import OutputEstimate
 from ..policies.baselines import place_model
 from .errors import Conflict, Invalid, NotFound
 from .journal import OpStatus, gpu_tier
-from .results import CallAck, CallStartedAck, EffectDone, ProgramAck, ToolAck
+from .results import CallAck, CallReady, CallStartedAck, EffectDone, ProgramAck, ToolAck
 
 
 
@@ -238,6 +238,21 @@ class ProgramEvents:
         self._apply(self.policy.on_call_cancelled(self, HookCall(rec.program, ev["call"], call["model"])))
         self._save_program(rec)
         return CallAck(ev["call"], CallStatus.CANCELLED)
+
+    def call_ready(self, tenant: str, program: str, call: str) -> CallReady:
+        """Whether an arrived call's model has a ready weights copy (an awake engine with its
+        weights in HBM), and where: the group `call_started` would run it on. A gateway holds
+        the request until this says ready. Raises NotFound for a program or call never seen."""
+        rec = self._program(tenant, program, None)
+        row = self._call_of(rec, {"call": call})
+        if row["status"] == CallStatus.STARTED and row["group"]:
+            group = tuple(row["group"])
+        else:
+            held = [c for c in self.copies_of(row["model"]) if c.ready]
+            group = max(held, key=lambda c: c.last_use).group if held else None
+        node = self.cluster.gpus[group[0]].node if group else None
+        return CallReady(call, row["status"], group is not None and row["status"] in (CallStatus.ARRIVED, CallStatus.STARTED),
+                         gpu_tier(group) if group else None, node)
 
     def _call_started(self, rec: ProgramRec, ev: dict) -> CallAck | CallStartedAck:
         self._live(rec, "call start")

@@ -83,6 +83,17 @@ class CallStartedAck(Result):
 
 
 @dataclass(frozen=True)
+class CallReady(Result):
+    """GET /v1/programs/{program}/calls/{call}: whether the call can start now, and on which GPU
+    group (`gpu:0,1`) and node its model's weights are ready (None: nowhere yet)."""
+    call: str
+    status: str
+    ready: bool
+    group: str | None
+    node: str | None
+
+
+@dataclass(frozen=True)
 class ToolAck(Result):
     """tool_started, tool_finished: `duration_s` of a finished wait, the `effect` key whose
     result it recorded, `repeated` for a result delivered again."""

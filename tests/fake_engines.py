@@ -21,9 +21,10 @@ from pydantic import BaseModel, Field
 
 
 @contextmanager
-def serve(app: FastAPI, start_timeout_s: float = 10.0):
-    """Run `app` on a free port of 127.0.0.1 in a thread; yields its base URL; stops it on exit."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off",
+def serve(app: FastAPI, start_timeout_s: float = 10.0, lifespan: str = "off"):
+    """Run `app` on a free port of 127.0.0.1 in a thread; yields its base URL; stops it on exit.
+    `lifespan="on"` runs the app's start-up and shut-down (a planning loop, say)."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan=lifespan,
                                            access_log=False, timeout_graceful_shutdown=1))
     thread = threading.Thread(target=server.run, name="fake-server", daemon=True)
     thread.start()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from . import service, sim, tokens, trace
+from . import gateway, service, sim, tokens, trace
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 trace_app = typer.Typer(no_args_is_help=True, help="Generate, inspect and fit traces.")
@@ -30,6 +30,8 @@ app.command()(service.residency)
 token_app.command("add")(tokens.token_add)
 token_app.command("list")(tokens.token_list)
 token_app.command("remove")(tokens.token_remove)
+app.command()(gateway.gateway)
+app.command("fake-engine")(gateway.fake_engine)
 app.command("profile")(service.profile_cmd)
 app.command()(sim.presets)
 

@@ -1,0 +1,456 @@
+"""The gateway: an OpenAI-compatible front door that tells the planner what the agents do.
+
+Each request is one call of a program (`X-Program-Id`, else a program of its own). The gateway
+posts `program_started`, `call_arrived`, waits until the planner has the model's weights ready on
+a GPU group and starts the call there (`POST /v1/programs/{p}/calls/{c}/start`; a request not
+ready at once is a lease due by its timeout first), forwards the request to the engine server of
+that group and streams its answer back chunk by chunk, then posts
+`call_finished`. Between two requests of a program the agent is away (a tool, a person): that is a
+`tool_started` … `tool_finished` wait, which the planner's tool-wait KV rule sees. A
+`X-Next-Model: NAME[; in=SECONDS][; p=CONFIDENCE]` header becomes a HandoffLease once the call
+ends, due `in` seconds later (default `hint_in_s`).
+
+A request is answered 503 with `Retry-After` when its state is not ready within its timeout
+(`X-Request-Timeout` seconds, at most `timeout_s`), or when `queue_limit` requests of its model
+already wait; never held past that. An unknown model is a 404 in OpenAI's error shape. An engine
+that cannot be reached before any byte of the answer was sent is tried again (the request never
+reached it, so it is safe) until the timeout; an engine that fails mid-answer ends the stream with
+an error event. Every call ends in the ledger as finished or cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from .config import EngineSpec, GatewayConfig
+
+log = logging.getLogger("statebudget.gateway")
+BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+HOP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "authorization", "te", "upgrade",
+       "accept-encoding"}
+
+
+class Refused(Exception):
+    """A request the gateway answers itself: `status`, OpenAI's error body, optional Retry-After."""
+
+    def __init__(self, status: int, message: str, kind: str, code: str | None = None, retry_after_s: float | None = None,
+                 param: str | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.code, self.retry_after_s, self.param = status, kind, code, retry_after_s, param
+
+    def response(self) -> JSONResponse:
+        headers = {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))} if self.retry_after_s is not None else None
+        return JSONResponse({"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}},
+                            status_code=self.status, headers=headers)
+
+
+def parse_next_model(value: str, default_in_s: float) -> tuple[str, float, float]:
+    """`NAME[; in=SECONDS][; p=CONFIDENCE]` -> (name, in_s, confidence)."""
+    name, *params = [x.strip() for x in value.split(";")]
+    in_s, p = default_in_s, 1.0
+    for kv in params:
+        k, _, v = kv.partition("=")
+        try:
+            if k.strip() == "in":
+                in_s = float(v)
+            elif k.strip() == "p":
+                p = float(v)
+            else:
+                raise ValueError
+        except ValueError:
+            raise Refused(400, f"X-Next-Model: cannot read {kv!r} (expected `NAME; in=SECONDS; p=CONFIDENCE`)",
+                          "invalid_request_error", "bad_header") from None
+    if not name or not (0 < in_s <= 86_400 and math.isfinite(in_s)) or not 0 <= p <= 1:
+        raise Refused(400, f"X-Next-Model: {value!r} needs a name, 0 < in <= 86400 and 0 <= p <= 1",
+                      "invalid_request_error", "bad_header")
+    return name, in_s, p
+
+
+@dataclass
+class Program:
+    pid: str
+    single: bool                       # no X-Program-Id: it ends with its one call
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    waiting: str | None = None         # the open tool wait between two calls
+    in_flight: int = 0
+    last_s: float = 0.0
+    closing: set = field(default_factory=set)  # calls' ends being recorded: the next call waits for them
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("statebudget_gateway_requests", "requests answered", ["model", "code"], registry=r)
+        self.queue = Histogram("statebudget_gateway_queue_seconds", "wait for a free engine slot", ["model"],
+                               buckets=BUCKETS, registry=r)
+        self.restore = Histogram("statebudget_gateway_restore_seconds", "wait for the planner to ready the model's "
+                                 "state", ["model"], buckets=BUCKETS, registry=r)
+        self.ttft = Histogram("statebudget_gateway_ttft_seconds", "arrival to the first byte of the answer",
+                              ["model"], buckets=BUCKETS, registry=r)
+        self.retries = Counter("statebudget_gateway_engine_retries", "requests sent again to an engine that could "
+                               "not be reached", ["model"], registry=r)
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig, planner: httpx.AsyncClient, engines: httpx.AsyncClient | None = None):
+        self.config, self.planner = config, planner
+        self.engines = engines or httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
+                                                    limits=httpx.Limits(max_connections=1000,
+                                                                        max_keepalive_connections=200))
+        self.programs: dict[str, Program] = {}
+        self.slots = {id(e): asyncio.Semaphore(e.max_inflight) for e in config.engines}
+        self.held: dict[str, int] = {}     # model -> requests waiting in the gateway
+        self.metrics = Metrics()
+
+    # ---- the planner ---------------------------------------------------------------------------------
+    async def _post(self, path: str, body: dict) -> dict:
+        r = await self.planner.post(path, json=body)
+        if r.status_code != 200:
+            raise Refused(502 if r.status_code >= 500 else 409, f"the planner refused {body.get('type', path)}: "
+                          f"{r.status_code} {r.text[:300]}", "planner_error", str(r.status_code), retry_after_s=1)
+        return r.json()
+
+    async def event(self, **body) -> dict:
+        return await self._post("/v1/events", body)
+
+    async def report_awake(self, node_tokens: dict[str, str]) -> list[str]:
+        """Engines of the config that are up and awake now, reported as the planner's ready copies
+        (PUT /v1/inventory with that node's adapter token): one model serves with no adapter."""
+        found: dict[str, list[dict]] = {}
+        for e in self.config.engines:
+            if e.node not in node_tokens or not await self._awake(e):
+                continue
+            found.setdefault(e.node, []).append({"object": ["w", e.model], "tier": e.gpu_tier})
+        for node, copies in found.items():
+            r = await self.planner.put("/v1/inventory", json={"node": node, "reason": "adapter started", "copies": copies},
+                                       headers={"Authorization": f"Bearer {node_tokens[node]}"})
+            if r.status_code != 200:
+                raise RuntimeError(f"the planner refused node {node}'s inventory: {r.status_code} {r.text[:300]}")
+        return [c["object"][1] + "@" + c["tier"] for cs in found.values() for c in cs]
+
+    async def _awake(self, e: EngineSpec) -> bool:
+        try:
+            url = e.base_url()
+            if e.check_path and (await self.engines.get(url + e.check_path, timeout=2)).status_code != 200:
+                return False
+            r = await self.engines.get(url + "/is_sleeping", timeout=2)
+            return r.status_code == 404 or (r.status_code == 200 and not r.json().get("is_sleeping"))
+        except (httpx.HTTPError, ValueError, RuntimeError):
+            return False
+
+    # ---- one request ---------------------------------------------------------------------------------
+    async def handle(self, request: Request, path: str) -> Response:
+        t0 = time.monotonic()
+        model = "?"
+        try:
+            body = await self._body(request)
+            model = self.config.resolve(str(body.get("model"))) or ""
+            if not model:
+                raise Refused(404, f"The model `{body.get('model')}` does not exist (this gateway serves "
+                              f"{', '.join(self.config.models())})", "invalid_request_error", "model_not_found",
+                              param="model")
+            timeout_s = self._timeout(request)
+            hint = request.headers.get("x-next-model")
+            hint = parse_next_model(hint, self.config.hint_in_s) if hint else None
+            if hint and not self.config.resolve(hint[0]):
+                raise Refused(404, f"X-Next-Model: the model `{hint[0]}` does not exist", "invalid_request_error",
+                              "model_not_found")
+            if self.held.get(model, 0) >= self.config.queue_limit:
+                raise Refused(503, f"{self.held[model]} requests for {model} wait already", "overloaded",
+                              "queue_full", retry_after_s=self.config.hint_in_s)
+            return await self._serve(request, path, body, model, hint, t0, t0 + timeout_s)
+        except Refused as e:
+            self.metrics.requests.labels(model or "?", str(e.status)).inc()
+            return e.response()
+
+    async def _body(self, request: Request) -> dict:
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            raise Refused(400, "the body is not JSON", "invalid_request_error") from None
+        if not isinstance(body, dict) or "model" not in body:
+            raise Refused(400, "the body must be a JSON object with a `model`", "invalid_request_error", param="model")
+        return body
+
+    def _timeout(self, request: Request) -> float:
+        raw = request.headers.get("x-request-timeout")
+        try:
+            t = float(raw) if raw else self.config.timeout_s
+        except ValueError:
+            raise Refused(400, f"X-Request-Timeout: {raw!r} is not a number of seconds", "invalid_request_error") from None
+        return min(max(t, 0.001), self.config.timeout_s)
+
+    async def _serve(self, request, path, body, model, hint, t0, deadline):
+        pid = request.headers.get("x-program-id")
+        prog = self.programs.get(pid) if pid else None
+        if prog is None:
+            prog = Program(pid or "gw-" + uuid.uuid4().hex[:20], single=not pid)
+            started = await self.event(type="program_started", program=prog.pid)
+            if started.get("status") != "running":
+                raise Refused(409, f"program {prog.pid!r} already {started.get('status')}: a program id is used once",
+                              "invalid_request_error", "program_ended")
+            if pid:
+                self.programs[pid] = prog
+        call = "c-" + uuid.uuid4().hex[:16]
+        if prog.closing:
+            await asyncio.wait(list(prog.closing))
+        async with prog.lock:
+            prog.in_flight += 1
+            prog.last_s = time.monotonic()
+            if prog.waiting:
+                await self.event(type="tool_finished", program=prog.pid, tool="agent", call=prog.waiting)
+                prog.waiting = None
+            await self.event(type="call_arrived", program=prog.pid, call=call, model=model,
+                             context_tokens=_prompt_tokens(body), max_tokens=int(body.get("max_tokens") or 1024))
+        self.held[model] = self.held.get(model, 0) + 1
+        ended = False
+        try:
+            ready = await self._ready(prog, call, model, deadline)
+            self.metrics.restore.labels(model).observe(time.monotonic() - t0)
+            engine, slot = await self._slot(model, ready, deadline)
+            self.held[model] -= 1
+            ended = True  # from here the stream's end closes the call
+            return await self._forward(request, path, body, model, engine, slot, prog, call, hint, t0, deadline)
+        except BaseException:
+            if not ended:
+                self.held[model] -= 1
+                await self._close(prog, call, finished=False)
+            raise
+
+    async def _ready(self, prog: Program, call: str, model: str, deadline: float) -> dict:
+        """Until the planner has the call's model ready on a GPU group and has started the call
+        there (`/start`: ready and started in one step). Not ready at once: the
+        request itself becomes a lease due by its timeout, which the planner quotes and prepares;
+        one it cannot be ready for by then is refused now, with its quote as Retry-After."""
+        out, lease = await self._ready_now(prog, call, 0.0), None
+        try:
+            while not out["ready"]:
+                left = deadline - time.monotonic()
+                if lease is None:
+                    lease = await self._post("/v1/leases", {"program": prog.pid, "model": model, "for_call": call,
+                                                            "deadline_s": max(left, 0.001), "confidence": 1.0})
+                    p95 = lease["quote"]["p95_s"]
+                    if lease["decision"] == "rejected":
+                        raise Refused(503, f"{model} cannot be ready within the request's timeout ({left:.1f} s): "
+                                      f"{lease.get('reason') or f'quoted {p95:.1f} s'}", "overloaded", "not_ready",
+                                      retry_after_s=p95 if math.isfinite(p95) and p95 > 0 else self.config.hint_in_s)
+                if left <= 0:
+                    raise Refused(503, f"{model} not ready within the request's timeout", "overloaded", "not_ready",
+                                  retry_after_s=lease["quote"]["p95_s"] or self.config.hint_in_s)
+                out = await self._ready_now(prog, call, min(left, 30.0))
+            return out
+        finally:
+            if lease is not None and lease["decision"] != "rejected":
+                await self.planner.delete(f"/v1/leases/{lease['lease_id']}")  # its reservation is the call's now
+
+    async def _ready_now(self, prog: Program, call: str, wait_s: float) -> dict:
+        r = await self.planner.post(f"/v1/programs/{prog.pid}/calls/{call}/start", params={"wait": wait_s})
+        if r.status_code != 200:
+            raise Refused(502, f"the planner: {r.status_code} {r.text[:300]}", "planner_error", retry_after_s=1)
+        return r.json()
+
+    async def _slot(self, model: str, ready: dict, deadline: float) -> tuple[EngineSpec, asyncio.Semaphore]:
+        mine = [e for e in self.config.engines if e.model == model]
+        engine = next((e for e in mine if e.gpu_tier == ready["group"]), None) or \
+            next((e for e in mine if e.node == ready["node"]), mine[0])
+        slot = self.slots[id(engine)]
+        q0 = time.monotonic()
+        try:
+            await asyncio.wait_for(slot.acquire(), max(0.0, deadline - q0))
+        except TimeoutError:
+            raise Refused(503, f"every slot of {model}'s engine stays busy past the request's timeout", "overloaded",
+                          "engine_busy", retry_after_s=self.config.hint_in_s) from None
+        self.metrics.queue.labels(model).observe(time.monotonic() - q0)
+        return engine, slot
+
+    async def _forward(self, request, path, body, model, engine, slot, prog, call, hint, t0, deadline) -> Response:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP and not k.lower().startswith("x-")}
+        out_body = {**body, "model": engine.upstream_model or model}
+        try:
+            while True:
+                try:
+                    upstream = await self.engines.send(self.engines.build_request(
+                        "POST", engine.base_url() + path, json=out_body, headers=headers), stream=True)
+                    break
+                except httpx.ConnectError:  # it never got the request: safe to send again once it is back
+                    if time.monotonic() + 0.2 >= deadline:
+                        raise Refused(503, f"{model}'s engine cannot be reached", "engine_unavailable",
+                                      "engine_down", retry_after_s=self.config.hint_in_s) from None
+                    self.metrics.retries.labels(model).inc()
+                    await asyncio.sleep(0.2)  # back-off before the next connection attempt
+        except BaseException:
+            slot.release()
+            await self._close(prog, call, finished=False)
+            raise
+        first = time.monotonic()
+        self.metrics.ttft.labels(model).observe(first - t0)
+        if upstream.status_code != 200 or not body.get("stream"):
+            try:
+                data = await upstream.aread()
+            finally:
+                await upstream.aclose()
+                slot.release()
+            self._close_later(prog, call, finished=upstream.status_code == 200, answer=data, hint=hint)
+            self.metrics.requests.labels(model, str(upstream.status_code)).inc()
+            return Response(data, status_code=upstream.status_code,
+                            media_type=upstream.headers.get("content-type", "application/json"))
+
+        async def chunks():
+            n, ok, tail = 0, False, b""
+            try:
+                async for chunk in upstream.aiter_raw():
+                    n += chunk.count(b"data: ")
+                    tail = (tail + chunk)[-2048:]
+                    yield chunk
+                ok = True
+            except httpx.HTTPError as e:
+                err = {"error": {"message": f"{model}'s engine failed mid-answer: {type(e).__name__}",
+                                 "type": "engine_error", "code": "engine_failed"}}
+                yield b"data: " + json.dumps(err).encode() + b"\n\n"
+            finally:
+                await upstream.aclose()
+                slot.release()
+                # not awaited here: the client's disconnect after `[DONE]` cancels this generator
+                self._close_later(prog, call, finished=ok, answer=tail, chunks=n, hint=hint)
+                self.metrics.requests.labels(model, "200" if ok else "502").inc()
+
+        return StreamingResponse(chunks(), status_code=200, media_type="text/event-stream")
+
+    def _close_later(self, prog: Program, call: str, **kw) -> None:
+        """Record the call's end in a task of its own, after the answer went out."""
+        task = asyncio.get_running_loop().create_task(self._close(prog, call, **kw))
+        prog.closing.add(task)
+        task.add_done_callback(prog.closing.discard)
+
+    async def _close(self, prog: Program, call: str, finished: bool, answer: bytes = b"", chunks: int = 0,
+                     hint=None) -> None:
+        """The call's end in the ledger, then the wait that follows it (or the program's end), then
+        the hinted lease. Under the program's lock: its next call's events come after these."""
+        async with prog.lock:
+            prog.in_flight -= 1
+            prog.last_s = time.monotonic()
+            try:
+                if finished:
+                    prompt, output = _usage(answer, chunks)
+                    await self.event(type="call_finished", program=prog.pid, call=call, output_tokens=output,
+                                     tokens=prompt + output)
+                else:
+                    await self.event(type="call_cancelled", program=prog.pid, call=call)
+                if prog.single:
+                    await self.event(type="program_finished", program=prog.pid)
+                    return
+                if prog.in_flight == 0:
+                    prog.waiting = call + ":wait"
+                    await self.event(type="tool_started", program=prog.pid, tool="agent", call=prog.waiting)
+                if hint:
+                    name, in_s, p = hint
+                    await self._post("/v1/leases", {"program": prog.pid, "model": self.config.resolve(name),
+                                                    "deadline_s": in_s, "confidence": p})
+            except (Refused, httpx.HTTPError) as e:  # the client has its answer; the ledger's gap is logged
+                log.warning("gateway: the end of call %s of %s not recorded: %s", call, prog.pid, e)
+
+    async def expire(self) -> int:
+        """Finish the programs idle past `program_idle_s`; returns how many."""
+        now, n = time.monotonic(), 0
+        for pid, prog in list(self.programs.items()):
+            if prog.in_flight == 0 and now - prog.last_s > self.config.program_idle_s:
+                async with prog.lock:
+                    if prog.waiting:
+                        await self.event(type="tool_finished", program=prog.pid, tool="agent", call=prog.waiting)
+                    await self.event(type="program_finished", program=prog.pid)
+                del self.programs[pid]
+                n += 1
+        return n
+
+
+def _prompt_tokens(body: dict) -> int:
+    if "messages" in body:
+        text = "".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
+    else:
+        text = str(body.get("prompt", ""))
+    return max(1, len(text) // 4)
+
+
+def _usage(answer: bytes, chunks: int) -> tuple[int, int]:
+    """(prompt, output) tokens from the answer's `usage` where the engine sent one, else the
+    streamed chunks (one token each, less the role and the finish chunk)."""
+    i = answer.rfind(b'"usage"')
+    if i >= 0:
+        try:
+            start = answer.index(b"{", i)
+            usage, _ = json.JSONDecoder().raw_decode(answer[start:].decode(errors="replace"))
+            return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        except (ValueError, AttributeError):
+            pass
+    return 0, max(0, chunks - 3)
+
+
+def make_app(config: GatewayConfig, planner_url: str, token: str, adapter_tokens: dict[str, str] | None = None,
+             planner_transport=None, engine_client: httpx.AsyncClient | None = None) -> FastAPI:
+    planner = httpx.AsyncClient(base_url=planner_url, headers={"Authorization": f"Bearer {token}"},
+                                timeout=httpx.Timeout(70.0, connect=5.0), transport=planner_transport,
+                                limits=httpx.Limits(max_connections=200, max_keepalive_connections=100))
+    gw = Gateway(config, planner, engine_client)
+
+    async def expiry_loop():
+        while True:
+            await asyncio.sleep(min(30.0, config.program_idle_s / 2))  # a timer, not a synchronisation
+            try:
+                await gw.expire()
+            except (Refused, httpx.HTTPError) as e:
+                log.warning("gateway: idle programs not finished: %s", e)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.loop = asyncio.get_running_loop()
+        found = await gw.report_awake(adapter_tokens or {})
+        if found:
+            log.info("gateway: engines found awake: %s", ", ".join(found))
+        task = asyncio.create_task(expiry_loop())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await planner.aclose()
+            await gw.engines.aclose()
+
+    app = FastAPI(title="StateBudget gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.gateway = gw
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await gw.handle(request, "/v1/chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await gw.handle(request, "/v1/completions")
+
+    @app.get("/v1/models")
+    async def models():
+        now = int(time.time())
+        names = sorted({n for e in config.engines for n in [e.model, *e.aliases]})
+        return {"object": "list", "data": [{"id": n, "object": "model", "created": now, "owned_by": "statebudget"}
+                                           for n in names]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok", "programs": len(gw.programs), "held": sum(gw.held.values())}
+
+    return app

@@ -1,0 +1,122 @@
+"""The gateway end to end with the `openai` client: a planner -> coder -> reviewer program with
+X-Next-Model hints, streaming, errors in OpenAI's shape, overload, and the books it keeps."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import openai
+import pytest
+
+from statebudget.gateway.app import parse_next_model, Refused
+
+from tests.gateway.stack import gateway_stack
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.xdist_group("e2e")
+PROMPT = [{"role": "user", "content": "go " * 40}]
+
+
+def answer(model: str, n: int) -> str:
+    return "".join(f"{model}:{k} " for k in range(n))
+
+
+def calls_of(live, program: str) -> dict:
+    rec = next(r for r in live.programs.values() if r.program.endswith(program))
+    return {c: row["status"] for c, row in rec.calls.items()}
+
+
+def test_a_hinted_program_finds_each_next_model_awake_and_gets_its_answers_whole(tmp_path):
+    with gateway_stack(tmp_path, wake_s=0.3) as s:
+        client = openai.OpenAI(base_url=s["url"] + "/v1", api_key="unused", max_retries=0)
+        steps = [("planner", "coder"), ("coder", "reviewer"), ("reviewer", None)]
+        ttft = []
+        for model, nxt in steps:
+            headers = {"X-Program-Id": "task-1"} | ({"X-Next-Model": f"{nxt}; in=1.5"} if nxt else {})
+            t0 = time.monotonic()
+            stream = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=8, stream=True,
+                                                    extra_headers=headers)
+            pieces = []
+            for c in stream:
+                if c.choices and c.choices[0].delta.content:
+                    if not pieces:
+                        ttft.append(time.monotonic() - t0)
+                    pieces.append(c.choices[0].delta.content)
+            assert pieces == [f"{model}:{k} " for k in range(8)]  # every chunk, in order, from that model
+            if nxt:
+                time.sleep(1.5)  # the agent's tool wait, which its hint announced (workload, not synchronisation)
+                assert httpx.get(s["engines"][nxt] + "/is_sleeping").json() == {"is_sleeping": False}
+        live = s["live"]
+        wait_until(lambda: set(calls_of(live, "task-1").values()) == {"finished"}, 10, "every call to finish")
+        assert len(calls_of(live, "task-1")) == 3
+        rec = next(r for r in live.programs.values() if r.program == "task-1")
+        stalls = {row["model"]: row["stall_s"] for row in rec.calls.values()}
+        # the first call woke its engine (0.3 s at least); the hinted ones found theirs awake
+        assert stalls["planner"] >= 0.3
+        assert stalls["coder"] < stalls["planner"] and stalls["reviewer"] < stalls["planner"]
+        print(f"client TTFT: first {ttft[0]:.3f} s, hinted {ttft[1]:.3f} s, {ttft[2]:.3f} s; planner stall {stalls}")
+        gw = s["gateway"]
+        gw.config.program_idle_s = 0.0
+        asyncio.run_coroutine_threadsafe(gw.expire(), s["loop"]).result(10)
+        assert rec.status == "finished"
+
+
+def test_plain_completions_models_and_openai_errors(tmp_path):
+    with gateway_stack(tmp_path, wake_s=0.0) as s:
+        client = openai.OpenAI(base_url=s["url"] + "/v1", api_key="unused", max_retries=0)
+        r = client.chat.completions.create(model="coder", messages=PROMPT, max_tokens=5)
+        assert r.choices[0].message.content == answer("coder", 5) and r.usage.completion_tokens == 5
+        r = client.completions.create(model="reviewer", prompt="say it", max_tokens=3)
+        assert r.choices[0].text == answer("reviewer", 3)
+        text = "".join(c.choices[0].text for c in client.completions.create(model="planner", prompt="x", max_tokens=4,
+                                                                              stream=True) if c.choices)
+        assert text == answer("planner", 4)
+        assert sorted(m.id for m in client.models.list()) == ["coder", "planner", "reviewer"]
+        with pytest.raises(openai.NotFoundError) as e:
+            client.chat.completions.create(model="gpt-5", messages=PROMPT)
+        assert e.value.body["code"] == "model_not_found" and "gpt-5" in e.value.body["message"]
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="coder", messages=PROMPT, extra_headers={"X-Next-Model": "coder; in=x"})
+        assert "X-Next-Model" in e.value.body["message"]
+        # one program per request without X-Program-Id: each ends with its call
+        live = s["live"]
+        wait_until(lambda: len(live.programs) == 3 and all(p.status == "finished" for p in live.programs.values()),
+                   10, "the three one-call programs to finish")
+        metrics = httpx.get(s["url"] + "/metrics").text
+        assert 'statebudget_gateway_requests_total{code="200",model="coder"} 1.0' in metrics
+        assert 'statebudget_gateway_requests_total{code="404",model="?"} 1.0' in metrics
+
+
+def test_more_demand_than_the_engine_serves_gets_503_with_retry_after_never_a_hang(tmp_path):
+    # one slot and one place in the queue; each answer takes ~0.8 s (16 tokens at 20/s)
+    with gateway_stack(tmp_path, wake_s=0.0, tokens_per_s=20.0, queue_limit=1, max_inflight=1) as s:
+        httpx.post(s["url"] + "/v1/chat/completions", json={"model": "coder", "messages": PROMPT, "max_tokens": 1},
+                   timeout=30).raise_for_status()  # coder awake first: then only the slot limits
+
+        async def burst():
+            async with httpx.AsyncClient(base_url=s["url"], timeout=20) as c:
+                return await asyncio.gather(*(c.post("/v1/chat/completions", headers={"X-Request-Timeout": "0.3"},
+                                                     json={"model": "coder", "messages": PROMPT}) for _ in range(6)))
+        t0 = time.monotonic()
+        out = asyncio.run(burst())
+        codes = sorted(r.status_code for r in out)
+        assert set(codes) <= {200, 503} and codes.count(200) >= 1 and codes.count(503) >= 4, codes
+        for r in out:
+            if r.status_code == 503:
+                assert int(r.headers["retry-after"]) >= 1
+                assert r.json()["error"]["type"] == "overloaded"
+        assert time.monotonic() - t0 < 15  # bounded by the request timeouts, not a hang
+        live = s["live"]
+        wait_until(lambda: all(p.status == "finished" for p in live.programs.values()), 10, "every program to end")
+        statuses = {row["status"] for p in live.programs.values() for row in p.calls.values()}
+        assert statuses <= {"finished", "cancelled"}  # nothing left open in the ledger
+
+
+def test_next_model_header_parses_or_says_what_is_wrong():
+    assert parse_next_model("coder; in=2.5; p=0.7", 5.0) == ("coder", 2.5, 0.7)
+    assert parse_next_model("coder", 5.0) == ("coder", 5.0, 1.0)
+    for bad in ("coder; in=-1", "coder; p=2", "coder; at=3", "; in=2"):
+        with pytest.raises(Refused):
+            parse_next_model(bad, 5.0)

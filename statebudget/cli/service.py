@@ -210,9 +210,15 @@ def adapter(
             fail(f"adapter {kind} needs --engines FILE: where each (model, GPU group) server listens")
         cfg = load_engine_file(engines)
         extra = {"model_paths": cfg.model_paths, "cpu_backup": cfg.cpu_backup} if kind == "sglang" else {}
-        a = cls(planner, node, token, cfg.endpoint_map(), engine_client=cfg.engine_client(), **extra)
-        err.print(f"{kind} adapter of {node} polling {planner}; {len(cfg.endpoints)} engine servers")
-        a.run(wait_s=wait_s)
+        sup = cfg.supervisor()
+        a = cls(planner, node, token, cfg.endpoint_map(), engine_client=cfg.engine_client(), supervisor=sup, **extra)
+        err.print(f"{kind} adapter of {node} polling {planner}; {len(cfg.endpoints)} engine servers"
+                  + (f", {len(cfg.commands)} started on demand" if sup else ""))
+        try:
+            a.run(wait_s=wait_s)
+        finally:
+            if sup is not None:
+                sup.close()
         return
     if not 0 < bytes_scale <= 1:
         fail(f"--bytes-scale must be in (0, 1], got {bytes_scale}")

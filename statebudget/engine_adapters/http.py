@@ -7,7 +7,9 @@ import time
 from collections.abc import Callable
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..models.plan import Op
 from .base import Adapter, OpResult, gpu_indexes, model_of, tier_kind
@@ -89,9 +91,11 @@ class EngineServersAdapter(Adapter):
 
     def __init__(self, planner: str, node: str, token: str, endpoints: dict[tuple[str, str], str], lmcache=None,
                  client: httpx.Client | None = None, engine_client: httpx.Client | None = None,
-                 timeout_s: float = 300.0):
-        """`endpoints`: (model, GPU tier such as "gpu:0,1") -> base URL of that server."""
+                 timeout_s: float = 300.0, supervisor=None):
+        """`endpoints`: (model, GPU tier such as "gpu:0,1") -> base URL of that server;
+        `supervisor` (`supervisor.Supervisor`): the servers this adapter starts and stops itself."""
         super().__init__(planner, node, token, client)
+        self.supervisor = supervisor
         self.endpoints = {(m, gpu_group(t)): url.rstrip("/") for (m, t), url in endpoints.items()}
         self.lmcache = lmcache
         self.engine = engine_client or engine_http_client(timeout_s)
@@ -101,7 +105,10 @@ class EngineServersAdapter(Adapter):
 
     def engine_generation(self) -> int:
         """Moves each time a server that failed /health answers it again: an engine that came
-        back has restarted and holds only what it loads at start (its inventory says what)."""
+        back has restarted and holds only what it loads at start (its inventory says what).
+        Supervised servers that crashed are started again first."""
+        if self.supervisor is not None:
+            self.supervisor.check()
         for url in sorted(set(self.endpoints.values())):
             if self.unprobed(url):
                 continue
@@ -125,6 +132,25 @@ class EngineServersAdapter(Adapter):
         if key not in self.endpoints:
             raise EngineError(f"no {self.engine_name} server configured for model {key[0]!r} on {gpu}")
         return self.endpoints[key]
+
+    def started_fresh(self, url: str, op: Op) -> bool:
+        """A promote onto a supervised server that is not running starts it (a fresh server loads
+        its weights: a cold start) and waits for its health; True if it did."""
+        if self.supervisor is None or not self.supervisor.supervises(url) or self.supervisor.running(url):
+            return False
+        try:
+            self.supervisor.start(url, wait_budget_s(op, self.timeout_s))
+        except (TimeoutError, RuntimeError) as e:
+            raise EngineError(str(e)) from None
+        return True
+
+    def stopped(self, url: str) -> bool:
+        """A drop (or a demote to disk) of a supervised server's weights stops its process: all
+        its GPU memory comes free. True if it did."""
+        if self.supervisor is None or not self.supervisor.supervises(url):
+            return False
+        self.supervisor.stop(url)
+        return True
 
     def commit(self, op: Op) -> None:
         if op.object[0] == "kv" and self.lmcache is not None:
@@ -158,10 +184,20 @@ class EngineFile(BaseModel):
         {"endpoints": {"coder@gpu:0": "http://127.0.0.1:8001", "reasoner@gpu:2,3": "http://127.0.0.1:8002"},
          "model_paths": {"coder": "/models/qwen2.5-coder-32b"},   # SGLang: re-read after a drop
          "cpu_backup": true,                                       # SGLang: --enable-weights-cpu-backup
-         "api_key": "..."}                                         # the servers' --api-key, if they have one
+         "api_key": "...",                                         # the servers' --api-key, if they have one
+         "commands": {"coder@gpu:0": "vllm serve /models/coder --port ${PORT} --enable-sleep-mode"},
+         "env": {"coder@gpu:0": {"CUDA_VISIBLE_DEVICES": "0"}},
+         "log_dir": "logs"}
+
+    A server with a command is supervised (`supervisor.py`): started when the planner first puts
+    its weights on its GPUs, stopped when it drops them, started again after a crash. Its endpoint
+    must be a local URL with a port, which `${PORT}` becomes.
     """
     model_config = ConfigDict(extra="forbid")
     endpoints: dict[str, str] = Field(min_length=1)
+    commands: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, dict[str, str]] = Field(default_factory=dict)
+    log_dir: str | None = None
     model_paths: dict[str, str] = Field(default_factory=dict)
     cpu_backup: bool = True
     api_key: str | None = Field(None, min_length=1)
@@ -182,8 +218,28 @@ class EngineFile(BaseModel):
                 raise ValueError(f"endpoint {k!r}: {url!r} is not an http(s) URL")
         return v
 
+    @model_validator(mode="after")
+    def _commands(self):
+        for k in [*self.commands, *self.env]:
+            if k not in self.endpoints:
+                raise ValueError(f"{k!r} has a command or env but no endpoint: give it one (its URL gives the port)")
+        for k in self.commands:
+            u = urlsplit(self.endpoints[k])
+            if u.hostname not in ("127.0.0.1", "localhost", "::1") or u.port is None:
+                raise ValueError(f"endpoint {k!r}: a supervised server listens on this host; {self.endpoints[k]!r} "
+                                 "needs to be http://127.0.0.1:PORT")
+        return self
+
     def endpoint_map(self) -> dict[tuple[str, str], str]:
         return {tuple(k.split("@", 1)): url for k, url in self.endpoints.items()}
+
+    def supervisor(self):
+        """The supervisor of the servers with a command; None if none has one."""
+        if not self.commands:
+            return None
+        from .supervisor import Supervisor
+        return Supervisor({k: (cmd, self.endpoints[k], self.env.get(k, {}))
+                           for k, cmd in self.commands.items()}, self.log_dir)
 
 
 def load_engine_file(path) -> EngineFile:

@@ -64,11 +64,11 @@ class SglangAdapter(EngineServersAdapter):
     def __init__(self, planner: str, node: str, token: str, endpoints: dict[tuple[str, str], str],
                  model_paths: dict[str, str], lmcache: LMCacheAdapter | None = None, cpu_backup: bool = True,
                  client: httpx.Client | None = None, engine_client: httpx.Client | None = None,
-                 timeout_s: float = 300.0):
+                 timeout_s: float = 300.0, supervisor=None):
         """`endpoints`: (model, GPU tier such as "gpu:0,1") -> base URL of that SGLang server;
         `model_paths`: model -> checkpoint path to re-read its weights from after a drop;
         `cpu_backup`: the servers run with `--enable-weights-cpu-backup`."""
-        super().__init__(planner, node, token, endpoints, lmcache, client, engine_client, timeout_s)
+        super().__init__(planner, node, token, endpoints, lmcache, client, engine_client, timeout_s, supervisor)
         self.model_paths, self.cpu_backup = dict(model_paths), cpu_backup
         self.weights_lost: set[str] = set()  # base URLs whose released weights must be re-read from disk
         self.released: dict[str, set[str]] = {}  # base URL -> the regions this adapter released there (for health)
@@ -111,7 +111,13 @@ class SglangAdapter(EngineServersAdapter):
         try:
             url = self.endpoint(op)
             tag = "weights" if kind == "w" else "kv_cache"
-            if op.kind == "promote":
+            if kind == "w" and op.kind == "promote" and self.started_fresh(url, op):
+                self.weights_lost.discard(url)  # a fresh server loaded its weights
+                self.released.pop(url, None)
+            elif kind == "w" and op.kind != "promote" and not (op.kind == "demote" and tier_kind(op.dst) == "host") \
+                    and self.stopped(url):
+                self.released.pop(url, None)
+            elif op.kind == "promote":
                 self.resume(url, tag)
                 if kind == "w":
                     if tier_kind(op.src) in ("nvme", "none") or url in self.weights_lost or not self.cpu_backup:

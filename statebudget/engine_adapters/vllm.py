@@ -33,6 +33,9 @@ Any sleep discards the engine's whole KV cache, not one program's (vLLM has no f
 KV objects go to the LMCache adapter when one is given; expert pages fail: vLLM loads a MoE
 model's experts with its weights and cannot page them.
 
+A server under supervision (`supervisor.py`) is started by a promote when it is not running,
+and stopped, not slept, by a drop or a demote to disk.
+
 Sleep and wake are moves, not copies (vLLM frees the source itself), so `commit` has nothing
 to release; `abort` (the planner refused the op) restores the state from before the op.
 """
@@ -61,9 +64,10 @@ class VllmAdapter(EngineServersAdapter):
     def __init__(self, planner: str, node: str, token: str, endpoints: dict[tuple[str, str], str],
                  lmcache: LMCacheAdapter | None = None, client: httpx.Client | None = None,
                  engine_client: httpx.Client | None = None, timeout_s: float = 300.0,
-                 poll_interval_s: float = 0.1):
-        """`endpoints`: (model, GPU tier such as "gpu:0,1") -> base URL of that vLLM server."""
-        super().__init__(planner, node, token, endpoints, lmcache, client, engine_client, timeout_s)
+                 poll_interval_s: float = 0.1, supervisor=None):
+        """`endpoints`: (model, GPU tier such as "gpu:0,1") -> base URL of that vLLM server;
+        `supervisor`: the servers this adapter starts and stops (`supervisor.py`)."""
+        super().__init__(planner, node, token, endpoints, lmcache, client, engine_client, timeout_s, supervisor)
         self.poll_interval_s = poll_interval_s
         self.sleep_level: dict[str, int] = {}  # base URL -> level of the last sleep this adapter asked for
 
@@ -122,11 +126,14 @@ class VllmAdapter(EngineServersAdapter):
         try:
             url = self.endpoint(op)
             if op.kind == "promote":
-                reload = tier_kind(op.src) in ("nvme", "none") or self.sleep_level.get(url) == 2
-                self.wake(url, reload, op)
+                if self.started_fresh(url, op):
+                    self.sleep_level.pop(url, None)
+                else:
+                    reload = tier_kind(op.src) in ("nvme", "none") or self.sleep_level.get(url) == 2
+                    self.wake(url, reload, op)
             elif op.kind == "demote" and tier_kind(op.dst) == "host":
                 self.sleep(url, 1, op)
-            else:  # drop, or demote to nvme: the checkpoint on disk is the copy
+            elif not self.stopped(url):  # drop, or demote to nvme: the checkpoint on disk is the copy
                 self.sleep(url, 2, op)
             return op_result(op, t0)
         except (EngineError, httpx.HTTPError) as e:

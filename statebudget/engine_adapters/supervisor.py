@@ -1,0 +1,169 @@
+"""Engine processes under supervision: start, health, restart after a crash, stop.
+
+An engine server given by a command template (`vllm serve … --port ${PORT}`, as llama-swap's
+`cmd`) is a process this adapter owns. The planner's ops drive its life: a promote of the model's
+weights from disk onto its GPU group starts it (a fresh server loads its weights: a cold start), a
+drop or a demote to disk stops it (all its GPU memory comes free), sleep and wake go through the
+engine's own routes. A process that exits while it is wanted is started again, with a back-off
+(1 s doubling to 30 s); the adapter's health probe then sees the engine come back and sends the
+planner its inventory (`engine restarted`), which is what a restarted engine holds.
+
+Commands are split like a shell line (`shlex`), after dropping `#` comment lines and joining
+lines (a YAML `|` block); `${PORT}` is replaced by the engine's port. The process gets the
+adapter's environment plus the engine's `env`, and its output goes to `<log_dir>/<name>.log`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+
+log = logging.getLogger("statebudget.adapter.supervisor")
+BACKOFF_S, BACKOFF_MAX_S = 1.0, 30.0
+
+
+def command_argv(cmd: str, port: int) -> list[str]:
+    """The argv of a command template: comment lines dropped, lines joined, `${PORT}` replaced."""
+    lines = [ln.rstrip().removesuffix("\\") for ln in cmd.splitlines() if not ln.strip().startswith("#")]
+    argv = shlex.split(" ".join(lines).replace("${PORT}", str(port)))
+    if not argv:
+        raise ValueError(f"empty command: {cmd!r}")
+    return argv
+
+
+@dataclass
+class Managed:
+    name: str                 # "coder@gpu:0"
+    cmd: str
+    url: str                  # http://127.0.0.1:PORT
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    wanted: bool = False      # the planner wants it up: an exit is a crash
+    restarts: int = 0
+    next_try_s: float = 0.0
+    backoff_s: float = BACKOFF_S
+
+    @property
+    def port(self) -> int:
+        return urlsplit(self.url).port
+
+
+class Supervisor:
+    def __init__(self, engines: dict[str, tuple[str, str, dict]], log_dir: str | Path | None = None,
+                 health_path: str = "/health", clock=time.monotonic):
+        """`engines`: name ("MODEL@gpu:I") -> (command template, local URL with its port, extra
+        environment)."""
+        self.engines = {n: Managed(n, cmd, url.rstrip("/"), dict(env)) for n, (cmd, url, env) in engines.items()}
+        self.by_url = {m.url: m for m in self.engines.values()}
+        self.log_dir = Path(log_dir) if log_dir else None
+        self.health_path, self.clock = health_path, clock
+        self.http = httpx.Client(timeout=2.0)
+        for m in self.engines.values():
+            command_argv(m.cmd, m.port)  # a bad template fails at start, not at its first op
+
+    def supervises(self, url: str) -> bool:
+        return url.rstrip("/") in self.by_url
+
+    def running(self, url: str) -> bool:
+        m = self.by_url[url.rstrip("/")]
+        return m.proc is not None and m.proc.poll() is None
+
+    def start(self, url: str, budget_s: float) -> None:
+        """Start the engine at `url` (if it is not running) and wait until it answers its health
+        check, at most `budget_s`; raises TimeoutError (the process is left running) or
+        RuntimeError (it exited)."""
+        m = self.by_url[url.rstrip("/")]
+        m.wanted = True
+        if not self.running(url):
+            self._spawn(m)
+        self._wait_healthy(m, budget_s)
+
+    def stop(self, url: str, grace_s: float = 10.0) -> None:
+        """Stop the engine: SIGTERM, then SIGKILL after `grace_s`. Not wanted any more."""
+        m = self.by_url[url.rstrip("/")]
+        m.wanted = False
+        if m.proc is None or m.proc.poll() is not None:
+            return
+        m.proc.terminate()
+        try:
+            m.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            m.proc.kill()
+            m.proc.wait(grace_s)
+        log.info("engine %s stopped", m.name)
+
+    def check(self) -> list[str]:
+        """Start again each wanted engine whose process exited (after its back-off); the names
+        of those restarted now."""
+        out, now = [], self.clock()
+        for m in self.engines.values():
+            if not m.wanted or (m.proc is not None and m.proc.poll() is None) or now < m.next_try_s:
+                continue
+            code = m.proc.returncode if m.proc is not None else None
+            log.warning("engine %s exited (code %s) while wanted: starting it again (restart %d)", m.name, code,
+                        m.restarts + 1)
+            m.restarts += 1
+            m.next_try_s = now + m.backoff_s
+            m.backoff_s = min(m.backoff_s * 2, BACKOFF_MAX_S)
+            self._spawn(m)
+            out.append(m.name)
+        return out
+
+    def close(self) -> None:
+        for m in self.engines.values():
+            self.stop(m.url)
+        self.http.close()
+
+    def status(self) -> dict:
+        return {m.name: {"url": m.url, "pid": m.proc.pid if m.proc is not None else None,
+                         "running": m.proc is not None and m.proc.poll() is None, "wanted": m.wanted,
+                         "restarts": m.restarts} for m in self.engines.values()}
+
+    def _spawn(self, m: Managed) -> None:
+        argv = command_argv(m.cmd, m.port)
+        out = subprocess.DEVNULL
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_dir / (m.name.replace("@", "_").replace(":", "").replace(",", "-") + ".log"), "ab")
+        try:
+            m.proc = subprocess.Popen(argv, env={**os.environ, **m.env}, stdout=out, stderr=subprocess.STDOUT,
+                                      start_new_session=True)  # a signal to the adapter's group spares it
+        except OSError as e:
+            raise RuntimeError(f"engine {m.name}: cannot start {argv[0]!r}: {e.strerror}") from None
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+        log.info("engine %s started: pid %d, port %d", m.name, m.proc.pid, m.port)
+
+    def _wait_healthy(self, m: Managed, budget_s: float) -> None:
+        give_up = self.clock() + budget_s
+        delay = 0.02
+        while True:
+            if m.proc.poll() is not None:
+                raise RuntimeError(f"engine {m.name} exited with code {m.proc.returncode} before it was healthy")
+            try:
+                if self.http.get(m.url + self.health_path).status_code == 200:
+                    m.backoff_s = BACKOFF_S  # healthy again: the next crash starts from the short back-off
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.clock() > give_up:
+                raise TimeoutError(f"engine {m.name} not healthy within {budget_s:.0f} s")
+            time.sleep(delay)  # polling a starting process: nothing to wait on but its port
+            delay = min(delay * 2, 0.5)
+
+    def kill(self, url: str) -> int:
+        """SIGKILL the engine's process, as a crash would (for drills and tests); its pid."""
+        m = self.by_url[url.rstrip("/")]
+        os.kill(m.proc.pid, signal.SIGKILL)
+        m.proc.wait(10)
+        return m.proc.pid

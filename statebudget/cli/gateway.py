@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import sys
 import threading
 from pathlib import Path
 from typing import Annotated, Optional
@@ -72,10 +74,11 @@ def gateway(
     if (config is None) == (from_llama_swap is None):
         fail("give --config FILE or --from-llama-swap FILE (one of them)")
     if from_llama_swap is not None:
-        from ..gateway.llamaswap import from_llama_swap as convert, notes
+        from ..gateway.llamaswap import convert_llama_swap, notes, read_llama_swap
 
-        cfg = convert(from_llama_swap, node=node)
-        for line in notes(from_llama_swap):
+        raw = read_llama_swap(from_llama_swap)
+        cfg = convert_llama_swap(raw, str(from_llama_swap), node=node)
+        for line in notes(raw):
             err.print(f"llama-swap: {line}", highlight=False)
     else:
         cfg = load_config(config)
@@ -103,6 +106,9 @@ def gateway(
         t.start()
     err.print(f"gateway on http://{host}:{port}/v1 for {', '.join(cfg.models())}; planner {planner}"
               + (f"; {len(threads)} adapter(s) in process" if threads else ""))
+    # uvicorn raises the SIGTERM it caught again once it has shut down: as SystemExit here, so
+    # that the engines this process started are stopped with it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         uvicorn.run(make_app(cfg, planner, runtime, nodes), host=host, port=port, log_level="warning",
                     access_log=False)

@@ -104,6 +104,43 @@ class Metrics:
                                "not be reached", ["model"], registry=r)
 
 
+class Outbox:
+    """Events sent after the answers went out, batched: while one batch is on its way to the
+    planner, the events of other calls gather for the next (one request, one transaction each)."""
+
+    def __init__(self, planner: httpx.AsyncClient, limit: int = 1000):
+        self.planner, self.limit = planner, limit
+        self.pending: list[tuple[list[dict], asyncio.Future]] = []
+        self.task: asyncio.Task | None = None
+
+    async def send(self, evs: list[dict]) -> list[tuple[int, dict]]:
+        """Each event's (status, answer), once its batch is posted."""
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append((evs, fut))
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._run())
+        return await fut
+
+    async def _run(self) -> None:
+        while self.pending:
+            batch, n = [], 0
+            while self.pending and n + len(self.pending[0][0]) <= self.limit:
+                batch.append(self.pending.pop(0))
+                n += len(batch[-1][0])
+            try:
+                r = await self.planner.post("/v1/events/batch", json={"events": [e for evs, _ in batch for e in evs]})
+                r.raise_for_status()
+                results = [(x["status"], x["body"]) for x in r.json()["results"]]
+            except (httpx.HTTPError, ValueError, KeyError) as e:
+                for _, fut in batch:
+                    fut.set_exception(Refused(502, f"the planner: {e}", "planner_error"))
+                continue
+            i = 0
+            for evs, fut in batch:
+                fut.set_result(results[i:i + len(evs)])
+                i += len(evs)
+
+
 class Gateway:
     def __init__(self, config: GatewayConfig, planner: httpx.AsyncClient, engines: httpx.AsyncClient | None = None):
         self.config, self.planner = config, planner
@@ -113,6 +150,7 @@ class Gateway:
         self.programs: dict[str, Program] = {}
         self.slots = {id(e): asyncio.Semaphore(e.max_inflight) for e in config.engines}
         self.held: dict[str, int] = {}     # model -> requests waiting in the gateway
+        self.outbox = Outbox(planner)
         self.metrics = Metrics()
 
     # ---- the planner ---------------------------------------------------------------------------------
@@ -196,29 +234,33 @@ class Gateway:
     async def _serve(self, request, path, body, model, hint, t0, deadline):
         pid = request.headers.get("x-program-id")
         prog = self.programs.get(pid) if pid else None
+        before = []
         if prog is None:
             prog = Program(pid or "gw-" + uuid.uuid4().hex[:20], single=not pid)
-            started = await self.event(type="program_started", program=prog.pid)
-            if started.get("status") != "running":
-                raise Refused(409, f"program {prog.pid!r} already {started.get('status')}: a program id is used once",
-                              "invalid_request_error", "program_ended")
+            before.append({"type": "program_started", "program": prog.pid})
             if pid:
                 self.programs[pid] = prog
         call = "c-" + uuid.uuid4().hex[:16]
         if prog.closing:
             await asyncio.wait(list(prog.closing))
-        async with prog.lock:
+        async with prog.lock:  # the program's events in order: arrival, start, end, the wait after it
+            if prog.waiting:
+                before.append({"type": "tool_finished", "program": prog.pid, "tool": "agent", "call": prog.waiting})
+            before.append({"type": "call_arrived", "program": prog.pid, "call": call, "model": model,
+                           "context_tokens": prompt_tokens(body), "max_tokens": int(body.get("max_tokens") or 1024)})
+            try:
+                first = await self._start(prog, call, 0.0, before)  # one round trip when the state is ready
+            except Refused:
+                if pid and before[0]["type"] == "program_started":
+                    self.programs.pop(pid, None)
+                raise
+            prog.waiting = None
             prog.in_flight += 1
             prog.last_s = time.monotonic()
-            if prog.waiting:
-                await self.event(type="tool_finished", program=prog.pid, tool="agent", call=prog.waiting)
-                prog.waiting = None
-            await self.event(type="call_arrived", program=prog.pid, call=call, model=model,
-                             context_tokens=_prompt_tokens(body), max_tokens=int(body.get("max_tokens") or 1024))
         self.held[model] = self.held.get(model, 0) + 1
         ended = False
         try:
-            ready = await self._ready(prog, call, model, deadline)
+            ready = first if first["ready"] else await self._ready(prog, call, model, deadline)
             self.metrics.restore.labels(model).observe(time.monotonic() - t0)
             engine, slot = await self._slot(model, ready, deadline)
             self.held[model] -= 1
@@ -227,15 +269,14 @@ class Gateway:
         except BaseException:
             if not ended:
                 self.held[model] -= 1
-                await self._close(prog, call, finished=False)
+                self._close_later(prog, call, finished=False)
             raise
 
     async def _ready(self, prog: Program, call: str, model: str, deadline: float) -> dict:
         """Until the planner has the call's model ready on a GPU group and has started the call
-        there (`/start`: ready and started in one step). Not ready at once: the
-        request itself becomes a lease due by its timeout, which the planner quotes and prepares;
-        one it cannot be ready for by then is refused now, with its quote as Retry-After."""
-        out, lease = await self._ready_now(prog, call, 0.0), None
+        there. The request becomes a lease due by its timeout, which the planner quotes and
+        prepares; one it cannot be ready for by then is refused now, with its quote as Retry-After."""
+        out, lease = {"ready": False}, None
         try:
             while not out["ready"]:
                 left = deadline - time.monotonic()
@@ -250,16 +291,20 @@ class Gateway:
                 if left <= 0:
                     raise Refused(503, f"{model} not ready within the request's timeout", "overloaded", "not_ready",
                                   retry_after_s=lease["quote"]["p95_s"] or self.config.hint_in_s)
-                out = await self._ready_now(prog, call, min(left, 30.0))
+                out = await self._start(prog, call, min(left, 30.0))
             return out
         finally:
             if lease is not None and lease["decision"] != "rejected":
                 await self.planner.delete(f"/v1/leases/{lease['lease_id']}")  # its reservation is the call's now
 
-    async def _ready_now(self, prog: Program, call: str, wait_s: float) -> dict:
-        r = await self.planner.post(f"/v1/programs/{prog.pid}/calls/{call}/start", params={"wait": wait_s})
+    async def _start(self, prog: Program, call: str, wait_s: float, before: list | None = None) -> dict:
+        r = await self.planner.post(f"/v1/programs/{prog.pid}/calls/{call}/start", params={"wait": wait_s},
+                                    json={"before": before} if before else None)
         if r.status_code != 200:
-            raise Refused(502, f"the planner: {r.status_code} {r.text[:300]}", "planner_error", retry_after_s=1)
+            conflict = r.status_code == 409
+            raise Refused(409 if conflict else 502, f"the planner: {r.status_code} {r.text[:300]}",
+                          "invalid_request_error" if conflict else "planner_error",
+                          "program_conflict" if conflict else str(r.status_code), retry_after_s=None if conflict else 1)
         return r.json()
 
     async def _slot(self, model: str, ready: dict, deadline: float) -> tuple[EngineSpec, asyncio.Semaphore]:
@@ -338,24 +383,27 @@ class Gateway:
     async def _close(self, prog: Program, call: str, finished: bool, answer: bytes = b"", chunks: int = 0,
                      hint=None) -> None:
         """The call's end in the ledger, then the wait that follows it (or the program's end), then
-        the hinted lease. Under the program's lock: its next call's events come after these."""
+        the hinted lease. Under the program's lock: its next call's events come after these. The
+        events of calls that end together go in one batch (`Outbox`)."""
         async with prog.lock:
             prog.in_flight -= 1
             prog.last_s = time.monotonic()
+            if finished:
+                prompt, output = _usage(answer, chunks)
+                evs = [{"type": "call_finished", "program": prog.pid, "call": call, "output_tokens": output,
+                        "tokens": prompt + output}]
+            else:
+                evs = [{"type": "call_cancelled", "program": prog.pid, "call": call}]
+            if prog.single:
+                evs.append({"type": "program_finished", "program": prog.pid})
+            elif prog.in_flight == 0:
+                prog.waiting = call + ":wait"
+                evs.append({"type": "tool_started", "program": prog.pid, "tool": "agent", "call": prog.waiting})
             try:
-                if finished:
-                    prompt, output = _usage(answer, chunks)
-                    await self.event(type="call_finished", program=prog.pid, call=call, output_tokens=output,
-                                     tokens=prompt + output)
-                else:
-                    await self.event(type="call_cancelled", program=prog.pid, call=call)
-                if prog.single:
-                    await self.event(type="program_finished", program=prog.pid)
-                    return
-                if prog.in_flight == 0:
-                    prog.waiting = call + ":wait"
-                    await self.event(type="tool_started", program=prog.pid, tool="agent", call=prog.waiting)
-                if hint:
+                for ev, (status, out) in zip(evs, await self.outbox.send(evs)):
+                    if status != 200:
+                        log.warning("gateway: the planner refused %s of %s: %s %s", ev["type"], prog.pid, status, out)
+                if hint and not prog.single:
                     name, in_s, p = hint
                     await self._post("/v1/leases", {"program": prog.pid, "model": self.config.resolve(name),
                                                     "deadline_s": in_s, "confidence": p})
@@ -376,7 +424,8 @@ class Gateway:
         return n
 
 
-def _prompt_tokens(body: dict) -> int:
+def prompt_tokens(body: dict) -> int:
+    """A rough token count of a request's prompt (4 characters a token)."""
     if "messages" in body:
         text = "".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
     else:

@@ -24,14 +24,7 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-
-def prompt_tokens(body: dict) -> int:
-    """A rough token count of the prompt (4 characters a token), as the engine would report it."""
-    if "messages" in body:
-        text = "".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
-    else:
-        text = str(body.get("prompt", ""))
-    return max(1, len(text) // 4)
+from .app import prompt_tokens
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:

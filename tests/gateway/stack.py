@@ -5,11 +5,14 @@ adapter of the node driving them, and the gateway in front."""
 
 from __future__ import annotations
 
+import socket
+import sys
 import threading
 from contextlib import ExitStack, contextmanager
 
 from statebudget.api.app import create_app
 from statebudget.api.auth import Auth, TokenEntry
+from statebudget.engine_adapters.supervisor import Supervisor
 from statebudget.engine_adapters.vllm import VllmAdapter
 from statebudget.gateway.app import make_app as gateway_app
 from statebudget.gateway.config import GatewayConfig
@@ -27,10 +30,11 @@ MODELS = ("planner", "coder", "reviewer")
 
 @contextmanager
 def gateway_stack(tmp, wake_s: float = 0.3, tokens_per_s: float = 200.0, engines: dict | None = None,
-                  adapter: bool = True, max_inflight: int = 64, **config):
+                  adapter: bool = True, max_inflight: int = 64, supervised: bool = False, **config):
     """Yields a dict: `url` (the gateway), `planner` (its URL), `engines` {model: URL}, `live` (the
-    LivePlanner), `gateway` (the Gateway object), `loop` (the gateway's event loop). `engines` given: {model: URL} of servers the test
-    runs itself (then no fake engines are started here)."""
+    LivePlanner), `gateway` (the Gateway object), `loop` (the gateway's event loop), `supervisor`.
+    `engines` given: {model: URL} of servers the test runs itself (then no fake engines are started
+    here). `supervised`: the engines are processes the adapter starts on demand (`supervisor.py`)."""
     auth = Auth([TokenEntry(token=TOK["runtime"], role="runtime", tenant="team"),
                  TokenEntry(token=TOK["n0"], role="adapter", node="n0"),
                  TokenEntry(token=TOK["admin"], role="admin")])
@@ -39,12 +43,19 @@ def gateway_stack(tmp, wake_s: float = 0.3, tokens_per_s: float = 200.0, engines
     live = LivePlanner(one_gpu, load_catalog("toy"), Store(tmp / "sb.db"))
     with ExitStack() as stack:
         planner_url = stack.enter_context(serve(create_app(live, auth, tick_s=0.5), lifespan="on"))
-        if engines is None:
+        sup = None
+        if supervised:
+            engines = {m: f"http://127.0.0.1:{_port()}" for m in MODELS}
+            sup = Supervisor({f"{m}@gpu:0": (f"{sys.executable} -m statebudget.gateway.fake_engine --model {m} "
+                                             f"--port ${{PORT}} --tokens-per-s {tokens_per_s}", u, {})
+                              for m, u in engines.items()}, tmp / "engine-logs")
+            stack.callback(sup.close)
+        elif engines is None:
             engines = {m: stack.enter_context(serve(engine_app(m, tokens_per_s=tokens_per_s, wake_s=wake_s,
                                                                asleep=True))) for m in MODELS}
         if adapter:
             ad = VllmAdapter(planner_url, "n0", TOK["n0"], {(m, "gpu:0"): u for m, u in engines.items()},
-                             poll_interval_s=0.02)
+                             poll_interval_s=0.02, supervisor=sup)
             stop = threading.Event()
             t = threading.Thread(target=ad.run, kwargs={"stop": stop.is_set, "wait_s": 0.5}, daemon=True)
             t.start()
@@ -56,4 +67,10 @@ def gateway_stack(tmp, wake_s: float = 0.3, tokens_per_s: float = 200.0, engines
         app = gateway_app(cfg, planner_url, TOK["runtime"])
         url = stack.enter_context(serve(app, lifespan="on"))
         yield {"url": url, "planner": planner_url, "engines": engines, "live": live, "gateway": app.state.gateway,
-               "loop": app.state.loop}
+               "loop": app.state.loop, "supervisor": sup}
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

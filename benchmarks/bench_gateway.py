@@ -1,0 +1,214 @@
+"""What the gateway adds to a request, and how many requests/s it passes, against calling the
+engine directly.
+
+Starts, each as its own process on 127.0.0.1: the planner (`statebudget serve`, one GPU, the toy
+catalog), a fake OpenAI engine of `coder` (awake, tokens as fast as it can write them) and the
+gateway in front of it (`statebudget gateway --no-adapter`: the engine found awake at start is
+reported to the planner, so no adapter runs). Then, from this process:
+
+  latency     one request at a time, alternating direct and through the gateway (so both see the
+              same noise): a streamed chat completion of `--tokens` tokens, timed to its last byte;
+              added = gateway - direct, p50 and p99 of each
+  throughput  `--connections` keep-alive connections, closed loop, `--seconds` each way: requests/s
+
+Goals (issue 23): p50 <= 2 ms added, >= 1,000 requests/s on 2 cores. Each gateway request is one
+program (no X-Program-Id): program_started, call_arrived, start, call_finished, program_finished
+at the planner, i.e. four planner requests on the request's path and one after it.
+
+    .venv/bin/python benchmarks/bench_gateway.py [--requests 400] [--seconds 10] [--connections 16]
+        [--program-id] [--json out/bench_gateway.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / ".venv" / "bin"
+RUNTIME, ADAPTER = "bench-gw-runtime-0123456789", "bench-gw-adapter-0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Conn:
+    """A minimal HTTP/1.1 keep-alive client that reads chunked (streamed) answers: httpx would
+    cost more CPU than the servers on 2 cores and measure itself."""
+
+    def __init__(self, port: int):
+        self.port = port
+
+    async def open(self):
+        self.r, self.w = await asyncio.open_connection("127.0.0.1", self.port)
+        return self
+
+    async def post(self, path: str, body: dict, headers: dict | None = None) -> tuple[int, bytes]:
+        data = json.dumps(body).encode()
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        self.w.write((f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{extra}"
+                      f"Content-Length: {len(data)}\r\n\r\n").encode() + data)
+        status = int((await self.r.readline()).split()[1])
+        length, chunked = 0, False
+        while (line := await self.r.readline()) not in (b"\r\n", b""):
+            k, _, v = line.decode().partition(":")
+            if k.lower() == "content-length":
+                length = int(v)
+            elif k.lower() == "transfer-encoding" and "chunked" in v:
+                chunked = True
+        if not chunked:
+            return status, await self.r.readexactly(length)
+        out = bytearray()
+        while True:
+            size = int((await self.r.readline()).split(b";")[0], 16)
+            if size == 0:
+                await self.r.readline()
+                return status, bytes(out)
+            out += await self.r.readexactly(size)
+            await self.r.readexactly(2)
+
+
+def start_stack(tmp: Path) -> tuple[list[subprocess.Popen], int, int]:
+    from statebudget.api.auth import digest
+
+    (tmp / "tokens.json").write_text(json.dumps({"tokens": [
+        {"sha256": digest(RUNTIME), "role": "runtime", "tenant": "bench"},
+        {"sha256": digest(ADAPTER), "role": "adapter", "node": "n0"}]}))
+    (tmp / "runtime.token").write_text(RUNTIME + "\n")
+    (tmp / "adapter.token").write_text(ADAPTER + "\n")
+    (tmp / "cluster.json").write_text(json.dumps({
+        "name": "one", "gpu_kinds": {"G": {"hbm_gb": 1.0, "hbm_gbps": 1000, "h2d_gbps": 10, "d2h_gbps": 10,
+                                           "tflops": 10, "wake_s": 0.1, "cold_start_s": 1.0}},
+        "nodes": [{"name": "n0", "host_dram_gb": 4, "nvme_gb": 100, "nvme_read_gbps": 2, "nvme_write_gbps": 1,
+                   "root_gbps": 16, "gpus": {"G": 1}}]}))
+    pp, ep, gp = free_port(), free_port(), free_port()
+    (tmp / "gw.yaml").write_text(json.dumps({"engines": [
+        {"model": "coder", "url": f"http://127.0.0.1:{ep}", "node": "n0", "gpus": [0], "max_inflight": 256}],
+        "queue_limit": 1024}))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    logs = [open(tmp / f"{n}.log", "w") for n in ("planner", "engine", "gateway")]
+    procs = [subprocess.Popen([str(BIN / "statebudget"), "serve", "--db", str(tmp / "sb.db"), "--cluster",
+                               str(tmp / "cluster.json"), "--catalog", "toy", "--tokens", str(tmp / "tokens.json"),
+                               "--port", str(pp), "--log-level", "warning"], stdout=logs[0], stderr=logs[0], env=env),
+             subprocess.Popen([sys.executable, "-m", "statebudget.gateway.fake_engine", "--model", "coder", "--port",
+                               str(ep)], stdout=logs[1], stderr=logs[1], env=env)]
+    wait_up(pp, "/healthz", procs, tmp)
+    wait_up(ep, "/health", procs, tmp)
+    procs.append(subprocess.Popen([str(BIN / "statebudget"), "gateway", "--planner", f"http://127.0.0.1:{pp}",
+                                   "--config", str(tmp / "gw.yaml"), "--token-file", str(tmp / "runtime.token"),
+                                   "--adapter-token-file", f"n0={tmp / 'adapter.token'}", "--no-adapter",
+                                   "--port", str(gp), "--log-level", "warning"], stdout=logs[2], stderr=logs[2],
+                                  env=env))
+    wait_up(gp, "/healthz", procs, tmp)
+    return procs, ep, gp
+
+
+def wait_up(port: int, path: str, procs, tmp: Path) -> None:
+    import httpx
+
+    give_up = time.monotonic() + 60
+    while time.monotonic() < give_up:
+        for p in procs:
+            if p.poll() is not None:
+                raise SystemExit(f"a server exited; logs in {tmp}:\n" + "\n".join(
+                    f.read_text()[-1500:] for f in tmp.glob("*.log")))
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}{path}", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)  # polling a starting server
+    raise SystemExit(f"no answer on port {port} within 60 s; logs in {tmp}")
+
+
+def body(tokens: int) -> dict:
+    return {"model": "coder", "messages": [{"role": "user", "content": "hello " * 20}], "max_tokens": tokens,
+            "stream": True}
+
+
+async def latency(ep: int, gp: int, n: int, tokens: int, headers: dict) -> dict:
+    direct, gw = await Conn(ep).open(), await Conn(gp).open()
+    out = {"direct": [], "gateway": []}
+    for i in range(n + 20):
+        for name, c in (("direct", direct), ("gateway", gw)) if i % 2 else (("gateway", gw), ("direct", direct)):
+            t0 = time.perf_counter()
+            status, data = await c.post("/v1/chat/completions", body(tokens), headers if name == "gateway" else None)
+            dt = time.perf_counter() - t0
+            if status != 200 or not data.endswith(b"data: [DONE]\n\n"):
+                raise SystemExit(f"{name}: {status} {data[-300:]!r}")
+            if i >= 20:  # warm-up: connections, caches
+                out[name].append(dt)
+    return out
+
+
+async def throughput(port: int, seconds: float, connections: int, tokens: int, headers: dict) -> dict:
+    stop = time.monotonic() + seconds
+    done, errors = [0], []
+
+    async def worker():
+        c = await Conn(port).open()
+        while time.monotonic() < stop:
+            status, data = await c.post("/v1/chat/completions", body(tokens), headers)
+            if status == 200:
+                done[0] += 1
+            else:
+                errors.append(status)
+    t0 = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(connections)))
+    return {"rps": done[0] / (time.monotonic() - t0), "errors": len(errors)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=8, help="tokens per streamed answer")
+    ap.add_argument("--program-id", action="store_true",
+                    help="all requests in one program per connection (X-Program-Id): tool waits between calls")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    procs, ep, gp = start_stack(tmp)
+    try:
+        headers = {"X-Program-Id": "bench-1"} if a.program_id else {}
+        lat = asyncio.run(latency(ep, gp, a.requests, a.tokens, headers))
+        d, g = np.array(lat["direct"]) * 1e3, np.array(lat["gateway"]) * 1e3
+        res = {"requests": a.requests, "tokens": a.tokens, "program_id": a.program_id,
+               "direct_ms": {"p50": float(np.percentile(d, 50)), "p99": float(np.percentile(d, 99))},
+               "gateway_ms": {"p50": float(np.percentile(g, 50)), "p99": float(np.percentile(g, 99))},
+               "cores": os.cpu_count()}
+        res["added_ms"] = {q: res["gateway_ms"][q] - res["direct_ms"][q] for q in ("p50", "p99")}
+        res["direct_rps"] = asyncio.run(throughput(ep, a.seconds, a.connections, a.tokens, {}))
+        res["gateway_rps"] = asyncio.run(throughput(gp, a.seconds, a.connections, a.tokens,
+                                                    {"X-Program-Id": "bench-2"} if a.program_id else {}))
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)
+    print(f"latency, {a.requests} sequential streamed requests of {a.tokens} tokens (ms):")
+    for k in ("direct_ms", "gateway_ms", "added_ms"):
+        print(f"  {k[:-3]:8s} p50 {res[k]['p50']:7.2f}  p99 {res[k]['p99']:7.2f}")
+    print(f"throughput, {a.connections} connections, {a.seconds:g} s: direct {res['direct_rps']['rps']:.0f} req/s, "
+          f"gateway {res['gateway_rps']['rps']:.0f} req/s ({res['gateway_rps']['errors']} errors)")
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(res, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Engines under supervision behind the gateway: the adapter starts each fake engine process when
+the planner first needs its model, and a killed engine is started again; the call it was serving
+gets a clear error, the next one its answer, and the ledger closes every call."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from statebudget.engine_adapters.supervisor import command_argv
+
+from tests.gateway.stack import gateway_stack
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.xdist_group("e2e")
+PROMPT = [{"role": "user", "content": "fix it"}]
+
+
+def test_a_killed_engine_is_restarted_its_call_in_flight_fails_clearly_and_the_next_is_served(tmp_path):
+    with gateway_stack(tmp_path, supervised=True, tokens_per_s=10.0) as s:
+        sup, url = s["supervisor"], s["engines"]["coder"]
+        assert not sup.running(url)  # nothing runs before the planner asks for it
+        client = openai.OpenAI(base_url=s["url"] + "/v1", api_key="unused", max_retries=0)
+        r = client.chat.completions.create(model="coder", messages=PROMPT, max_tokens=2)
+        assert r.choices[0].message.content == "coder:0 coder:1 "
+        assert sup.running(url) and sup.status()["coder@gpu:0"]["restarts"] == 0
+
+        stream = client.chat.completions.create(model="coder", messages=PROMPT, max_tokens=16, stream=True)
+        got = []
+        with pytest.raises(openai.APIError) as e:
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    got.append(chunk.choices[0].delta.content)
+                    if len(got) == 2:
+                        pid = sup.kill(url)  # a crash mid-answer
+        assert "coder" in str(e.value) and "failed mid-answer" in str(e.value)
+        assert got[:2] == ["coder:0 ", "coder:1 "] and len(got) < 16
+
+        wait_until(lambda: sup.status()["coder@gpu:0"]["restarts"] == 1 and sup.running(url), 30,
+                   "the supervisor to start the engine again")
+        assert sup.status()["coder@gpu:0"]["pid"] != pid
+        r = client.chat.completions.create(model="coder", messages=PROMPT, max_tokens=3)
+        assert r.choices[0].message.content == "coder:0 coder:1 coder:2 "
+
+        live = s["live"]
+        wait_until(lambda: len(live.programs) == 3 and all(p.status == "finished" for p in live.programs.values()),
+                   10, "the three programs to end")
+        statuses = sorted(row["status"] for p in live.programs.values() for row in p.calls.values())
+        assert statuses == ["cancelled", "finished", "finished"]  # the failed answer is cancelled, not lost
+        assert httpx.get(url + "/stats").json()["requests"] == 1  # the new process served the last call
+
+
+def test_command_templates_read_like_llama_swap_cmds():
+    cmd = """
+    # the coder
+    vllm serve /models/coder \\
+      --port ${PORT} --enable-sleep-mode
+      --served-model-name 'coder x'
+    """
+    assert command_argv(cmd, 5801) == ["vllm", "serve", "/models/coder", "--port", "5801", "--enable-sleep-mode",
+                                       "--served-model-name", "coder x"]
+    with pytest.raises(ValueError):
+        command_argv("# only a comment", 1)

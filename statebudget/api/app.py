@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from .. import __version__
 from ..models.errors import InputError
 from ..service.ledger import LedgerError
+from ..service.errors import REFUSAL_STATUS
 from ..service.live import Conflict, Forbidden, Invalid, LivePlanner, NotFound, Unavailable
 from . import docs as api_docs
 from .auth import Auth
@@ -191,7 +192,7 @@ def create_app(planner: LivePlanner, auth: Auth, tick_s: float = 5.0, coalesce_s
             return JSONResponse({"detail": detail}, status_code=status)
         return answer
 
-    for exc, status in ((NotFound, 404), (Forbidden, 403), (Conflict, 409), (Invalid, 422), (InputError, 422)):
+    for exc, status in (*REFUSAL_STATUS.items(), (InputError, 422)):
         app.add_exception_handler(exc, handler(status))
 
     async def unavailable(request: Request, exc: Exception):

@@ -97,6 +97,11 @@ class EventCreate(BaseModel):
         return self
 
 
+class EventBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    events: list[EventCreate] = Field(min_length=1, max_length=1_000)
+
+
 class EventPublic(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: EventType

@@ -21,3 +21,7 @@ class Invalid(ValueError):
 
 class Unavailable(RuntimeError):
     """503: the ledger refused the write (disk full, I/O error); nothing of the request was kept."""
+
+
+REFUSAL_STATUS = {NotFound: 404, Forbidden: 403, Conflict: 409, Invalid: 422}
+"""The HTTP status of each refusal (`api/app.py` maps the exceptions with it)."""

@@ -52,7 +52,7 @@ from ..models.errors import InputError, pydantic_where
 from ..models.load import check_compatible
 from ..planner.core import PlannerConfig
 from ..policies.ours import StateBudgetLease
-from .errors import Conflict, Forbidden, Invalid, NotFound, Unavailable
+from .errors import REFUSAL_STATUS, Conflict, Forbidden, Invalid, NotFound, Unavailable
 from .journal import Journal, OpRec, OpStatus, gpu_tier
 from .kvwait import ToolWaitKVPart
 from .leases import LeaseDesk
@@ -206,6 +206,19 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
             self._flush()
         self.telemetry.event(kind)
         self.plan_due = True
+        return out
+
+    def events(self, tenant: str, evs: list[dict]) -> list[tuple[int, dict]]:
+        """Apply runtime events in order, in one transaction (one commit for all: a gateway's
+        batch). Each gets its own answer, `(200, body)` or `(status, {"detail"})` for a refusal,
+        which changes nothing and does not stop the events after it."""
+        out = []
+        with self._tx():
+            for ev in evs:
+                try:
+                    out.append((200, {"type": ev["type"], "program": ev["program"], **self.event(tenant, ev).body()}))
+                except (NotFound, Forbidden, Conflict, Invalid) as e:
+                    out.append((REFUSAL_STATUS[type(e)], {"detail": str(e)}))
         return out
 
     def set_cluster(self, cluster: dict, catalog: dict) -> ClusterView:

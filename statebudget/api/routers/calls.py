@@ -4,22 +4,36 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Body, Path, Query
+from fastapi.responses import JSONResponse
 
 from ..deps import RuntimeDep, ServiceDep
-from ..schemas import Id
+from ..inputs import StrictJsonRoute
+from ..schemas import EventCreate, Id
 
-router = APIRouter(prefix="/v1/programs", tags=["runtime"])
+router = APIRouter(prefix="/v1/programs", tags=["runtime"], route_class=StrictJsonRoute)
 
 
 @router.post("/{program}/calls/{call}/start")
 async def start_when_ready(program: Annotated[Id, Path()], call: Annotated[Id, Path()], svc: ServiceDep,
-                           who: RuntimeDep, wait: Annotated[float, Query(ge=0, le=60, allow_inf_nan=False)] = 0.0):
-    """Wait up to `wait` seconds for the call's model to have weights ready on a GPU group, then
-    start the call there in the same step (`call_started`: its state is pinned before any planning
-    step can move it). `{call, status, ready, group, node}` plus `stall_s` once started; `ready`
-    false (and nothing started) if the wait ran out. For a gateway holding a request."""
+                           who: RuntimeDep, wait: Annotated[float, Query(ge=0, le=60, allow_inf_nan=False)] = 0.0,
+                           before: Annotated[list[EventCreate] | None, Body(embed=True, max_length=100)] = None):
+    """Apply the events of `before` first (as POST /v1/events, in one transaction: a gateway's
+    `program_started` and `call_arrived`; the first refused one is this request's answer), then
+    wait up to `wait` seconds for the call's model to have weights ready on a GPU group, and start
+    the call there in the same step (`call_started`: its state is pinned before any planning step
+    can move it). `{call, status, ready, group, node}` plus `stall_s` once started; `ready` false
+    (and nothing started) if the wait ran out."""
     p = svc.planner
+    if before:
+        for status, body in p.events(who.tenant, [ev.model_dump(exclude_none=True) for ev in before]):
+            if status != 200:
+                svc.changed()
+                return JSONResponse(body, status_code=status)
+            if body["type"] == "program_started" and body.get("status") != "running":
+                return JSONResponse({"detail": f"program {program!r} is {body.get('status')}: a program id is "
+                                     "used once"}, status_code=409)
+        svc.changed()
     ready = await svc.wait_until(lambda: (r := p.call_ready(who.tenant, program, call)).ready and r, wait)
     if not ready:
         return p.call_ready(who.tenant, program, call).body()

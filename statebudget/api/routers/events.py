@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from ..deps import RuntimeDep, ServiceDep
 from ..inputs import StrictJsonRoute
-from ..schemas import EventCreate, EventPublic
+from ..schemas import EventBatch, EventCreate, EventPublic
 
 router = APIRouter(prefix="/v1/events", tags=["runtime"], route_class=StrictJsonRoute)
 
@@ -17,3 +17,13 @@ async def post_event(ev: EventCreate, svc: ServiceDep, who: RuntimeDep):
     out = svc.planner.event(who.tenant, ev.model_dump(exclude_none=True))
     svc.changed()
     return {"type": ev.type, "program": ev.program, **out.body()}
+
+
+@router.post("/batch")
+async def post_events(batch: EventBatch, svc: ServiceDep, who: RuntimeDep):
+    """Events in order, one transaction: `{results: [{status, body}]}`, one per event; a refused
+    event (its `status` 404, 409, 422 …, `body` `{detail}`) changes nothing and the others still
+    apply. For a gateway that sends what happened after its answers went out."""
+    out = svc.planner.events(who.tenant, [ev.model_dump(exclude_none=True) for ev in batch.events])
+    svc.changed()
+    return {"results": [{"status": status, "body": body} for status, body in out]}

@@ -1,0 +1,73 @@
+"""The routes a gateway uses: POST /v1/events/batch and POST /v1/programs/{p}/calls/{c}/start."""
+
+import pytest
+from fastapi.testclient import TestClient
+
+from statebudget.api.app import create_app
+from statebudget.api.auth import Auth, TokenEntry
+from statebudget.models.load import load_catalog, load_cluster
+from statebudget.service.ledger import Store
+from statebudget.service.live import LivePlanner
+
+from tests.helpers import report_op
+
+TOK = {"a": "runtime-a-0123456789", "b": "runtime-b-0123456789", "n0": "adapter-n0-0123456789"}
+
+
+def H(who):
+    return {"Authorization": f"Bearer {TOK[who]}"}
+
+
+@pytest.fixture
+def app(tmp_path):
+    auth = Auth([TokenEntry(token=TOK["a"], role="runtime", tenant="team-a"),
+                 TokenEntry(token=TOK["b"], role="runtime", tenant="team-b"),
+                 TokenEntry(token=TOK["n0"], role="adapter", node="n0")])
+    planner = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"))
+    with TestClient(create_app(planner, auth, planning_loop=False)) as c:
+        yield c, planner
+
+
+def arrive(p, call="c1", model="coder"):
+    return [{"type": "program_started", "program": p},
+            {"type": "call_arrived", "program": p, "call": call, "model": model, "context_tokens": 10}]
+
+
+def test_a_batch_applies_in_order_and_a_refused_event_stops_nothing(app):
+    c, planner = app
+    evs = arrive("p1") + [{"type": "call_finished", "program": "p1", "call": "nope"},
+                          {"type": "call_cancelled", "program": "p1", "call": "c1"},
+                          {"type": "program_finished", "program": "p1"}]
+    r = c.post("/v1/events/batch", json={"events": evs}, headers=H("a"))
+    assert r.status_code == 200
+    res = r.json()["results"]
+    assert [x["status"] for x in res] == [200, 200, 404, 200, 200]
+    assert "never arrived" in res[2]["body"]["detail"]
+    assert planner.programs["p1"].status == "finished" and planner.programs["p1"].calls["c1"]["status"] == "cancelled"
+    # a malformed event refuses the whole batch before any of it applies
+    r = c.post("/v1/events/batch", json={"events": arrive("p2") + [{"type": "call_arrived", "program": "p2"}]},
+               headers=H("a"))
+    assert r.status_code == 422 and "p2" not in planner.programs
+    assert c.post("/v1/events/batch", json={"events": []}, headers=H("a")).status_code == 422
+    assert c.post("/v1/events/batch", json={"events": arrive("p3")}, headers=H("n0")).status_code == 403
+
+
+def test_start_applies_its_arrival_waits_for_the_state_and_starts_once_ready(app):
+    c, planner = app
+    r = c.post("/v1/programs/p1/calls/c1/start", json={"before": arrive("p1")}, headers=H("a"))
+    assert r.status_code == 200 and r.json() == {"call": "c1", "status": "arrived", "ready": False, "group": None,
+                                                 "node": None}
+    assert planner.programs["p1"].calls["c1"]["status"] == "arrived"  # not started while nothing is ready
+    lease = c.post("/v1/leases", json={"program": "p1", "model": "coder", "deadline_s": 30}, headers=H("a")).json()
+    assert lease["decision"] == "accepted"
+    for op in list(planner.ops.values()):
+        report_op(planner, op.op)
+    r = c.post("/v1/programs/p1/calls/c1/start", params={"wait": 1}, headers=H("a"))
+    out = r.json()
+    assert out["ready"] and out["status"] == "started" and out["group"].startswith("gpu:") and out["node"] in ("n0", "n1")
+    assert planner.programs["p1"].calls["c1"]["status"] == "started"
+    # another tenant's program is one that does not exist; a used program id is refused
+    assert c.post("/v1/programs/p1/calls/c1/start", headers=H("b")).status_code == 404
+    c.post("/v1/events", json={"type": "program_finished", "program": "p1"}, headers=H("a"))
+    r = c.post("/v1/programs/p1/calls/c2/start", json={"before": arrive("p1", "c2")}, headers=H("a"))
+    assert r.status_code == 409

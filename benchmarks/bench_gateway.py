@@ -11,6 +11,11 @@ reported to the planner, so no adapter runs). Then, from this process:
               added = gateway - direct, p50 and p99 of each
   throughput  `--connections` keep-alive connections, closed loop, `--seconds` each way: requests/s
 
+  handoff     (`--handoff N`) a second stack where two of the three toy models fit the GPU, their
+              engines asleep until woken (`--wake-s`), the gateway running the node's vLLM adapter:
+              N programs planner -> coder -> reviewer with `--tool-s` waits between calls, every
+              other one with X-Next-Model hints; the client's time to first token of each handoff
+
 Goals (issue 23): p50 <= 2 ms added, >= 1,000 requests/s on 2 cores. Each gateway request is one
 program (no X-Program-Id): program_started, call_arrived, start, call_finished, program_finished
 at the planner, i.e. four planner requests on the request's path and one after it.
@@ -36,7 +41,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / ".venv" / "bin"
-RUNTIME, ADAPTER = "bench-gw-runtime-0123456789", "bench-gw-adapter-0123456789"
+RUNTIME, ADAPTER, ADMIN = "bench-gw-runtime-0123456789", "bench-gw-adapter-0123456789", "bench-gw-admin-0123456789"
 
 
 def free_port() -> int:
@@ -81,37 +86,50 @@ class Conn:
             await self.r.readexactly(2)
 
 
-def start_stack(tmp: Path) -> tuple[list[subprocess.Popen], int, int]:
+def start_stack(tmp: Path, handoff_wake_s: float | None = None) -> tuple[list[subprocess.Popen], int, int]:
+    """Planner, engine(s) and gateway. `handoff_wake_s`: the handoff stack (three engines asleep,
+    a GPU for two of them, the adapter in the gateway) instead of one awake engine."""
     from statebudget.api.auth import digest
 
     (tmp / "tokens.json").write_text(json.dumps({"tokens": [
         {"sha256": digest(RUNTIME), "role": "runtime", "tenant": "bench"},
-        {"sha256": digest(ADAPTER), "role": "adapter", "node": "n0"}]}))
+        {"sha256": digest(ADAPTER), "role": "adapter", "node": "n0"},
+        {"sha256": digest(ADMIN), "role": "admin"}]}))  # for a look at /v1/residency when a run goes wrong
     (tmp / "runtime.token").write_text(RUNTIME + "\n")
     (tmp / "adapter.token").write_text(ADAPTER + "\n")
+    handoff = handoff_wake_s is not None
     (tmp / "cluster.json").write_text(json.dumps({
-        "name": "one", "gpu_kinds": {"G": {"hbm_gb": 1.0, "hbm_gbps": 1000, "h2d_gbps": 10, "d2h_gbps": 10,
-                                           "tflops": 10, "wake_s": 0.1, "cold_start_s": 1.0}},
+        "name": "one", "hbm_reserve_frac": 0.0, "gpu_kinds": {"G": {"hbm_gb": 0.3 if handoff else 1.0, "hbm_gbps": 1000, "h2d_gbps": 10,
+                                           "d2h_gbps": 10, "tflops": 10, "wake_s": handoff_wake_s or 0.1,
+                                           "cold_start_s": 1.0}},
         "nodes": [{"name": "n0", "host_dram_gb": 4, "nvme_gb": 100, "nvme_read_gbps": 2, "nvme_write_gbps": 1,
                    "root_gbps": 16, "gpus": {"G": 1}}]}))
-    pp, ep, gp = free_port(), free_port(), free_port()
+    pp, gp = free_port(), free_port()
+    models = ["planner", "coder", "reviewer"] if handoff else ["coder"]
+    ports = {m: free_port() for m in models}
+    ep = ports["coder"]
     (tmp / "gw.yaml").write_text(json.dumps({"engines": [
-        {"model": "coder", "url": f"http://127.0.0.1:{ep}", "node": "n0", "gpus": [0], "max_inflight": 256}],
-        "queue_limit": 1024}))
+        {"model": m, "url": f"http://127.0.0.1:{ports[m]}", "node": "n0", "gpus": [0], "max_inflight": 256}
+        for m in models], "queue_limit": 1024}))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    logs = [open(tmp / f"{n}.log", "w") for n in ("planner", "engine", "gateway")]
+    logs = {n: open(tmp / f"{n}.log", "w") for n in ("planner", "gateway", *models)}
     procs = [subprocess.Popen([str(BIN / "statebudget"), "serve", "--db", str(tmp / "sb.db"), "--cluster",
                                str(tmp / "cluster.json"), "--catalog", "toy", "--tokens", str(tmp / "tokens.json"),
-                               "--port", str(pp), "--log-level", "warning"], stdout=logs[0], stderr=logs[0], env=env),
-             subprocess.Popen([sys.executable, "-m", "statebudget.gateway.fake_engine", "--model", "coder", "--port",
-                               str(ep)], stdout=logs[1], stderr=logs[1], env=env)]
+                               "--port", str(pp), "--log-level", "warning", "--tick-s", "0.5"],
+                              stdout=logs["planner"], stderr=subprocess.STDOUT, env=env)]
+    for m in models:
+        procs.append(subprocess.Popen([sys.executable, "-m", "statebudget.gateway.fake_engine", "--model", m, "--port",
+                                       str(ports[m])] + (["--asleep", "--wake-s", str(handoff_wake_s)] if handoff else []),
+                                      stdout=logs[m], stderr=subprocess.STDOUT, env=env))
     wait_up(pp, "/healthz", procs, tmp)
-    wait_up(ep, "/health", procs, tmp)
+    for m in models:
+        wait_up(ports[m], "/health", procs, tmp)
     procs.append(subprocess.Popen([str(BIN / "statebudget"), "gateway", "--planner", f"http://127.0.0.1:{pp}",
                                    "--config", str(tmp / "gw.yaml"), "--token-file", str(tmp / "runtime.token"),
-                                   "--adapter-token-file", f"n0={tmp / 'adapter.token'}", "--no-adapter",
-                                   "--port", str(gp), "--log-level", "warning"], stdout=logs[2], stderr=logs[2],
-                                  env=env))
+                                   "--adapter-token-file", f"n0={tmp / 'adapter.token'}",
+                                   "--adapter" if handoff else "--no-adapter",
+                                   "--port", str(gp), "--log-level", "warning"], stdout=logs["gateway"],
+                                  stderr=subprocess.STDOUT, env=env))
     wait_up(gp, "/healthz", procs, tmp)
     return procs, ep, gp
 
@@ -171,6 +189,28 @@ async def throughput(port: int, seconds: float, connections: int, tokens: int, h
     return {"rps": done[0] / (time.monotonic() - t0), "errors": len(errors)}
 
 
+async def handoffs(gp: int, programs: int, tool_s: float) -> dict:
+    """TTFT at the client of each handoff (the 2nd and 3rd call of a program), with and without hints."""
+    out = {"hints": [], "no_hints": [], "first": []}
+    c = await Conn(gp).open()
+    chain = ["planner", "coder", "reviewer"]
+    for i in range(programs):
+        hinted = i % 2 == 0
+        for k, model in enumerate(chain):
+            headers = {"X-Program-Id": f"h{i}"}
+            if hinted and k + 1 < len(chain):
+                headers["X-Next-Model"] = f"{chain[k + 1]}; in={tool_s}"
+            t0 = time.perf_counter()
+            status, data = await c.post("/v1/chat/completions", {**body(4), "model": model}, headers)
+            dt = time.perf_counter() - t0  # 4 tokens at full speed: the whole answer is its first token
+            if status != 200:
+                raise SystemExit(f"handoff {model}: {status} {data[-300:]!r}")
+            (out["first"] if k == 0 else out["hints" if hinted else "no_hints"]).append(dt)
+            if k + 1 < len(chain):
+                await asyncio.sleep(tool_s)  # the agent's tool wait
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=400)
@@ -179,6 +219,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8, help="tokens per streamed answer")
     ap.add_argument("--program-id", action="store_true",
                     help="all requests in one program per connection (X-Program-Id): tool waits between calls")
+    ap.add_argument("--handoff", type=int, default=0, metavar="N", help="also N programs through the handoff stack")
+    ap.add_argument("--tool-s", type=float, default=1.5)
+    ap.add_argument("--wake-s", type=float, default=0.5)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
@@ -200,11 +243,25 @@ def main() -> None:
             p.terminate()
         for p in procs:
             p.wait(10)
+    if a.handoff:
+        tmp2 = Path(tempfile.mkdtemp(prefix="bench-gateway-handoff-"))
+        procs, _, gp = start_stack(tmp2, handoff_wake_s=a.wake_s)
+        try:
+            h = asyncio.run(handoffs(gp, a.handoff, a.tool_s))
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait(10)
+        res["handoff_ms"] = {k: {"n": len(v), "p50": float(np.percentile(np.array(v) * 1e3, 50)),
+                                 "p95": float(np.percentile(np.array(v) * 1e3, 95))} for k, v in h.items()}
     print(f"latency, {a.requests} sequential streamed requests of {a.tokens} tokens (ms):")
     for k in ("direct_ms", "gateway_ms", "added_ms"):
         print(f"  {k[:-3]:8s} p50 {res[k]['p50']:7.2f}  p99 {res[k]['p99']:7.2f}")
     print(f"throughput, {a.connections} connections, {a.seconds:g} s: direct {res['direct_rps']['rps']:.0f} req/s, "
           f"gateway {res['gateway_rps']['rps']:.0f} req/s ({res['gateway_rps']['errors']} errors)")
+    for k, v in res.get("handoff_ms", {}).items():
+        print(f"handoff TTFT at the client, {k:8s} (n={v['n']}): p50 {v['p50']:7.1f} ms  p95 {v['p95']:7.1f} ms")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(res, indent=1) + "\n")

@@ -39,6 +39,7 @@ from .config import EngineSpec, GatewayConfig
 
 log = logging.getLogger("statebudget.gateway")
 BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+RETRY_LEASE_S = 0.5  # how often a request refused for want of room asks the planner again
 HOP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "authorization", "te", "upgrade",
        "accept-encoding"}
 
@@ -88,6 +89,7 @@ class Program:
     in_flight: int = 0
     last_s: float = 0.0
     closing: set = field(default_factory=set)  # calls' ends being recorded: the next call waits for them
+    hint: tuple | None = None          # (lease id, model, call id) of the lease its last X-Next-Model asked for
 
 
 class Metrics:
@@ -151,6 +153,7 @@ class Gateway:
         self.slots = {id(e): asyncio.Semaphore(e.max_inflight) for e in config.engines}
         self.held: dict[str, int] = {}     # model -> requests waiting in the gateway
         self.outbox = Outbox(planner)
+        self._tasks: set[asyncio.Task] = set()
         self.metrics = Metrics()
 
     # ---- the planner ---------------------------------------------------------------------------------
@@ -240,9 +243,16 @@ class Gateway:
             before.append({"type": "program_started", "program": prog.pid})
             if pid:
                 self.programs[pid] = prog
-        call = "c-" + uuid.uuid4().hex[:16]
         if prog.closing:
             await asyncio.wait(list(prog.closing))
+        call = "c-" + uuid.uuid4().hex[:16]
+        if prog.hint is not None:
+            lease_id, hinted, hinted_call = prog.hint
+            prog.hint = None
+            if hinted == model:
+                call = hinted_call  # the call the lease is for: its arrival consumes it
+            else:  # the agent went elsewhere: the state held for it goes
+                self._later(self.planner.delete(f"/v1/leases/{lease_id}"))
         async with prog.lock:  # the program's events in order: arrival, start, end, the wait after it
             if prog.waiting:
                 before.append({"type": "tool_finished", "program": prog.pid, "tool": "agent", "call": prog.waiting})
@@ -275,23 +285,26 @@ class Gateway:
     async def _ready(self, prog: Program, call: str, model: str, deadline: float) -> dict:
         """Until the planner has the call's model ready on a GPU group and has started the call
         there. The request becomes a lease due by its timeout, which the planner quotes and
-        prepares; one it cannot be ready for by then is refused now, with its quote as Retry-After."""
-        out, lease = {"ready": False}, None
+        prepares. One whose quote is past the timeout is refused now, with the quote as
+        Retry-After; one refused for want of room (loads in flight, pinned state) is asked again
+        every `RETRY_LEASE_S` until the timeout."""
+        out, lease, why = {"ready": False}, None, "never prepared"
         try:
             while not out["ready"]:
                 left = deadline - time.monotonic()
-                if lease is None:
-                    lease = await self._post("/v1/leases", {"program": prog.pid, "model": model, "for_call": call,
-                                                            "deadline_s": max(left, 0.001), "confidence": 1.0})
-                    p95 = lease["quote"]["p95_s"]
-                    if lease["decision"] == "rejected":
-                        raise Refused(503, f"{model} cannot be ready within the request's timeout ({left:.1f} s): "
-                                      f"{lease.get('reason') or f'quoted {p95:.1f} s'}", "overloaded", "not_ready",
-                                      retry_after_s=p95 if math.isfinite(p95) and p95 > 0 else self.config.hint_in_s)
                 if left <= 0:
-                    raise Refused(503, f"{model} not ready within the request's timeout", "overloaded", "not_ready",
-                                  retry_after_s=lease["quote"]["p95_s"] or self.config.hint_in_s)
-                out = await self._start(prog, call, min(left, 30.0))
+                    raise Refused(503, f"{model} not ready within the request's timeout ({why})", "overloaded",
+                                  "not_ready", retry_after_s=self.config.hint_in_s)
+                if lease is None or lease["decision"] == "rejected":
+                    lease = await self._post("/v1/leases", {"program": prog.pid, "model": model, "for_call": call,
+                                                            "deadline_s": left, "confidence": 1.0})
+                    p95, why = lease["quote"]["p95_s"], lease.get("reason") or "rejected"
+                    if lease["decision"] == "rejected" and p95 > left:
+                        raise Refused(503, f"{model} cannot be ready within the request's timeout ({left:.1f} s): "
+                                      f"{why}", "overloaded", "not_ready",
+                                      retry_after_s=p95 if math.isfinite(p95) else self.config.hint_in_s)
+                wait = min(left, RETRY_LEASE_S if lease["decision"] == "rejected" else 30.0)
+                out = await self._start(prog, call, wait)
             return out
         finally:
             if lease is not None and lease["decision"] != "rejected":
@@ -404,11 +417,22 @@ class Gateway:
                     if status != 200:
                         log.warning("gateway: the planner refused %s of %s: %s %s", ev["type"], prog.pid, status, out)
                 if hint and not prog.single:
+                    # for the program's next call, whose id is chosen now: its arrival consumes the
+                    # lease (a ready lease holds its state until it is used or cancelled)
                     name, in_s, p = hint
-                    await self._post("/v1/leases", {"program": prog.pid, "model": self.config.resolve(name),
-                                                    "deadline_s": in_s, "confidence": p})
+                    model, nxt = self.config.resolve(name), "c-" + uuid.uuid4().hex[:16]
+                    lease = await self._post("/v1/leases", {"program": prog.pid, "model": model, "deadline_s": in_s,
+                                                            "confidence": p, "for_call": nxt})
+                    if lease["decision"] != "rejected":
+                        prog.hint = (lease["lease_id"], model, nxt)
             except (Refused, httpx.HTTPError) as e:  # the client has its answer; the ledger's gap is logged
                 log.warning("gateway: the end of call %s of %s not recorded: %s", call, prog.pid, e)
+
+    def _later(self, coro) -> None:
+        """A request to the planner that nothing waits for (a lease no longer needed)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def expire(self) -> int:
         """Finish the programs idle past `program_idle_s`; returns how many."""
@@ -416,6 +440,8 @@ class Gateway:
         for pid, prog in list(self.programs.items()):
             if prog.in_flight == 0 and now - prog.last_s > self.config.program_idle_s:
                 async with prog.lock:
+                    if prog.hint is not None:
+                        await self.planner.delete(f"/v1/leases/{prog.hint[0]}")
                     if prog.waiting:
                         await self.event(type="tool_finished", program=prog.pid, tool="agent", call=prog.waiting)
                     await self.event(type="program_finished", program=prog.pid)

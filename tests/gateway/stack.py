@@ -30,11 +30,13 @@ MODELS = ("planner", "coder", "reviewer")
 
 @contextmanager
 def gateway_stack(tmp, wake_s: float = 0.3, tokens_per_s: float = 200.0, engines: dict | None = None,
-                  adapter: bool = True, max_inflight: int = 64, supervised: bool = False, **config):
+                  adapter: bool = True, max_inflight: int = 64, supervised: bool = False, report_awake: bool = False,
+                  **config):
     """Yields a dict: `url` (the gateway), `planner` (its URL), `engines` {model: URL}, `live` (the
     LivePlanner), `gateway` (the Gateway object), `loop` (the gateway's event loop), `supervisor`.
     `engines` given: {model: URL} of servers the test runs itself (then no fake engines are started
-    here). `supervised`: the engines are processes the adapter starts on demand (`supervisor.py`)."""
+    here). `supervised`: the engines are processes the adapter starts on demand (`supervisor.py`).
+    `report_awake`: the gateway reports the engines it finds awake at start (no adapter needed)."""
     auth = Auth([TokenEntry(token=TOK["runtime"], role="runtime", tenant="team"),
                  TokenEntry(token=TOK["n0"], role="adapter", node="n0"),
                  TokenEntry(token=TOK["admin"], role="admin")])
@@ -64,7 +66,7 @@ def gateway_stack(tmp, wake_s: float = 0.3, tokens_per_s: float = 200.0, engines
         cfg = GatewayConfig(engines=[{"model": m, "url": u, "node": "n0", "gpus": [0], "max_inflight": max_inflight}
                                      for m, u in engines.items()],
                             **config)
-        app = gateway_app(cfg, planner_url, TOK["runtime"])
+        app = gateway_app(cfg, planner_url, TOK["runtime"], {"n0": TOK["n0"]} if report_awake else None)
         url = stack.enter_context(serve(app, lifespan="on"))
         yield {"url": url, "planner": planner_url, "engines": engines, "live": live, "gateway": app.state.gateway,
                "loop": app.state.loop, "supervisor": sup}

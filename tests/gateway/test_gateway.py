@@ -10,8 +10,10 @@ import httpx
 import openai
 import pytest
 
-from statebudget.gateway.app import parse_next_model, Refused
+from statebudget.gateway.app import Refused, parse_next_model
+from statebudget.gateway.fake_engine import make_app as engine_app
 
+from tests.fake_engines import serve
 from tests.gateway.stack import gateway_stack
 from tests.helpers import wait_until
 
@@ -112,6 +114,16 @@ def test_more_demand_than_the_engine_serves_gets_503_with_retry_after_never_a_ha
         wait_until(lambda: all(p.status == "finished" for p in live.programs.values()), 10, "every program to end")
         statuses = {row["status"] for p in live.programs.values() for row in p.calls.values()}
         assert statuses <= {"finished", "cancelled"}  # nothing left open in the ledger
+
+
+def test_one_engine_found_awake_at_start_serves_with_no_adapter_running(tmp_path):
+    with serve(engine_app("coder")) as coder:  # awake, as an engine someone started by hand
+        with gateway_stack(tmp_path, engines={"coder": coder}, adapter=False, report_awake=True) as s:
+            client = openai.OpenAI(base_url=s["url"] + "/v1", api_key="unused", max_retries=0)
+            r = client.chat.completions.create(model="coder", messages=PROMPT, max_tokens=2)
+            assert r.choices[0].message.content == answer("coder", 2)
+            copies = {(c["object"][1], c["tier"]) for c in s["live"].residency().body()["copies"] if c["ready"]}
+            assert ("coder", "gpu:0") in copies
 
 
 def test_next_model_header_parses_or_says_what_is_wrong():

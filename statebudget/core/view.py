@@ -15,11 +15,12 @@ from .books import Engine, HostCopy
 class ResidencyView:
     _groups: dict
 
-    def groups(self, tp: int) -> list[tuple[int, ...]]:
-        """The cluster's tensor-parallel groups of width `tp` (cached: asked on every placement)."""
-        g = self._groups.get(tp)
+    def model_groups(self, model) -> list[tuple[int, ...]]:
+        """The groups `model` (a ModelSpec) may run on (`Cluster.model_groups`; cached: asked on
+        every placement)."""
+        g = self._groups.get(model.name)
         if g is None:
-            g = self._groups[tp] = self.cluster.groups(tp)
+            g = self._groups[model.name] = self.cluster.model_groups(model)
         return g
 
     def stock_model_store(self, preload: bool | str = True) -> None:

@@ -54,6 +54,8 @@ class ModelSpec(BaseModel):
     active_params_b: float = Field(gt=0)
     tp: int = Field(1, ge=1)
     moe: MoESpec | None = None
+    gpus: list[str] | None = Field(None, min_length=1, description="GPU ids (`n0/g1`) its engines may run on, as "
+                                   "a serving setup pins them; a group must lie within them. None: any GPU")
 
     @property
     def dense_bytes(self) -> float:

@@ -102,6 +102,15 @@ class Cluster(BaseModel):
                 out.append(tuple(idx[s:s + tp]))
         return sorted(out)
 
+    def model_groups(self, model) -> list[tuple[int, ...]]:
+        """The groups a model may run on: those of its `tp`, within its `gpus` where it names them
+        (the GPUs its engines are set up on)."""
+        groups = self.groups(model.tp)
+        if model.gpus is None:
+            return groups
+        allowed = {g.index for g in self.gpus if g.id in set(model.gpus)}
+        return [g for g in groups if allowed.issuperset(g)]
+
     @property
     def total_hbm_bytes(self) -> float:
         return sum(self.gpu_kinds[g.kind].hbm_gb * GB for g in self.gpus)

@@ -160,10 +160,16 @@ def check_compatible(cluster: Cluster, catalog: Catalog, trace: Trace | None = N
     model a trace names is in the catalog."""
     for m in catalog.models:
         per_gpu = m.dense_bytes / m.tp
-        groups = cluster.groups(m.tp)
+        unknown = sorted(set(m.gpus or ()) - {g.id for g in cluster.gpus})
+        if unknown:
+            raise InputError(f"catalog {catalog.name}", f"models.{m.name}.gpus",
+                             f"no GPU {', '.join(unknown)} in cluster {cluster.name} (ids: "
+                             f"{', '.join(g.id for g in cluster.gpus[:8])}{' …' if len(cluster.gpus) > 8 else ''})")
+        groups = cluster.model_groups(m)
         if not groups:
             raise InputError(f"catalog {catalog.name}", f"models.{m.name}.tp",
-                             f"tp={m.tp} but no node of cluster {cluster.name} has {m.tp} GPUs of one kind")
+                             f"tp={m.tp} but no node of cluster {cluster.name} has {m.tp} GPUs of one kind"
+                             + (" among its gpus" if m.gpus else ""))
         best = max(min(cluster.usable_hbm_bytes(cluster.gpus[i]) for i in g) for g in groups)
         if per_gpu > best:
             raise InputError(f"catalog {catalog.name}", f"models.{m.name}",

@@ -1,7 +1,7 @@
 """The planner loop: predictor + greedy solver (+ leases) over a residency view.
 
 The view is whatever holds the books: the simulator in a replay, the service's ledger live. It
-answers `catalog`, `cost`, `gpus`, `groups(tp)`, `tiers` (copies in HBM and DRAM, capacities),
+answers `catalog`, `cost`, `gpus`, `model_groups(model)`, `tiers` (copies in HBM and DRAM, capacities),
 `kv_tokens`, `best_source(key, group)` and `link_backlog()`. The planner reads it and returns
 decisions; it never changes the books itself.
 
@@ -271,7 +271,7 @@ class PlannerCore:
         with the most free HBM its dense part fits."""
         wk = weights_key(m.name)
         best, best_key = None, None
-        for g in view.groups(m.tp):
+        for g in view.model_groups(m):
             if view.tiers.asleep_on(wk, g):
                 return g
             cap = min(view.tiers.hbm_cap[i] for i in g)

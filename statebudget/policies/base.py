@@ -122,7 +122,7 @@ def default_place(sim, call, groups=None, compute: float = 0.0):
     ranked = sorted(
         (restore_estimate_s(sim, call, g) + (compute * sim.cost.prefill_s(m, new_tokens, g) if compute else 0.0),
          sum(sim.running_on[i] for i in g), -min(sim.tiers.gpu_free(i) for i in g), g)
-        for g in (groups if groups is not None else sim.groups(m.tp)) if sim.could_ever_fit(call, g, footprint))
+        for g in (groups if groups is not None else sim.model_groups(m)) if sim.could_ever_fit(call, g, footprint))
     if not ranked:
         return None
     best_s, best = ranked[0][0], ranked[0][-1]

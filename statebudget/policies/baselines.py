@@ -132,7 +132,7 @@ class Static(Policy):
         for model, _ in sorted(shares.items(), key=lambda kv: (-kv[1], kv[0])):
             m = sim.catalog.by_name[model]
             need = (m.dense_bytes + len(hot_page_ids(m)) * (m.moe.page_bytes if m.moe else 0)) / m.tp
-            fits = [g for g in sim.groups(m.tp) if all(budget[i] >= need for i in g)]
+            fits = [g for g in sim.model_groups(m) if all(budget[i] >= need for i in g)]
             if not fits:
                 continue
             g = max(fits, key=lambda g: (min(budget[i] for i in g), [-i for i in g]))
@@ -188,7 +188,7 @@ class RayMultiplex(Policy):
 
     def place(self, sim, call):
         m = sim.catalog.by_name[call.model]
-        groups = sim.groups(m.tp)
+        groups = sim.model_groups(m)
         have = [c.group for c in sim.copies_of(call.model) if c.group in groups]
         if have:
             return min(have, key=lambda g: (sum(sim.running_on[i] for i in g), g))
@@ -225,7 +225,7 @@ def place_model(sim, model: str, program: str | None = None):
     one already holding the model's weights (the most recently used), else the group with the
     most free HBM among those its dense weights fit."""
     m = sim.catalog.by_name[model]
-    groups = sim.groups(m.tp)
+    groups = sim.model_groups(m)
     if program is not None:
         kvk = kv_key(program, model)
         for g in groups:

@@ -46,7 +46,7 @@ class StateBudget(Policy):
     def on_call_arrive(self, sim, call):
         core = self._core(sim)
         m = sim.catalog.by_name[call.model]
-        groups = sim.groups(m.tp)
+        groups = sim.model_groups(m)
         out = sim.output_estimate.expected(call.model, call.max_tokens)  # never the call's true output (§5)
         expected = sim.cost.call_s(m, call.context_tokens, out, groups[0]) if groups else 0.0
         core.predictor.call_arrived(call.program, call.model, sim.now, expected)

@@ -21,7 +21,7 @@ def resident_bytes(sim, m, budget: list[float]) -> float:
     """Bytes a model's engine keeps in HBM, as an operator sizes it: the whole model when it fits
     some group of its width within `budget`, else (a MoE model whose experts are paged) its dense
     weights and the expert pages most of its calls touch."""
-    groups = sim.groups(m.tp)
+    groups = sim.model_groups(m)
     if groups and m.total_bytes / m.tp <= max(min(budget[i] for i in g) for g in groups):
         return m.total_bytes
     return m.dense_bytes + len(hot_page_ids(m)) * (m.moe.page_bytes if m.moe else 0.0)
@@ -48,7 +48,7 @@ def plan_homes(sim, kv_headroom: float = 0.1):
     swaps: dict[str, set] = {}
     models = sorted(sim.catalog.models, key=lambda m: (-resident_bytes(sim, m, budget), m.name))
     for m in models:
-        groups = sim.groups(m.tp)
+        groups = sim.model_groups(m)
         if not groups:
             continue
         size[m.name] = rb = resident_bytes(sim, m, budget)
@@ -201,7 +201,7 @@ class ForecastPrewarm(Policy):
 
     def _group(self, sim, m, planned):
         """`place_model`'s group for a model no GPU holds, less the bytes this tick already promotes."""
-        fits = [g for g in sim.groups(m.tp) if all(m.dense_bytes / m.tp <= sim.tiers.hbm_cap[i] for i in g)]
+        fits = [g for g in sim.model_groups(m) if all(m.dense_bytes / m.tp <= sim.tiers.hbm_cap[i] for i in g)]
         if not fits:
             return None
         return max(fits, key=lambda g: (min(sim.tiers.gpu_free(i) - planned[i] for i in g), [-i for i in g]))

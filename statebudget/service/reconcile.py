@@ -98,7 +98,7 @@ class Reconcile:
             if m is None or (key[0] == "e" and not (m.moe and 0 <= key[2] < m.moe.pages)) or \
                     (key[0] == "kv" and len(key) != 3) or (key[0] == "w" and len(key) != 2):
                 raise Invalid(f"copies[{i}]: {list(c['object'])} is no state object of catalog {self.catalog.name!r}")
-            if tier.startswith("gpu:") and tier_group(tier) not in self.groups(m.tp):
+            if tier.startswith("gpu:") and tier_group(tier) not in self.model_groups(m):
                 raise Invalid(f"copies[{i}]: {tier!r} is no GPU group of cluster {self.cluster.name!r} for {model!r} "
                               f"(tensor-parallel width {m.tp})")
             out[(key, tier)] = c

@@ -65,7 +65,7 @@ class Simulator(ProgramsMixin, AdmissionMixin, CallsMixin, TransfersMixin, Event
         self.kvw = ToolWaitKV(self.kv_rule)  # the tool-wait KV rule, shared with the live planner
         self.sizes = ProgramSizes()  # the finished programs' service, for `auto`
         self.gpus = cluster.gpus
-        self._groups: dict[int, list] = {}
+        self._groups: dict[str, list] = {}
         self._group_cap: dict[tuple, float] = {}
         self.tiers = Tiers(cluster)
         cap = dict(self.cost.link_bw)

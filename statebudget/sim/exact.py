@@ -50,11 +50,11 @@ class Scripted(Policy):
 
     def place(self, sim, call):
         m = sim.catalog.by_name[call.model]
-        groups = [g for g in sim.groups(m.tp) if sim.could_ever_fit(call, g)]
+        groups = [g for g in sim.model_groups(m) if sim.could_ever_fit(call, g)]
         return groups[self._choose(len(groups))] if groups else None
 
     def _targets(self, sim, models):
-        return [(m.name, g) for m in models for g in sim.groups(m.tp)
+        return [(m.name, g) for m in models for g in sim.model_groups(m)
                 if (weights_key(m.name), g) not in sim.tiers.gpu
                 and all(m.dense_bytes / m.tp + sim.tiers.engine_overhead[i] <= sim.tiers.hbm_cap[i] for i in g)]
 

@@ -47,7 +47,7 @@ class IdealTTFT:
         if g is None:
             cl, m = self.cost.cluster, self.cost.catalog.by_name[model]
             by_kind = {}
-            for group in cl.groups(m.tp):
+            for group in cl.model_groups(m):
                 kind = cl.gpus[group[0]].kind
                 if kind not in by_kind and m.dense_bytes / m.tp <= min(cl.usable_hbm_bytes(cl.gpus[i]) for i in group):
                     by_kind[kind] = group

@@ -103,12 +103,12 @@ def _calls(trace: Trace, catalog, cost: CostModel, warmup_s: float) -> tuple[lis
             pages = m.moe.pages * m.moe.page_bytes if m.moe else 0.0
             most = (m.dense_bytes + pages + max(left[n.id], n.context_tokens + n.requested_tokens)
                     * m.kv_bytes_per_token) / m.tp
-            if not any(all(most + ovh[i] <= hbm[i] for i in g) for g in cost.cluster.groups(m.tp)):
+            if not any(all(most + ovh[i] <= hbm[i] for i in g) for g in cost.cluster.model_groups(m)):
                 unsure |= {n.id} | below[n.id]
         for n in calls:
             m = catalog.by_name[n.model]
             room = n.context_tokens + n.requested_tokens
-            groups = [g for g in cost.cluster.groups(m.tp)
+            groups = [g for g in cost.cluster.model_groups(m)
                       if all((m.dense_bytes + room * m.kv_bytes_per_token) / m.tp + ovh[i] <= hbm[i] + _SLACK_B
                              for i in g)]
             prior = left[n.id]
@@ -141,7 +141,7 @@ class _Physics:
         """The earliest a copy of `model` can be ready anywhere: no engine at t = 0, and from a cold
         start a model the cluster does not preload comes off its node's NVMe."""
         m = self.catalog.by_name[model]
-        return min(self.first_on(model, g, cold) for g in self.cost.cluster.groups(m.tp))
+        return min(self.first_on(model, g, cold) for g in self.cost.cluster.model_groups(m))
 
     def first_on(self, model: str, g, cold: bool) -> float:
         """A cold start of `model` on group g: its share over each GPU's H2D link (from a cold
@@ -156,7 +156,7 @@ class _Physics:
         """The least time to bring `model`'s share onto GPU i: over i's H2D link, plus a wake-up or
         cold start unless a GPU outside i's group could hold a copy to copy from."""
         m = self.catalog.by_name[model]
-        peer = any(i not in g for g in self.cost.cluster.groups(m.tp)
+        peer = any(i not in g for g in self.cost.cluster.model_groups(m)
                    if all(self.share(model) + self.ovh[j] <= self.hbm[j] for j in g))
         engine = 0.0 if peer else min(self.kind[i].wake_s, self.kind[i].cold_start_s)
         return self.share(model) / self.h2d[i] + self.lat + engine
@@ -297,7 +297,7 @@ def _first_engines(m, ph: "_Physics", calls: list[_Call], ready, end, place, col
     for model in sorted({c.model for c in live}):
         mine = [c for c in live if c.model == model]
         spec = ph.catalog.by_name[model]
-        hs = [h for h in ph.cost.cluster.groups(spec.tp)
+        hs = [h for h in ph.cost.cluster.model_groups(spec)
               if all(ph.share(model) + ph.ovh[i] <= ph.hbm[i] + _SLACK_B for i in h)]
         if not hs:
             continue

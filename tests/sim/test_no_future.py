@@ -81,7 +81,7 @@ class LeakyPlace(BASELINES["prefetch-all"]):
     name = "leaky"
 
     def place(self, sim, call):
-        groups = sorted(sim.groups(sim.catalog.by_name[call.model].tp))
+        groups = sorted(sim.model_groups(sim.catalog.by_name[call.model]))
         return groups[call.output_tokens % len(groups)]
 
 
@@ -91,7 +91,7 @@ class LeakyPredictor(StateBudgetLease):
 
     def on_call_arrive(self, sim, call):
         m = sim.catalog.by_name[call.model]
-        groups = sim.groups(m.tp)
+        groups = sim.model_groups(m)
         expected = sim.cost.call_s(m, call.context_tokens, call.output_tokens, groups[0]) if groups else 0.0
         self._core(sim).predictor.call_arrived(call.program, call.model, sim.now, expected)
 

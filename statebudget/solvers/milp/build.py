@@ -57,7 +57,7 @@ def build_instance(cluster, catalog, trace, cost, max_slots: int | None = None, 
             nbytes = m.dense_bytes + hot * (m.moe.page_bytes if m.moe else 0.0)
             need = (nbytes + max_kv.get(m.name, 0.0)) / m.tp
             taken = {i for g in homes.get(m.name, ()) for i in g}
-            fit = [g for g in cluster.groups(m.tp) if not taken & set(g)
+            fit = [g for g in cluster.model_groups(m) if not taken & set(g)
                    and all(need <= cluster.usable_hbm_bytes(gpus[i]) for i in g)]
             if not fit:
                 continue

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -185,7 +186,9 @@ def adapter(
     root: Annotated[Path, typer.Option(help="local: data directory (NVMe tier = safetensors files under ROOT/NODE/nvme)")] = Path("statebudget-data"),
     arena_mb: Annotated[Optional[float], typer.Option(help="local: device arena per GPU in MB (1e6 B) when there is no CUDA (default 1 GiB)")] = None,
     inventory: Annotated[Optional[Path], typer.Option(help="local: after each poll, write the ops executed and the copies held here (JSON)")] = None,
-    engines: Annotated[Optional[Path], typer.Option(help="vllm, sglang: JSON file {endpoints: {MODEL@gpu:I: URL}, model_paths, cpu_backup, api_key}")] = None,
+    engines: Annotated[Optional[Path], typer.Option(help="vllm, sglang: JSON file {endpoints: {MODEL@gpu:I: URL}, model_paths, "
+                                                        "cpu_backup, api_key, commands}; local: engine processes "
+                                                        "(commands) that follow the weights")] = None,
     catalog: Annotated[Optional[str], typer.Option(help="local: create this catalog's model store under ROOT first")] = None,
     bytes_scale: Annotated[float, typer.Option(help="local: objects get this fraction of their real size (e.g. 0.001 "
                                                     "to run a real catalog's plan on a laptop)")] = 1.0,
@@ -222,8 +225,14 @@ def adapter(
         return
     if not 0 < bytes_scale <= 1:
         fail(f"--bytes-scale must be in (0, 1], got {bytes_scale}")
+    sup, endpoints = None, None
+    if engines is not None:  # engine processes that follow the weights (fake engines, for a gateway)
+        from ..engine_adapters.http import load_engine_file
+
+        ef = load_engine_file(engines)
+        sup, endpoints = ef.supervisor(), ef.endpoint_map()
     a = cls(planner, node, token, root=root / node, arena_bytes=int(arena_mb * 1e6) if arena_mb else None,
-            bytes_scale=bytes_scale)
+            bytes_scale=bytes_scale, supervisor=sup, endpoints=endpoints)
     if catalog is not None:
         from ..models.load import load_catalog
 
@@ -249,8 +258,15 @@ def adapter(
             tmp.write_text(json.dumps(a.inventory()))
             tmp.replace(inventory)
 
-    err.print(f"local adapter of {node} polling {planner}; data under {root / node} ({a.plane.device})")
-    a.run(wait_s=wait_s, on_step=after_step)
+    err.print(f"local adapter of {node} polling {planner}; data under {root / node} ({a.plane.device})"
+              + (f"; {len(sup.engines)} engine processes" if sup else ""))
+    if sup is not None:  # uvicorn-free: SIGTERM ends the run, and the engines go with it
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        a.run(wait_s=wait_s, on_step=after_step)
+    finally:
+        if sup is not None:
+            sup.close()
 
 
 @guard

@@ -12,6 +12,7 @@ from contextlib import ExitStack, contextmanager
 
 from statebudget.api.app import create_app
 from statebudget.api.auth import Auth, TokenEntry
+from statebudget.engine_adapters.local import LocalAdapter
 from statebudget.engine_adapters.supervisor import Supervisor
 from statebudget.engine_adapters.vllm import VllmAdapter
 from statebudget.gateway.app import make_app as gateway_app
@@ -31,12 +32,14 @@ MODELS = ("planner", "coder", "reviewer")
 @contextmanager
 def gateway_stack(tmp, wake_s: float = 0.3, tokens_per_s: float = 200.0, engines: dict | None = None,
                   adapter: bool = True, max_inflight: int = 64, supervised: bool = False, report_awake: bool = False,
-                  **config):
+                  local: bool = False, **config):
     """Yields a dict: `url` (the gateway), `planner` (its URL), `engines` {model: URL}, `live` (the
     LivePlanner), `gateway` (the Gateway object), `loop` (the gateway's event loop), `supervisor`.
     `engines` given: {model: URL} of servers the test runs itself (then no fake engines are started
     here). `supervised`: the engines are processes the adapter starts on demand (`supervisor.py`).
-    `report_awake`: the gateway reports the engines it finds awake at start (no adapter needed)."""
+    `report_awake`: the gateway reports the engines it finds awake at start (no adapter needed).
+    `local` (with `supervised`): the node's adapter is the local data plane, moving real bytes (a
+    hundredth of their size), with the engine processes following the weights."""
     auth = Auth([TokenEntry(token=TOK["runtime"], role="runtime", tenant="team"),
                  TokenEntry(token=TOK["n0"], role="adapter", node="n0"),
                  TokenEntry(token=TOK["admin"], role="admin")])
@@ -55,9 +58,13 @@ def gateway_stack(tmp, wake_s: float = 0.3, tokens_per_s: float = 200.0, engines
         elif engines is None:
             engines = {m: stack.enter_context(serve(engine_app(m, tokens_per_s=tokens_per_s, wake_s=wake_s,
                                                                asleep=True))) for m in MODELS}
-        if adapter:
+        if adapter and local:
+            ad = LocalAdapter(planner_url, "n0", TOK["n0"], root=tmp / "data", arena_bytes=3_000_000, bytes_scale=0.01,
+                              supervisor=sup, endpoints={(m, "gpu:0"): u for m, u in engines.items()})
+        elif adapter:
             ad = VllmAdapter(planner_url, "n0", TOK["n0"], {(m, "gpu:0"): u for m, u in engines.items()},
                              poll_interval_s=0.02, supervisor=sup)
+        if adapter:
             stop = threading.Event()
             t = threading.Thread(target=ad.run, kwargs={"stop": stop.is_set, "wait_s": 0.5}, daemon=True)
             t.start()
@@ -69,7 +76,7 @@ def gateway_stack(tmp, wake_s: float = 0.3, tokens_per_s: float = 200.0, engines
         app = gateway_app(cfg, planner_url, TOK["runtime"], {"n0": TOK["n0"]} if report_awake else None)
         url = stack.enter_context(serve(app, lifespan="on"))
         yield {"url": url, "planner": planner_url, "engines": engines, "live": live, "gateway": app.state.gateway,
-               "loop": app.state.loop, "supervisor": sup}
+               "loop": app.state.loop, "supervisor": sup, "adapter": ad if adapter else None}
 
 
 def _port() -> int:

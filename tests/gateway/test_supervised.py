@@ -62,3 +62,24 @@ def test_command_templates_read_like_llama_swap_cmds():
                                        "--served-model-name", "coder x"]
     with pytest.raises(ValueError):
         command_argv("# only a comment", 1)
+
+
+def test_the_local_data_plane_runs_an_engine_process_per_model_for_the_whole_path_on_a_laptop(tmp_path):
+    with gateway_stack(tmp_path, supervised=True, local=True) as s:
+        sup, client = s["supervisor"], openai.OpenAI(base_url=s["url"] + "/v1", api_key="unused", max_retries=0)
+        for model in ("planner", "coder", "reviewer", "planner"):  # two of the three fit the GPU
+            r = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=2,
+                                               extra_headers={"X-Program-Id": "laptop"})
+            assert r.choices[0].message.content == f"{model}:0 {model}:1 "
+        live = s["live"]
+
+        def consistent():
+            """Every model the books hold in HBM has its engine awake, and only those (the planner
+            keeps planning after the last answer: checked until it holds)."""
+            held = {c["object"][1] for c in live.residency().body()["copies"]
+                    if c["ready"] and c["tier"] == "gpu:0" and c["object"][0] == "w"}
+            awake = {name.split("@")[0] for name, st in sup.status().items() if st["running"] and not
+                     httpx.get(s["engines"][name.split("@")[0]] + "/is_sleeping").json()["is_sleeping"]}
+            return bool(held) and held == awake
+        wait_until(consistent, 30, "the engines to follow the weights in HBM")
+        assert len(s["adapter"].plane.copies) >= 3  # real bytes moved: the model store and the HBM copies

@@ -106,11 +106,14 @@ class EngineServersAdapter(Adapter):
     def engine_generation(self) -> int:
         """Moves each time a server that failed /health answers it again: an engine that came
         back has restarted and holds only what it loads at start (its inventory says what).
-        Supervised servers that crashed are started again first."""
+        Supervised servers are the supervisor's: one that crashed is started again (or, asleep,
+        given up), which moves it; one it has not started is not down."""
         if self.supervisor is not None:
-            self.supervisor.check()
+            for url in self.supervisor.check():
+                self.forget_engine(url)
+                self._restarts += 1
         for url in sorted(set(self.endpoints.values())):
-            if self.unprobed(url):
+            if self.unprobed(url) or (self.supervisor is not None and self.supervisor.supervises(url)):
                 continue
             try:
                 up = self.engine.get(f"{url}/health").is_success
@@ -133,6 +136,13 @@ class EngineServersAdapter(Adapter):
             raise EngineError(f"no {self.engine_name} server configured for model {key[0]!r} on {gpu}")
         return self.endpoints[key]
 
+    def forget_engine(self, url: str) -> None:
+        """What this adapter knew of the server at `url` (it restarted, or is gone)."""
+
+    def slept(self, url: str, asleep: bool) -> None:
+        if self.supervisor is not None and self.supervisor.supervises(url):
+            self.supervisor.slept(url, asleep)
+
     def started_fresh(self, url: str, op: Op) -> bool:
         """A promote onto a supervised server that is not running starts it (a fresh server loads
         its weights: a cold start) and waits for its health; True if it did."""
@@ -142,6 +152,7 @@ class EngineServersAdapter(Adapter):
             self.supervisor.start(url, wait_budget_s(op, self.timeout_s))
         except (TimeoutError, RuntimeError) as e:
             raise EngineError(str(e)) from None
+        self.forget_engine(url)
         return True
 
     def stopped(self, url: str) -> bool:
@@ -150,6 +161,7 @@ class EngineServersAdapter(Adapter):
         if self.supervisor is None or not self.supervisor.supervises(url):
             return False
         self.supervisor.stop(url)
+        self.forget_engine(url)
         return True
 
     def commit(self, op: Op) -> None:

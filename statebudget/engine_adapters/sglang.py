@@ -77,10 +77,18 @@ class SglangAdapter(EngineServersAdapter):
     def release(self, url: str, tag: str) -> None:
         check(self.engine.post(f"{url}/release_memory_occupation", json={"tags": [tag]}))
         self.released.setdefault(url, set()).add(tag)
+        if tag == "weights":
+            self.slept(url, True)
+
+    def forget_engine(self, url: str) -> None:
+        self.released.pop(url, None)
+        self.weights_lost.discard(url)
 
     def resume(self, url: str, tag: str) -> None:
         check(self.engine.post(f"{url}/resume_memory_occupation", json={"tags": [tag]}))
         self.released.get(url, set()).discard(tag)
+        if tag == "weights":
+            self.slept(url, False)
 
     def unprobed(self, url: str) -> list[str]:
         return sorted(self.released.get(url, ()))
@@ -112,11 +120,10 @@ class SglangAdapter(EngineServersAdapter):
             url = self.endpoint(op)
             tag = "weights" if kind == "w" else "kv_cache"
             if kind == "w" and op.kind == "promote" and self.started_fresh(url, op):
-                self.weights_lost.discard(url)  # a fresh server loaded its weights
-                self.released.pop(url, None)
+                pass  # a fresh server loaded its weights
             elif kind == "w" and op.kind != "promote" and not (op.kind == "demote" and tier_kind(op.dst) == "host") \
                     and self.stopped(url):
-                self.released.pop(url, None)
+                self.forget_engine(url)
             elif op.kind == "promote":
                 self.resume(url, tag)
                 if kind == "w":

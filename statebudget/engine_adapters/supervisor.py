@@ -48,6 +48,7 @@ class Managed:
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     wanted: bool = False      # the planner wants it up: an exit is a crash
+    asleep: bool = False      # slept by the adapter: a crash now loses its weights in DRAM
     restarts: int = 0
     next_try_s: float = 0.0
     backoff_s: float = BACKOFF_S
@@ -82,7 +83,7 @@ class Supervisor:
         check, at most `budget_s`; raises TimeoutError (the process is left running) or
         RuntimeError (it exited)."""
         m = self.by_url[url.rstrip("/")]
-        m.wanted = True
+        m.wanted, m.asleep = True, False
         if not self.running(url):
             self._spawn(m)
         self._wait_healthy(m, budget_s)
@@ -90,33 +91,48 @@ class Supervisor:
     def stop(self, url: str, grace_s: float = 10.0) -> None:
         """Stop the engine: SIGTERM, then SIGKILL after `grace_s`. Not wanted any more."""
         m = self.by_url[url.rstrip("/")]
-        m.wanted = False
+        m.wanted = m.asleep = False
         if m.proc is None or m.proc.poll() is not None:
             return
-        m.proc.terminate()
+        self._signal(m, signal.SIGTERM)
         try:
             m.proc.wait(grace_s)
         except subprocess.TimeoutExpired:
-            m.proc.kill()
+            self._signal(m, signal.SIGKILL)
             m.proc.wait(grace_s)
         log.info("engine %s stopped", m.name)
 
-    def check(self) -> list[str]:
-        """Start again each wanted engine whose process exited (after its back-off); the names
-        of those restarted now."""
+    def check(self, budget_s: float = 300.0) -> list[str]:
+        """Each wanted engine whose process exited: started again (after its back-off) and waited
+        for, at most `budget_s`, so that the inventory the adapter sends next holds it; one that
+        crashed asleep is not (a fresh server would load its weights onto GPUs the planner gave
+        away): it is no longer wanted, and its weights in DRAM are lost. The URLs of the engines
+        that crashed, for the adapter to forget what it knew of them and send its inventory."""
         out, now = [], self.clock()
         for m in self.engines.values():
             if not m.wanted or (m.proc is not None and m.proc.poll() is None) or now < m.next_try_s:
                 continue
             code = m.proc.returncode if m.proc is not None else None
+            out.append(m.url)
+            if m.asleep:
+                log.warning("engine %s exited (code %s) asleep: its weights in DRAM are lost", m.name, code)
+                m.wanted = m.asleep = False
+                continue
             log.warning("engine %s exited (code %s) while wanted: starting it again (restart %d)", m.name, code,
                         m.restarts + 1)
             m.restarts += 1
             m.next_try_s = now + m.backoff_s
             m.backoff_s = min(m.backoff_s * 2, BACKOFF_MAX_S)
-            self._spawn(m)
-            out.append(m.name)
+            try:
+                self._spawn(m)
+                self._wait_healthy(m, budget_s)
+            except (RuntimeError, TimeoutError) as e:
+                log.error("engine %s did not come back: %s", m.name, e)
         return out
+
+    def slept(self, url: str, asleep: bool) -> None:
+        """The adapter put the engine to sleep (or woke it)."""
+        self.by_url[url.rstrip("/")].asleep = asleep
 
     def close(self) -> None:
         for m in self.engines.values():
@@ -161,9 +177,19 @@ class Supervisor:
             time.sleep(delay)  # polling a starting process: nothing to wait on but its port
             delay = min(delay * 2, 0.5)
 
+    @staticmethod
+    def _signal(m: Managed, sig: int) -> None:
+        """To the engine's whole process group (its own session): tensor-parallel workers and the
+        processes a wrapper (`sh -c`, `docker run`) starts go with it."""
+        try:
+            os.killpg(m.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
     def kill(self, url: str) -> int:
-        """SIGKILL the engine's process, as a crash would (for drills and tests); its pid."""
+        """SIGKILL the engine's process group, as a crash would (for drills and tests); its pid."""
         m = self.by_url[url.rstrip("/")]
-        os.kill(m.proc.pid, signal.SIGKILL)
-        m.proc.wait(10)
-        return m.proc.pid
+        proc = m.proc
+        self._signal(m, signal.SIGKILL)
+        proc.wait(10)
+        return proc.pid

@@ -75,8 +75,12 @@ class VllmAdapter(EngineServersAdapter):
     def sleep(self, url: str, level: int, op: Op) -> None:
         """Put the server to sleep, then verify it: `GET /is_sleeping` until true, within the op's
         budget (vLLM V1 answers /sleep once the engine slept; older front ends could answer first)."""
-        check(self.engine.post(f"{url}/sleep", params={"level": level}))
+        r = self.engine.post(f"{url}/sleep", params={"level": level})
+        if r.status_code == 404 and self.stopped(url):  # a supervised server with no sleep mode (llama.cpp)
+            return
+        check(r)
         self.sleep_level[url] = level  # asked for: a later wake reloads after level 2 even if this fails
+        self.slept(url, True)
         poll_until(lambda: self.is_sleeping(url), wait_budget_s(op, self.timeout_s), self.poll_interval_s,
                    f"vLLM at {url} to report sleeping after /sleep?level={level} (not verified)")
 
@@ -90,9 +94,13 @@ class VllmAdapter(EngineServersAdapter):
         else:
             check(self.engine.post(f"{url}/wake_up"))
         self.sleep_level.pop(url, None)
+        self.slept(url, False)
         poll_until(lambda: not self.is_sleeping(url), wait_budget_s(op, self.timeout_s), self.poll_interval_s,
                    f"vLLM at {url} to wake up")
         check(self.engine.get(f"{url}/health"))
+
+    def forget_engine(self, url: str) -> None:
+        self.sleep_level.pop(url, None)
 
     def is_sleeping(self, url: str) -> bool:
         return bool(check(self.engine.get(f"{url}/is_sleeping")).json()["is_sleeping"])
@@ -126,9 +134,7 @@ class VllmAdapter(EngineServersAdapter):
         try:
             url = self.endpoint(op)
             if op.kind == "promote":
-                if self.started_fresh(url, op):
-                    self.sleep_level.pop(url, None)
-                else:
+                if not self.started_fresh(url, op):
                     reload = tier_kind(op.src) in ("nvme", "none") or self.sleep_level.get(url) == 2
                     self.wake(url, reload, op)
             elif op.kind == "demote" and tier_kind(op.dst) == "host":

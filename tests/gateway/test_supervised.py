@@ -4,11 +4,14 @@ gets a clear error, the next one its answer, and the ledger closes every call.""
 
 from __future__ import annotations
 
+import sys
+
 import httpx
 import openai
 import pytest
 
-from statebudget.engine_adapters.supervisor import command_argv
+from statebudget.engine_adapters.supervisor import Supervisor, command_argv
+from statebudget.engine_adapters.vllm import VllmAdapter
 
 from tests.gateway.stack import gateway_stack
 from tests.helpers import wait_until
@@ -83,3 +86,40 @@ def test_the_local_data_plane_runs_an_engine_process_per_model_for_the_whole_pat
             return bool(held) and held == awake
         wait_until(consistent, 30, "the engines to follow the weights in HBM")
         assert len(s["adapter"].plane.copies) >= 3  # real bytes moved: the model store and the HBM copies
+
+
+def _fake(tmp_path, n=1):
+    from tests.gateway.stack import _port
+    urls = [f"http://127.0.0.1:{_port()}" for _ in range(n)]
+    cmd = f"{sys.executable} -m statebudget.gateway.fake_engine --model m --port ${{PORT}}"
+    return Supervisor({f"m{i}@gpu:{i}": (cmd, u, {}) for i, u in enumerate(urls)}, tmp_path / "logs"), urls
+
+
+def test_a_crash_restarts_an_awake_engine_before_check_returns_and_gives_up_an_asleep_one(tmp_path):
+    sup, (awake, asleep) = _fake(tmp_path, 2)
+    try:
+        assert sup.check() == [] and not sup.running(awake)  # never started: nothing to restart
+        sup.start(awake, 30)
+        sup.start(asleep, 30)
+        sup.slept(asleep, True)
+        sup.kill(awake)
+        sup.kill(asleep)
+        assert sorted(sup.check()) == sorted([awake, asleep])
+        assert sup.running(awake) and httpx.get(awake + "/health").status_code == 200  # healthy on return
+        assert not sup.running(asleep) and not sup.status()["m1@gpu:1"]["wanted"]  # its DRAM copy is gone
+    finally:
+        sup.close()
+    assert not sup.running(awake)
+
+
+def test_an_engine_the_supervisor_has_not_started_is_not_a_restart(tmp_path):
+    sup, (url,) = _fake(tmp_path)
+    ad = VllmAdapter("http://127.0.0.1:9", "n0", "t", {("m0", "gpu:0"): url}, supervisor=sup)
+    try:
+        assert ad.engine_generation() == 0
+        sup.start(url, 30)
+        assert ad.engine_generation() == 0  # its first start is no crash
+        sup.kill(url)
+        assert ad.engine_generation() == 1 and sup.running(url)
+    finally:
+        sup.close()

@@ -62,11 +62,13 @@ class LocalAdapter(Adapter):
         if op.kind == "promote":
             if self.supervisor.running(url):
                 self.engine.post(f"{url}/wake_up").raise_for_status()
+                self.supervisor.slept(url, False)
             else:
                 self.supervisor.start(url, 60.0)
         elif op.kind == "demote" and tier_kind(op.dst) == "host":
             if self.supervisor.running(url):
                 self.engine.post(f"{url}/sleep", params={"level": 1}).raise_for_status()
+                self.supervisor.slept(url, True)
         else:
             self.supervisor.stop(url)
 
@@ -85,8 +87,10 @@ class LocalAdapter(Adapter):
             if op.kind == "promote":
                 if self.supervisor.running(url):
                     self.engine.post(f"{url}/sleep", params={"level": 1}).raise_for_status()
+                    self.supervisor.slept(url, True)
             elif self.supervisor.running(url):
                 self.engine.post(f"{url}/wake_up").raise_for_status()
+                self.supervisor.slept(url, False)
             else:
                 self.supervisor.start(url, 60.0)
         except (httpx.HTTPError, TimeoutError, RuntimeError) as e:

@@ -17,8 +17,8 @@ reported to the planner, so no adapter runs). Then, from this process:
               other one with X-Next-Model hints; the client's time to first token of each handoff
 
 Goals (issue 23): p50 <= 2 ms added, >= 1,000 requests/s on 2 cores. Each gateway request is one
-program (no X-Program-Id): program_started, call_arrived, start, call_finished, program_finished
-at the planner, i.e. four planner requests on the request's path and one after it.
+program (no X-Program-Id): program_started, call_arrived and the start in one planner request on
+the request's path, call_finished and program_finished in a batch after it.
 
     .venv/bin/python benchmarks/bench_gateway.py [--requests 400] [--seconds 10] [--connections 16]
         [--program-id] [--json out/bench_gateway.json]

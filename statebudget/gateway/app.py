@@ -31,53 +31,18 @@ from dataclasses import dataclass, field
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .config import EngineSpec, GatewayConfig
+from .wire import Held, Outbox, Refused, parse_next_model, prompt_tokens, usage
 
 log = logging.getLogger("statebudget.gateway")
 BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 RETRY_LEASE_S = 0.5  # how often a request refused for want of room asks the planner again
 HOP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "authorization", "te", "upgrade",
        "accept-encoding"}
-
-
-class Refused(Exception):
-    """A request the gateway answers itself: `status`, OpenAI's error body, optional Retry-After."""
-
-    def __init__(self, status: int, message: str, kind: str, code: str | None = None, retry_after_s: float | None = None,
-                 param: str | None = None):
-        super().__init__(message)
-        self.status, self.kind, self.code, self.retry_after_s, self.param = status, kind, code, retry_after_s, param
-
-    def response(self) -> JSONResponse:
-        headers = {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))} if self.retry_after_s is not None else None
-        return JSONResponse({"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}},
-                            status_code=self.status, headers=headers)
-
-
-def parse_next_model(value: str, default_in_s: float) -> tuple[str, float, float]:
-    """`NAME[; in=SECONDS][; p=CONFIDENCE]` -> (name, in_s, confidence)."""
-    name, *params = [x.strip() for x in value.split(";")]
-    in_s, p = default_in_s, 1.0
-    for kv in params:
-        k, _, v = kv.partition("=")
-        try:
-            if k.strip() == "in":
-                in_s = float(v)
-            elif k.strip() == "p":
-                p = float(v)
-            else:
-                raise ValueError
-        except ValueError:
-            raise Refused(400, f"X-Next-Model: cannot read {kv!r} (expected `NAME; in=SECONDS; p=CONFIDENCE`)",
-                          "invalid_request_error", "bad_header") from None
-    if not name or not (0 < in_s <= 86_400 and math.isfinite(in_s)) or not 0 <= p <= 1:
-        raise Refused(400, f"X-Next-Model: {value!r} needs a name, 0 < in <= 86400 and 0 <= p <= 1",
-                      "invalid_request_error", "bad_header")
-    return name, in_s, p
 
 
 @dataclass
@@ -106,43 +71,6 @@ class Metrics:
                                "not be reached", ["model"], registry=r)
 
 
-class Outbox:
-    """Events sent after the answers went out, batched: while one batch is on its way to the
-    planner, the events of other calls gather for the next (one request, one transaction each)."""
-
-    def __init__(self, planner: httpx.AsyncClient, limit: int = 1000):
-        self.planner, self.limit = planner, limit
-        self.pending: list[tuple[list[dict], asyncio.Future]] = []
-        self.task: asyncio.Task | None = None
-
-    async def send(self, evs: list[dict]) -> list[tuple[int, dict]]:
-        """Each event's (status, answer), once its batch is posted."""
-        fut = asyncio.get_running_loop().create_future()
-        self.pending.append((evs, fut))
-        if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(self._run())
-        return await fut
-
-    async def _run(self) -> None:
-        while self.pending:
-            batch, n = [], 0
-            while self.pending and n + len(self.pending[0][0]) <= self.limit:
-                batch.append(self.pending.pop(0))
-                n += len(batch[-1][0])
-            try:
-                r = await self.planner.post("/v1/events/batch", json={"events": [e for evs, _ in batch for e in evs]})
-                r.raise_for_status()
-                results = [(x["status"], x["body"]) for x in r.json()["results"]]
-            except (httpx.HTTPError, ValueError, KeyError) as e:
-                for _, fut in batch:
-                    fut.set_exception(Refused(502, f"the planner: {e}", "planner_error"))
-                continue
-            i = 0
-            for evs, fut in batch:
-                fut.set_result(results[i:i + len(evs)])
-                i += len(evs)
-
-
 class Gateway:
     def __init__(self, config: GatewayConfig, planner: httpx.AsyncClient, engines: httpx.AsyncClient | None = None):
         self.config, self.planner = config, planner
@@ -157,8 +85,16 @@ class Gateway:
         self.metrics = Metrics()
 
     # ---- the planner ---------------------------------------------------------------------------------
+    async def _call(self, method: str, path: str, **kw) -> httpx.Response:
+        """A request to the planner; one that does not get there is a 502 for the client."""
+        try:
+            return await self.planner.request(method, path, **kw)
+        except httpx.HTTPError as e:
+            raise Refused(502, f"the planner cannot be reached: {type(e).__name__} {e}", "planner_error",
+                          "planner_unreachable", retry_after_s=1) from None
+
     async def _post(self, path: str, body: dict) -> dict:
-        r = await self.planner.post(path, json=body)
+        r = await self._call("POST", path, json=body)
         if r.status_code != 200:
             raise Refused(502 if r.status_code >= 500 else 409, f"the planner refused {body.get('type', path)}: "
                           f"{r.status_code} {r.text[:300]}", "planner_error", str(r.status_code), retry_after_s=1)
@@ -195,7 +131,7 @@ class Gateway:
     # ---- one request ---------------------------------------------------------------------------------
     async def handle(self, request: Request, path: str) -> Response:
         t0 = time.monotonic()
-        model = "?"
+        model, held = "?", None
         try:
             body = await self._body(request)
             model = self.config.resolve(str(body.get("model"))) or ""
@@ -212,10 +148,14 @@ class Gateway:
             if self.held.get(model, 0) >= self.config.queue_limit:
                 raise Refused(503, f"{self.held[model]} requests for {model} wait already", "overloaded",
                               "queue_full", retry_after_s=self.config.hint_in_s)
-            return await self._serve(request, path, body, model, hint, t0, t0 + timeout_s)
+            held = Held(self.held, model)  # counted before the first await: a burst sees it
+            return await self._serve(request, path, body, model, hint, t0, t0 + timeout_s, held)
         except Refused as e:
             self.metrics.requests.labels(model or "?", str(e.status)).inc()
             return e.response()
+        finally:
+            if held is not None:
+                held.release()
 
     async def _body(self, request: Request) -> dict:
         try:
@@ -224,6 +164,11 @@ class Gateway:
             raise Refused(400, "the body is not JSON", "invalid_request_error") from None
         if not isinstance(body, dict) or "model" not in body:
             raise Refused(400, "the body must be a JSON object with a `model`", "invalid_request_error", param="model")
+        for k in ("max_tokens", "max_completion_tokens"):
+            v = body.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise Refused(400, f"`{k}` must be a positive integer, not {json.dumps(v)[:40]}",
+                              "invalid_request_error", param=k)
         return body
 
     def _timeout(self, request: Request) -> float:
@@ -231,10 +176,13 @@ class Gateway:
         try:
             t = float(raw) if raw else self.config.timeout_s
         except ValueError:
-            raise Refused(400, f"X-Request-Timeout: {raw!r} is not a number of seconds", "invalid_request_error") from None
-        return min(max(t, 0.001), self.config.timeout_s)
+            t = math.nan
+        if not t > 0:  # NaN too
+            raise Refused(400, f"X-Request-Timeout: {raw!r} is not a positive number of seconds",
+                          "invalid_request_error", "bad_header")
+        return min(t, self.config.timeout_s)
 
-    async def _serve(self, request, path, body, model, hint, t0, deadline):
+    async def _serve(self, request, path, body, model, hint, t0, deadline, held: "Held"):
         pid = request.headers.get("x-program-id")
         prog = self.programs.get(pid) if pid else None
         before = []
@@ -245,42 +193,46 @@ class Gateway:
                 self.programs[pid] = prog
         if prog.closing:
             await asyncio.wait(list(prog.closing))
-        call = "c-" + uuid.uuid4().hex[:16]
+        call, hinted_lease = "c-" + uuid.uuid4().hex[:16], None
         if prog.hint is not None:
             lease_id, hinted, hinted_call = prog.hint
             prog.hint = None
-            if hinted == model:
-                call = hinted_call  # the call the lease is for: its arrival consumes it
+            if hinted == model:  # the call the lease is for: its arrival consumes a ready one
+                call, hinted_lease = hinted_call, lease_id
             else:  # the agent went elsewhere: the state held for it goes
                 self._later(self.planner.delete(f"/v1/leases/{lease_id}"))
         async with prog.lock:  # the program's events in order: arrival, start, end, the wait after it
             if prog.waiting:
                 before.append({"type": "tool_finished", "program": prog.pid, "tool": "agent", "call": prog.waiting})
             before.append({"type": "call_arrived", "program": prog.pid, "call": call, "model": model,
-                           "context_tokens": prompt_tokens(body), "max_tokens": int(body.get("max_tokens") or 1024)})
-            try:
-                first = await self._start(prog, call, 0.0, before)  # one round trip when the state is ready
+                           "context_tokens": prompt_tokens(body),
+                           "max_tokens": body.get("max_completion_tokens") or body.get("max_tokens") or 1024})
+            try:  # one round trip when the state is ready; the planner applies all of `before` or none
+                first = await self._start(prog, call, 0.0, before)
             except Refused:
                 if pid and before[0]["type"] == "program_started":
                     self.programs.pop(pid, None)
+                prog.waiting = None if prog.waiting and prog.in_flight == 0 else prog.waiting
                 raise
             prog.waiting = None
             prog.in_flight += 1
             prog.last_s = time.monotonic()
-        self.held[model] = self.held.get(model, 0) + 1
-        ended = False
         try:
             ready = first if first["ready"] else await self._ready(prog, call, model, deadline)
-            self.metrics.restore.labels(model).observe(time.monotonic() - t0)
-            engine, slot = await self._slot(model, ready, deadline)
-            self.held[model] -= 1
-            ended = True  # from here the stream's end closes the call
-            return await self._forward(request, path, body, model, engine, slot, prog, call, hint, t0, deadline)
         except BaseException:
-            if not ended:
-                self.held[model] -= 1
-                self._close_later(prog, call, finished=False)
+            self._close_later(prog, call, finished=False)
             raise
+        finally:
+            if hinted_lease is not None:  # consumed at arrival if it was ready; else it would hold its state
+                self._later(self.planner.delete(f"/v1/leases/{hinted_lease}"))
+        self.metrics.restore.labels(model).observe(time.monotonic() - t0)
+        try:
+            engine, slot = await self._slot(model, ready, deadline)
+        except BaseException:
+            self._close_later(prog, call, finished=False)
+            raise
+        held.release()
+        return await self._forward(request, path, body, model, engine, slot, prog, call, hint, t0, deadline)
 
     async def _ready(self, prog: Program, call: str, model: str, deadline: float) -> dict:
         """Until the planner has the call's model ready on a GPU group and has started the call
@@ -308,11 +260,11 @@ class Gateway:
             return out
         finally:
             if lease is not None and lease["decision"] != "rejected":
-                await self.planner.delete(f"/v1/leases/{lease['lease_id']}")  # its reservation is the call's now
+                self._later(self.planner.delete(f"/v1/leases/{lease['lease_id']}"))  # its reservation is the call's now
 
     async def _start(self, prog: Program, call: str, wait_s: float, before: list | None = None) -> dict:
-        r = await self.planner.post(f"/v1/programs/{prog.pid}/calls/{call}/start", params={"wait": wait_s},
-                                    json={"before": before} if before else None)
+        r = await self._call("POST", f"/v1/programs/{prog.pid}/calls/{call}/start", params={"wait": wait_s},
+                             json={"before": before} if before else None)
         if r.status_code != 200:
             conflict = r.status_code == 409
             raise Refused(409 if conflict else 502, f"the planner: {r.status_code} {r.text[:300]}",
@@ -321,13 +273,19 @@ class Gateway:
         return r.json()
 
     async def _slot(self, model: str, ready: dict, deadline: float) -> tuple[EngineSpec, asyncio.Semaphore]:
-        mine = [e for e in self.config.engines if e.model == model]
-        engine = next((e for e in mine if e.gpu_tier == ready["group"]), None) or \
-            next((e for e in mine if e.node == ready["node"]), mine[0])
+        mine = [e for e in self.config.engines if e.model == model and e.node == ready["node"]]
+        engine = next((e for e in mine if e.gpu_tier == ready["group"]), None) or (mine[0] if mine else None)
+        if engine is None:
+            raise Refused(502, f"the planner readied {model} on {ready['group']} of node {ready['node']}, where this "
+                          f"gateway has no engine of it: give the catalog model the GPUs of its engines (`gpus`)",
+                          "gateway_config_error", "no_engine_there", retry_after_s=self.config.hint_in_s)
         slot = self.slots[id(engine)]
         q0 = time.monotonic()
         try:
-            await asyncio.wait_for(slot.acquire(), max(0.0, deadline - q0))
+            if slot.locked():  # a free slot is taken at once, whatever time is left
+                await asyncio.wait_for(slot.acquire(), max(0.0, deadline - q0))
+            else:
+                await slot.acquire()
         except TimeoutError:
             raise Refused(503, f"every slot of {model}'s engine stays busy past the request's timeout", "overloaded",
                           "engine_busy", retry_after_s=self.config.hint_in_s) from None
@@ -336,6 +294,7 @@ class Gateway:
 
     async def _forward(self, request, path, body, model, engine, slot, prog, call, hint, t0, deadline) -> Response:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP and not k.lower().startswith("x-")}
+        headers["accept-encoding"] = "identity"  # the bytes are passed on as they come, never re-encoded
         out_body = {**body, "model": engine.upstream_model or model}
         try:
             while True:
@@ -349,41 +308,51 @@ class Gateway:
                                       "engine_down", retry_after_s=self.config.hint_in_s) from None
                     self.metrics.retries.labels(model).inc()
                     await asyncio.sleep(0.2)  # back-off before the next connection attempt
+                except httpx.HTTPError as e:  # it may have started on it: not sent again
+                    raise Refused(502, f"{model}'s engine failed before answering: {type(e).__name__}",
+                                  "engine_error", "engine_failed") from None
         except BaseException:
             slot.release()
-            await self._close(prog, call, finished=False)
+            self._close_later(prog, call, finished=False)
             raise
-        first = time.monotonic()
-        self.metrics.ttft.labels(model).observe(first - t0)
         if upstream.status_code != 200 or not body.get("stream"):
             try:
                 data = await upstream.aread()
+            except httpx.HTTPError as e:
+                self._close_later(prog, call, finished=False)
+                raise Refused(502, f"{model}'s engine failed mid-answer: {type(e).__name__}", "engine_error",
+                              "engine_failed") from None
             finally:
                 await upstream.aclose()
                 slot.release()
+            self.metrics.ttft.labels(model).observe(time.monotonic() - t0)  # the whole answer is its first token
             self._close_later(prog, call, finished=upstream.status_code == 200, answer=data, hint=hint)
             self.metrics.requests.labels(model, str(upstream.status_code)).inc()
             return Response(data, status_code=upstream.status_code,
                             media_type=upstream.headers.get("content-type", "application/json"))
 
         async def chunks():
-            n, ok, tail = 0, False, b""
+            n, done, tail = 0, False, b""
             try:
                 async for chunk in upstream.aiter_raw():
+                    if not n and chunk:
+                        self.metrics.ttft.labels(model).observe(time.monotonic() - t0)
                     n += chunk.count(b"data: ")
                     tail = (tail + chunk)[-2048:]
+                    done = done or b"data: [DONE]" in tail  # whole, even if the client leaves before the end
                     yield chunk
-                ok = True
+                done = True
             except httpx.HTTPError as e:
-                err = {"error": {"message": f"{model}'s engine failed mid-answer: {type(e).__name__}",
-                                 "type": "engine_error", "code": "engine_failed"}}
-                yield b"data: " + json.dumps(err).encode() + b"\n\n"
+                if not done:
+                    err = {"error": {"message": f"{model}'s engine failed mid-answer: {type(e).__name__}",
+                                     "type": "engine_error", "code": "engine_failed"}}
+                    yield b"data: " + json.dumps(err).encode() + b"\n\n"
             finally:
                 await upstream.aclose()
                 slot.release()
                 # not awaited here: the client's disconnect after `[DONE]` cancels this generator
-                self._close_later(prog, call, finished=ok, answer=tail, chunks=n, hint=hint)
-                self.metrics.requests.labels(model, "200" if ok else "502").inc()
+                self._close_later(prog, call, finished=done, answer=tail, chunks=n, hint=hint)
+                self.metrics.requests.labels(model, "200" if done else "502").inc()
 
         return StreamingResponse(chunks(), status_code=200, media_type="text/event-stream")
 
@@ -402,7 +371,7 @@ class Gateway:
             prog.in_flight -= 1
             prog.last_s = time.monotonic()
             if finished:
-                prompt, output = _usage(answer, chunks)
+                prompt, output = usage(answer, chunks)
                 evs = [{"type": "call_finished", "program": prog.pid, "call": call, "output_tokens": output,
                         "tokens": prompt + output}]
             else:
@@ -413,9 +382,16 @@ class Gateway:
                 prog.waiting = call + ":wait"
                 evs.append({"type": "tool_started", "program": prog.pid, "tool": "agent", "call": prog.waiting})
             try:
-                for ev, (status, out) in zip(evs, await self.outbox.send(evs)):
+                try:
+                    results = await self.outbox.send(evs)
+                except Refused:
+                    prog.waiting = None  # the planner never saw the wait start: no end for it either
+                    raise
+                for ev, (status, out) in zip(evs, results):
                     if status != 200:
                         log.warning("gateway: the planner refused %s of %s: %s %s", ev["type"], prog.pid, status, out)
+                        if ev["type"] == "tool_started":
+                            prog.waiting = None
                 if hint and not prog.single:
                     # for the program's next call, whose id is chosen now: its arrival consumes the
                     # lease (a ready lease holds its state until it is used or cancelled)
@@ -423,6 +399,9 @@ class Gateway:
                     model, nxt = self.config.resolve(name), "c-" + uuid.uuid4().hex[:16]
                     lease = await self._post("/v1/leases", {"program": prog.pid, "model": model, "deadline_s": in_s,
                                                             "confidence": p, "for_call": nxt})
+                    if prog.hint is not None:  # a newer hint of the program replaces an unused one
+                        self._later(self.planner.delete(f"/v1/leases/{prog.hint[0]}"))
+                        prog.hint = None
                     if lease["decision"] != "rejected":
                         prog.hint = (lease["lease_id"], model, nxt)
             except (Refused, httpx.HTTPError) as e:  # the client has its answer; the ledger's gap is logged
@@ -435,42 +414,26 @@ class Gateway:
         task.add_done_callback(self._tasks.discard)
 
     async def expire(self) -> int:
-        """Finish the programs idle past `program_idle_s`; returns how many."""
+        """Finish the programs idle past `program_idle_s`; returns how many. Each is let go of even
+        when the planner cannot be told (it is logged): one program never blocks the others."""
         now, n = time.monotonic(), 0
         for pid, prog in list(self.programs.items()):
-            if prog.in_flight == 0 and now - prog.last_s > self.config.program_idle_s:
-                async with prog.lock:
+            if prog.in_flight or prog.closing or now - prog.last_s <= self.config.program_idle_s:
+                continue
+            del self.programs[pid]
+            n += 1
+            async with prog.lock:
+                try:
                     if prog.hint is not None:
-                        await self.planner.delete(f"/v1/leases/{prog.hint[0]}")
-                    if prog.waiting:
-                        await self.event(type="tool_finished", program=prog.pid, tool="agent", call=prog.waiting)
-                    await self.event(type="program_finished", program=prog.pid)
-                del self.programs[pid]
-                n += 1
+                        await self._call("DELETE", f"/v1/leases/{prog.hint[0]}")
+                    evs = ([{"type": "tool_finished", "program": prog.pid, "tool": "agent", "call": prog.waiting}]
+                           if prog.waiting else []) + [{"type": "program_finished", "program": prog.pid}]
+                    for ev, (status, out) in zip(evs, await self.outbox.send(evs)):
+                        if status != 200:
+                            log.warning("gateway: the planner refused %s of %s: %s %s", ev["type"], pid, status, out)
+                except Refused as e:
+                    log.warning("gateway: the end of idle program %s not recorded: %s", pid, e)
         return n
-
-
-def prompt_tokens(body: dict) -> int:
-    """A rough token count of a request's prompt (4 characters a token)."""
-    if "messages" in body:
-        text = "".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
-    else:
-        text = str(body.get("prompt", ""))
-    return max(1, len(text) // 4)
-
-
-def _usage(answer: bytes, chunks: int) -> tuple[int, int]:
-    """(prompt, output) tokens from the answer's `usage` where the engine sent one, else the
-    streamed chunks (one token each, less the role and the finish chunk)."""
-    i = answer.rfind(b'"usage"')
-    if i >= 0:
-        try:
-            start = answer.index(b"{", i)
-            usage, _ = json.JSONDecoder().raw_decode(answer[start:].decode(errors="replace"))
-            return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-        except (ValueError, AttributeError):
-            pass
-    return 0, max(0, chunks - 3)
 
 
 def make_app(config: GatewayConfig, planner_url: str, token: str, adapter_tokens: dict[str, str] | None = None,

@@ -3,7 +3,7 @@
     engines:
       - {model: coder, url: "http://127.0.0.1:8001", node: n0, gpus: [0]}
       - {model: reviewer, cmd: "vllm serve Qwen/Qwen3-8B --port ${PORT} --enable-sleep-mode",
-         node: n0, gpus: [1]}
+         env: {VLLM_SERVER_DEV_MODE: "1"}, node: n0, gpus: [1]}
 
 An engine with a `cmd` is started by the supervisor with `${PORT}` replaced by its port (as
 llama-swap's `cmd`); its `url` then defaults to `http://127.0.0.1:${PORT}`. `gateway

@@ -24,7 +24,7 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from .app import prompt_tokens
+from .wire import prompt_tokens
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:

@@ -19,7 +19,7 @@ useModelName; max_inflight=concurrencyLimit if > 0 (llama-swap's was 10); node=`
      ROCmn (-> the n's), or docker/podman `--gpus device=a,b` (-> a, b); `--tensor-split`,
      `--main-gpu`, `--gpus all` and the like are never read;
   3. [index of the model's group in the file's order of groups], or [0] for one in no group.
-healthCheckTimeout (at least 15) becomes GatewayConfig.timeout_s. Accepted but not carried over
+healthCheckTimeout (default 120, at least 15) becomes GatewayConfig.timeout_s. Accepted but not carried over
 (`notes(raw)` lists them): groups/matrix (swap, exclusive, persistent: the planner decides who
 shares the GPUs now), hooks, ttl/globalTTL (ttl_s is for reference), filters, cmdStop, timeouts,
 unloadTimeout, /v1/models fields, sendLoadingState, compat, apiKeys, peers, profiles, selectors,
@@ -265,10 +265,9 @@ def convert_llama_swap(raw: dict, source: str = "config.yaml", node: str = "n0")
         for a in e.aliases:
             if owner.setdefault(a, name) != name:
                 raise InputError(source, f"models.{name}.aliases", f"alias {a!r} is taken by model {owner[a]!r}")
-    hct = _int(raw.get("healthCheckTimeout"), None, 0, source, "healthCheckTimeout")
+    hct = _int(raw.get("healthCheckTimeout"), 120, 0, source, "healthCheckTimeout")  # llama-swap's default
     try:
-        return GatewayConfig(engines=[engines[n] for n in models],
-                             **({} if hct is None else {"timeout_s": float(max(15, hct))}))
+        return GatewayConfig(engines=[engines[n] for n in models], timeout_s=float(max(15, hct)))
     except ValidationError as e:
         raise InputError(source, "models", pydantic_where(e)[1]) from None
 

@@ -208,10 +208,11 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         self.plan_due = True
         return out
 
-    def events(self, tenant: str, evs: list[dict]) -> list[tuple[int, dict]]:
+    def events(self, tenant: str, evs: list[dict], stop_at_refusal: bool = False) -> list[tuple[int, dict]]:
         """Apply runtime events in order, in one transaction (one commit for all: a gateway's
         batch). Each gets its own answer, `(200, body)` or `(status, {"detail"})` for a refusal,
-        which changes nothing and does not stop the events after it."""
+        which changes nothing; the events after it still apply, unless `stop_at_refusal` (then
+        the answers end with the refusal)."""
         out = []
         with self._tx():
             for ev in evs:
@@ -219,6 +220,8 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
                     out.append((200, {"type": ev["type"], "program": ev["program"], **self.event(tenant, ev).body()}))
                 except (NotFound, Forbidden, Conflict, Invalid) as e:
                     out.append((REFUSAL_STATUS[type(e)], {"detail": str(e)}))
+                    if stop_at_refusal:
+                        break
         return out
 
     def set_cluster(self, cluster: dict, catalog: dict) -> ClusterView:

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from statebudget.gateway.app import Refused, parse_next_model
+from statebudget.gateway.wire import Refused, parse_next_model
 from statebudget.gateway.fake_engine import make_app as engine_app
 
 from tests.fake_engines import serve
@@ -132,3 +132,26 @@ def test_next_model_header_parses_or_says_what_is_wrong():
     for bad in ("coder; in=-1", "coder; p=2", "coder; at=3", "; in=2"):
         with pytest.raises(Refused):
             parse_next_model(bad, 5.0)
+
+
+def test_bad_requests_and_an_unreachable_planner_are_answered_in_openai_shape():
+    from fastapi.testclient import TestClient
+
+    from statebudget.gateway.app import make_app
+    from statebudget.gateway.config import GatewayConfig
+
+    cfg = GatewayConfig(engines=[{"model": "coder", "url": "http://127.0.0.1:9"}])
+    with TestClient(make_app(cfg, "http://127.0.0.1:9", "token")) as c:  # nothing listens on port 9
+        body = {"model": "coder", "messages": PROMPT}
+        for headers, extra, what in (({"X-Request-Timeout": "nan"}, {}, "X-Request-Timeout"),
+                                     ({"X-Request-Timeout": "-1"}, {}, "X-Request-Timeout"),
+                                     ({}, {"max_tokens": "many"}, "max_tokens"), ({}, {"max_tokens": 0}, "max_tokens")):
+            r = c.post("/v1/chat/completions", json={**body, **extra}, headers=headers)
+            assert r.status_code == 400 and what in r.json()["error"]["message"], r.text
+        r = c.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+        r = c.post("/v1/chat/completions", json=body, headers={"X-Program-Id": "p1"})
+        assert r.status_code == 502 and r.json()["error"]["code"] == "planner_unreachable"
+        assert r.headers["retry-after"] == "1"
+        assert c.app.state.gateway.programs == {}  # a program the planner never saw is not kept
+        assert c.app.state.gateway.held == {"coder": 0}

@@ -167,7 +167,7 @@ def test_minimal_config_uses_llama_swaps_defaults():
     assert (a.port, b.port) == (5800, 5801)
     assert a.url == "http://localhost:5800" and a.cmd == "srv --port 5800"
     assert a.check_path == "/health" and a.ttl_s is None and a.gpus == [0] and a.aliases == []
-    assert cfg.timeout_s == GatewayConfig.model_fields["timeout_s"].default  # no healthCheckTimeout given
+    assert cfg.timeout_s == 120.0  # no healthCheckTimeout given: llama-swap waits 120 s for a model
 
 
 def test_null_settings_are_unset_as_in_llama_swap():

@@ -19,14 +19,16 @@ async def start_when_ready(program: Annotated[Id, Path()], call: Annotated[Id, P
                            who: RuntimeDep, wait: Annotated[float, Query(ge=0, le=60, allow_inf_nan=False)] = 0.0,
                            before: Annotated[list[EventCreate] | None, Body(embed=True, max_length=100)] = None):
     """Apply the events of `before` first (as POST /v1/events, in one transaction: a gateway's
-    `program_started` and `call_arrived`; the first refused one is this request's answer), then
+    `program_started` and `call_arrived`; the first refused one is this request's answer, and
+    those after it are not applied), then
     wait up to `wait` seconds for the call's model to have weights ready on a GPU group, and start
     the call there in the same step (`call_started`: its state is pinned before any planning step
     can move it). `{call, status, ready, group, node}` plus `stall_s` once started; `ready` false
     (and nothing started) if the wait ran out."""
     p = svc.planner
     if before:
-        for status, body in p.events(who.tenant, [ev.model_dump(exclude_none=True) for ev in before]):
+        for status, body in p.events(who.tenant, [ev.model_dump(exclude_none=True) for ev in before],
+                                     stop_at_refusal=True):
             if status != 200:
                 svc.changed()
                 return JSONResponse(body, status_code=status)

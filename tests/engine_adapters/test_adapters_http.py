@@ -535,3 +535,61 @@ def test_a_vllm_server_that_died_and_came_back_moves_the_engine_generation_and_l
     assert a.engine_generation() == 1
     vllm.asleep = {"weights", "kv_cache"}
     assert a.held() == []  # an asleep server's host copy is not vouched for
+
+
+# ---- supervised servers ---------------------------------------------------------------------------------
+
+class StandInSupervisor:
+    """The `Supervisor` interface over a server already running in this process: `start` and
+    `stop` only record, as the process would start or stop."""
+
+    def __init__(self, url):
+        self.url, self.up, self.log, self.asleep = url, False, [], None
+
+    def supervises(self, url):
+        return url == self.url
+
+    def running(self, url):
+        return self.up
+
+    def start(self, url, budget_s):
+        self.up = True
+        self.log.append("start")
+
+    def stop(self, url):
+        self.up = False
+        self.log.append("stop")
+
+    def slept(self, url, asleep):
+        self.asleep = asleep
+
+    def check(self):
+        return []
+
+
+def test_vllm_supervised_promote_starts_the_server_drop_stops_it_and_demote_sleeps_it(vllm):
+    sup = StandInSupervisor(vllm.url)
+    a = vllm_adapter(vllm, supervisor=sup)
+    assert a.execute(op("p1", "promote", ["w", "coder"], "nvme:n0", "gpu:0,1")).status == "done"
+    assert sup.log == ["start"] and vllm.lines() == []  # a fresh server loads its weights itself
+    assert a.execute(op("d1", "demote", ["w", "coder"], "gpu:0,1", "host:n0")).status == "done"
+    assert vllm.lines() == ["POST /sleep?level=1", "GET /is_sleeping"] and sup.asleep is True
+    vllm.calls.clear()
+    assert a.execute(op("p2", "promote", ["w", "coder"], "host:n0", "gpu:0,1")).status == "done"
+    assert vllm.lines()[0] == "POST /wake_up" and sup.log == ["start"] and sup.asleep is False
+    assert a.execute(op("x1", "drop", ["w", "coder"], "gpu:0,1", "none")).status == "done"
+    assert sup.log == ["start", "stop"] and not sup.up
+    assert a.engine_generation() == 0  # a server its supervisor stopped is not down
+
+
+def test_sglang_supervised_promote_starts_the_server_and_drop_stops_it(sglang):
+    sup = StandInSupervisor(sglang.url)
+    a = sglang_adapter(sglang, supervisor=sup)
+    assert a.execute(op("p1", "promote", ["w", "coder"], "nvme:n0", "gpu:0")).status == "done"
+    assert sup.log == ["start"] and sglang.lines() == []
+    assert a.execute(op("d1", "demote", ["w", "coder"], "gpu:0", "host:n0")).status == "done"
+    assert sglang.lines() == ["POST /release_memory_occupation"] and sup.asleep is True
+    assert a.execute(op("p2", "promote", ["w", "coder"], "host:n0", "gpu:0")).status == "done"
+    assert sup.asleep is False and sup.log == ["start"]
+    assert a.execute(op("x1", "drop", ["w", "coder"], "gpu:0", "none")).status == "done"
+    assert sup.log == ["start", "stop"] and a.released.get(sglang.url) is None

@@ -29,7 +29,7 @@ from . import docs as api_docs
 from .auth import Auth
 from .inputs import BodyLimit, excerpt, validation_failed
 from .metrics import HttpMetrics, ServiceMetrics
-from .routers import calls, events, health, inventory, leases, oracle, plan, queue, residency
+from .routers import calls, events, health, inventory, leases, oracle, plan, queue, residency, ui
 
 log = logging.getLogger("statebudget.api")
 
@@ -178,7 +178,7 @@ def create_app(planner: LivePlanner, auth: Auth, tick_s: float = 5.0, coalesce_s
     app.add_middleware(BodyLimit)  # 413 past BODY_LIMIT, or its route's larger limit
     app.add_middleware(HttpMetrics, metrics=metrics)  # request seconds by route template and status
     for r in (events.router, calls.router, leases.router, queue.router, plan.router, inventory.router, residency.router, oracle.router,
-              health.router):
+              health.router, ui.router):
         app.include_router(r)
     if docs:
         app.include_router(api_docs.router)

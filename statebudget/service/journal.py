@@ -54,6 +54,7 @@ class OpRec:
     tries: int = 0            # a drop sent again: how many drops of that copy failed before it
     not_before: float = 0.0   # ... and not offered before this time (0: offered now)
     closed_s: float = 0.0     # when it closed (compaction drops it from the ledger later)
+    issued_s: float = 0.0     # when it was planned, on the planner's clock (not in the ledger: a restart's time)
 
 
 def gpu_tier(group) -> str:
@@ -95,7 +96,7 @@ class Journal:
         self._bump()  # an adapter long-polling the plan must see it
         rec = self.ops[op.op_id] = OpRec(op, node, plan_version=self.plan_version,
                                          order=self._op_seq if order is None else order, tries=tries,
-                                         not_before=not_before)
+                                         not_before=not_before, issued_s=self.now)
         self._on_link(op, +1)
         if kind == "promote":
             self.writer[(key, dst)] = op.op_id

@@ -124,7 +124,8 @@ class Persist:
         for row in s.ops(OpStatus.OPEN):
             op = Op(**row["op"])
             self.ops[op.op_id] = OpRec(op, row["node"], OpStatus.OPEN, row["offered"], row["plan_version"],
-                                       order=row["order"], not_before=row["not_before"], tries=row["tries"])
+                                       order=row["order"], not_before=row["not_before"], tries=row["tries"],
+                                       issued_s=self.now)
             self._on_link(op, +1)
             if op.kind == "promote" or op.dst.startswith("host:"):
                 self.writer[(object_key(op.object), op.dst)] = op.op_id

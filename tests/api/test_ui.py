@@ -1,0 +1,120 @@
+"""The live view at /ui, opened in headless Chromium as an operator would: the bars, the engines,
+the lease table and the stall histogram show the books' numbers; a runtime token sees its tenant
+only; a screenshot is kept (out/test-artifacts/)."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+import httpx
+import pytest
+
+from statebudget.api.app import create_app
+from statebudget.api.auth import Auth, TokenEntry
+from statebudget.models.load import load_catalog, load_cluster
+from statebudget.service.ledger import Store
+from statebudget.service.live import LivePlanner
+
+from tests.browser import rendered_dom, screenshot
+from tests.fake_engines import serve
+from tests.helpers import report_op
+
+pytestmark = pytest.mark.xdist_group("e2e")
+TOK = {"admin": "ui-admin-0123456789", "a": "ui-runtime-a-0123456789", "b": "ui-runtime-b-0123456789",
+       "n0": "ui-adapter-n0-0123456789"}
+
+
+class Elements(HTMLParser):
+    """Every element's tag, attributes and own text, in document order."""
+
+    def __init__(self):
+        super().__init__()
+        self.items, self._stack = [], []
+
+    def handle_starttag(self, tag, attrs):
+        el = {"tag": tag, "attrs": dict(attrs), "text": ""}
+        self.items.append(el)
+        if tag not in ("br", "img", "input", "meta", "link", "rect"):
+            self._stack.append(el)
+
+    def handle_endtag(self, tag):
+        while self._stack and self._stack.pop()["tag"] != tag:
+            pass
+
+    def handle_data(self, data):
+        if self._stack:
+            self._stack[-1]["text"] += data
+
+
+def parse(html: str) -> list[dict]:
+    p = Elements()
+    p.feed(html)
+    return p.items
+
+
+@pytest.fixture
+def live(tmp_path):
+    auth = Auth([TokenEntry(token=TOK["admin"], role="admin"), TokenEntry(token=TOK["a"], role="runtime", tenant="a"),
+                 TokenEntry(token=TOK["b"], role="runtime", tenant="b"),
+                 TokenEntry(token=TOK["n0"], role="adapter", node="n0")])
+    p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"))
+    with serve(create_app(p, auth, planning_loop=False), lifespan="on") as url:
+        yield p, url
+
+
+def drive(p):
+    """Tenant a: coder ready on a GPU (its lease done), a reviewer lease still moving, two calls
+    with stall; tenant b: a planner lease."""
+    p.event("a", {"type": "program_started", "program": "task"})
+    p.submit_lease("a", {"program": "task", "model": "coder", "deadline_s": 60.0, "confidence": 0.9, "with_kv": False})
+    for rec in list(p.ops.values()):
+        report_op(p, rec.op)
+    p.submit_lease("a", {"program": "task", "model": "reviewer", "deadline_s": 90.0, "confidence": 0.6,
+                         "with_kv": False})
+    p.event("a", {"type": "call_arrived", "program": "task", "call": "c1", "model": "coder", "context_tokens": 50})
+    p.event("a", {"type": "call_started", "program": "task", "call": "c1"})
+    p.event("b", {"type": "program_started", "program": "other"})
+    p.submit_lease("b", {"program": "other", "model": "planner", "deadline_s": 30.0, "confidence": 1.0,
+                         "with_kv": False})
+
+
+def test_the_live_view_shows_the_books_as_an_operator_sees_them(live):
+    p, url = live
+    drive(p)
+    assert httpx.get(url + "/ui").status_code == 200
+    page = parse(rendered_dom(f"{url}/ui#token={TOK['admin']}"))
+    gpus = {int(e["attrs"]["data-gpu"]): e["attrs"] for e in page if "data-gpu" in e["attrs"]}
+    assert sorted(gpus) == [g.index for g in p.cluster.gpus]
+    for g in p.cluster.gpus:
+        ready = {"weights": 0.0, "kv": 0.0}
+        for (key, _), c in p.tiers.on_gpu[g.index].items():
+            if c.ready and key[0] in ("w", "kv"):
+                ready["weights" if key[0] == "w" else "kv"] += c.nbytes
+        assert float(gpus[g.index]["data-weights"]) == pytest.approx(ready["weights"])
+        assert float(gpus[g.index]["data-capacity"]) == pytest.approx(p.tiers.hbm_cap[g.index])
+    assert any(float(a["data-weights"]) > 0 for a in gpus.values())  # the coder's weights are drawn
+    text = " ".join(e["text"] for e in page)
+    assert "coder awake" in text
+    leases = {e["attrs"]["data-lease"]: e for e in page if "data-lease" in e["attrs"]}
+    assert set(leases) == set(p.ledger.leases)  # the operator sees every tenant's leases
+    states = [e["text"] for e in page if e["attrs"].get("class") == "state"]
+    assert sorted(states) == sorted(l.state.name.lower() for l in p.ledger.leases.values())
+    bins = [e for e in page if e["attrs"].get("class") == "bin"]
+    assert sum(int(b["attrs"]["data-count"]) for b in bins) == 1  # the one call started
+    assert re.search(r"op\d+", text)  # the reviewer's transfer in flight is listed
+    shot = screenshot(f"{url}/ui#token={TOK['admin']}", "ui-operator.png")
+    assert shot.stat().st_size > 10_000
+
+
+def test_a_runtime_token_sees_its_tenant_only_and_a_bad_token_is_told(live):
+    p, url = live
+    drive(p)
+    page = parse(rendered_dom(f"{url}/ui#token={TOK['b']}"))
+    leases = {e["attrs"]["data-lease"] for e in page if "data-lease" in e["attrs"]}
+    assert leases == {lid for lid, l in p.ledger.leases.items() if l.request.tenant == "b"} and leases
+    assert sum(int(e["attrs"]["data-count"]) for e in page if e["attrs"].get("class") == "bin") == 0
+    page = parse(rendered_dom(f"{url}/ui#token=not-a-token-0123456789"))
+    status = next(e["text"] for e in page if e["attrs"].get("id") == "status")
+    assert status.startswith("token refused")
+    assert httpx.get(url + "/v1/ui/state", headers={"Authorization": f"Bearer {TOK['n0']}"}).status_code == 403

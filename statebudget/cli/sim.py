@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
-from .common import CatalogOpt, ClusterOpt, TraceOpt, fail, guard, check_outputs, progress_bar, write_json, console
+from .common import CatalogOpt, ClusterOpt, TraceOpt, check_outputs, console, err, fail, guard, progress_bar, write_json
 from .render import print_oracle, print_replay, print_sweep
 
 
@@ -38,6 +38,8 @@ def replay(
                                               "tool-wait KV preserve|swap|discard|adaptive")] = "ondemand",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the §8 report here")] = None,
     plots: Annotated[Optional[Path], typer.Option(help="write plots (PNG) into this folder")] = None,
+    html_out: Annotated[Optional[Path], typer.Option("--html", help="write one self-contained HTML page (table and "
+                                                                   "plots embedded) here")] = None,
     seed: Annotated[Optional[int], typer.Option(help="simulator seed (MoE page sampling); default: the trace's seed "
                                                      "(its header), as `sweep` does, else 0")] = None,
     check: Annotated[bool, typer.Option(help="check capacity invariants after every event (slower)")] = False,
@@ -57,7 +59,7 @@ def replay(
                                                            "metric leaves out", min=0.0)] = 0.0,
 ):
     """Replay a trace against policies; print a table, write the report and plots."""
-    check_outputs(files=[("--json", json_out)], folders=[("--plots", plots)])
+    check_outputs(files=[("--json", json_out), ("--html", html_out)], folders=[("--plots", plots)])
     from ..models.load import check_compatible, load_catalog, load_cluster, load_trace
     from ..core.programs import parse_admit_starve
     from ..sim.config import SimConfig
@@ -103,6 +105,10 @@ def replay(
 
         paths = write_plots(result.results, plots)
         console.print(f"plots: {', '.join(str(p) for p in paths)}")
+    if html_out:
+        from ..sim.html import replay_page
+
+        console.print(f"page: {replay_page(rep, result.results, html_out)}")
 
 
 @guard
@@ -250,3 +256,27 @@ def presets():
     console.print(f"clusters: {', '.join(preset_names('clusters'))}")
     console.print(f"catalogs: {', '.join(preset_names('catalogs'))}")
     console.print(f"traces:   {', '.join(PRESETS)}")
+
+
+@guard
+def evidence(
+    out: Annotated[Path, typer.Option(help="folder for index.html (self-contained) and evidence.json")] = Path("out/evidence"),
+    quick: Annotated[bool, typer.Option(help="3 seeds, 1-hour traces: a smoke test of the argument, not the fair "
+                                             "table (about 5 minutes on 2 cores)")] = False,
+    workers: Annotated[Optional[int], typer.Option(help="local processes (default: one per core)")] = None,
+    ray: Annotated[Optional[str], typer.Option("--ray", help="run on a Ray cluster: auto or HOST:PORT")] = None,
+):
+    """Measure the seed documents' claims on fair ground and write one report to read in a browser."""
+    check_outputs(folders=[("--out", out)])
+    from ..sim import evidence as ev
+
+    cfg, todo = ev.plan(quick)
+    err.print(f"evidence: {len(todo)} replays ({'quick' if quick else 'full'}: seeds {cfg['seeds'][0]}-"
+              f"{cfg['seeds'][-1]}, {cfg['hours']:g} h traces)")
+    with progress_bar() as bar:
+        task = bar.add_task("replays", total=len(todo))
+        res = ev.run(out, quick, workers, ray, progress=lambda done, total: bar.update(task, completed=done))
+    console.print(f"{res['replays']} replays in {res['wall_s']:.0f} s; open {out / 'index.html'}")
+    for key, a in res["answers"].items():
+        if isinstance(a, dict) and "holds" in a:
+            console.print(f"  {key}: {'holds' if a['holds'] else 'does not hold'}")

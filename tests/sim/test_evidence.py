@@ -1,0 +1,47 @@
+"""`statebudget evidence` on a small grid: every answer is computed from the replays' rows, the
+page reads offline (no script, no outside resource) and, opened in headless Chromium, says what
+evidence.json says."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from statebudget.sim import evidence
+from statebudget.sim.paired import ratio_of_means
+
+from tests.browser import rendered_dom, screenshot
+
+pytestmark = pytest.mark.xdist_group("e2e")
+SMALL = {"seeds": [100, 101], "hours": 0.25, "warmup_s": 300.0}
+
+
+def test_the_evidence_report_answers_from_its_replays_and_reads_the_same_in_a_browser(tmp_path):
+    ev = evidence.run(tmp_path, quick=True, workers=2, scale=SMALL)
+    saved = json.loads((tmp_path / "evidence.json").read_text())
+    assert saved["settings"]["seeds"] == SMALL["seeds"] and saved["replays"] == ev["replays"] == len(
+        evidence.plan(True, SMALL)[1])
+    a = saved["answers"]
+    assert a["h4"]["best_baseline"] in evidence.FULL_BASELINES
+    assert a["h4"]["holds"] == any(c["ci95"][1] <= 0.60 for c in a["h4"]["vs_static"].values())
+    assert len(a["not_measured"]) == len(evidence.NOT_MEASURED)
+    assert abs(sum(a["active_models"]["time_share"].values()) - 1) < 0.01
+    page = (tmp_path / "index.html").read_text()
+    assert "<script" not in page and not re.search(r"(src|href)=\"https?:", page)  # offline, self-contained
+    dom = rendered_dom((tmp_path / "index.html").as_uri())
+    verdicts = re.findall(r'data-verdict="([^"]+)"', dom)
+    assert verdicts[0] == ("holds" if a["h4"]["holds"] else "does not hold")
+    ratio = a["h4"]["vs_static"]["statebudget"]["ratio"]
+    assert f"statebudget {ratio:.2f}×" in dom
+    screenshot((tmp_path / "index.html").as_uri(), "evidence-small.png", size="1280,2400")
+
+
+def test_ratio_of_means_pairs_seeds_and_says_how_sure():
+    r = ratio_of_means([10.0, 20.0, 30.0], [5.0, 10.0, 15.0])
+    assert r["ratio"] == pytest.approx(0.5) and r["ci95"] == pytest.approx([0.5, 0.5]) and r["lower_on"] == 3
+    noisy = ratio_of_means([1.0, 10.0, 2.0, 8.0], [2.0, 5.0, 1.0, 9.0])
+    assert noisy["ci95"][0] < noisy["ratio"] < noisy["ci95"][1]
+    with pytest.raises(ValueError):
+        ratio_of_means([1.0], [1.0, 2.0])

@@ -98,6 +98,7 @@ class Journal:
                                          order=self._op_seq if order is None else order, tries=tries,
                                          not_before=not_before, issued_s=self.now)
         self._on_link(op, +1)
+        self.ops_of.setdefault(tuple(key), set()).add(op.op_id)
         if kind == "promote":
             self.writer[(key, dst)] = op.op_id
         self._save_op(rec)
@@ -310,6 +311,12 @@ class Journal:
     def _finish(self, rec: OpRec) -> None:
         rec.closed_s = self.now
         del self.ops[rec.op.op_id]
+        key = object_key(rec.op.object)
+        ids = self.ops_of.get(key)
+        if ids is not None:
+            ids.discard(rec.op.op_id)
+            if not ids:
+                del self.ops_of[key]
         self._on_link(rec.op, -1)
         self.writer.pop((object_key(rec.op.object), rec.op.dst), None)
         self._save_op(rec)

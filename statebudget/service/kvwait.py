@@ -27,9 +27,9 @@ class ToolWaitKVPart:
     def _moves_out(self, kvk, group=None, background_only: bool = False) -> list[OpRec]:
         """Open moves (demotions and drops) of a KV out of HBM (of one GPU group, or of any; or only
         tool-wait swaps)."""
-        return [r for r in self.ops.values() if r.op.kind in ("demote", "drop") and object_key(r.op.object) == kvk
-                and r.op.src.startswith("gpu:") and (group is None or r.op.src == gpu_tier(group))
-                and (r.op.background or not background_only)]
+        recs = sorted((self.ops[i] for i in self.ops_of.get(tuple(kvk), ())), key=lambda r: r.order)
+        return [r for r in recs if r.op.kind in ("demote", "drop") and r.op.src.startswith("gpu:")
+                and (group is None or r.op.src == gpu_tier(group)) and (r.op.background or not background_only)]
 
     def _keep_kv(self, kvk) -> None:
         """A call came back to this KV: its tool-wait swap-outs still in flight stop where the

@@ -139,6 +139,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         self.running: dict[str, ProgramRec] = {}   # ... those still running
         self.tenant_service: Counter = Counter()  # seconds the calls of each tenant ran (attained service)
         self.ops: dict[str, OpRec] = {}          # open ops
+        self.ops_of: dict[tuple, set[str]] = {}  # state key -> its open ops' ids (`_moves_out` without a scan)
         self.backlog: dict[str, float] = {}      # link -> bytes the open ops still put on it
         self.writer: dict[tuple, str] = {}       # (key, tier) -> the open op writing that copy
         self.plan_version = 0

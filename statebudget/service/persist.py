@@ -127,6 +127,7 @@ class Persist:
                                        order=row["order"], not_before=row["not_before"], tries=row["tries"],
                                        issued_s=self.now)
             self._on_link(op, +1)
+            self.ops_of.setdefault(object_key(op.object), set()).add(op.op_id)
             if op.kind == "promote" or op.dst.startswith("host:"):
                 self.writer[(object_key(op.object), op.dst)] = op.op_id
         self.resume_due = True

@@ -85,3 +85,44 @@ def trace_fit(
     target = out or FITTED_PATH
     target.write_text(json.dumps(res, indent=1) + "\n")
     console.print(f"wrote {target}")
+
+
+@guard
+def trace_import(
+    inputs: Annotated[list[Path], typer.Argument(metavar="IN...", help="the real trace file(s), all of one format",
+                                                 show_default=False)],
+    fmt: Annotated[str, typer.Option("--format", help="mooncake | azure | servegen | tracelab")],
+    out: Annotated[Path, typer.Option(help="JSONL file to write (trace format v1)")],
+    models: Annotated[Optional[str], typer.Option(help="'role': each call's model by the role rule of "
+                                                  "docs/traces.md (the default)")] = None,
+    map_: Annotated[Optional[str], typer.Option("--map", help="KEY=MODEL,...: the source's model names, "
+                                                "session classes or file classes onto catalog models "
+                                                "(*=MODEL: the rest)")] = None,
+    model: Annotated[Optional[str], typer.Option(help="every call on this one catalog model")] = None,
+    rate_scale: Annotated[float, typer.Option(help="arrivals X times faster (X>1) or slower; ServeGen: its rates "
+                                              "times X")] = 1.0,
+    hours: Annotated[Optional[float], typer.Option(help="keep the programs that start in the first H hours")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the random draws (ServeGen's arrivals and tokens)")] = 1,
+    catalog: Annotated[str, typer.Option(help="catalog file or preset the models are checked against")] = "agent-team",
+    tenant: Annotated[str, typer.Option(help="every program's tenant")] = "default",
+    on_bad: Annotated[str, typer.Option(help="a bad row: skip (counted, the first few listed on stderr) or "
+                                         "refuse (exit 2 naming file:line, nothing written)")] = "skip",
+):
+    """Turn a real trace into trace format v1 (same inputs and seed: same bytes)."""
+    check_outputs(files=[("--out", out)])
+    from ..models.load import load_catalog, write_trace
+    from ..traces.importers import import_trace
+    from .common import err
+
+    trace, rep = import_trace(fmt, inputs, load_catalog(catalog), models=models, mapping=map_, model=model,
+                              rate_scale=rate_scale, hours=hours, seed=seed, tenant=tenant, on_bad=on_bad,
+                              catalog_name=catalog)
+    if rep.rows_bad:
+        err.print(f"skipped {rep.rows_bad} bad row(s); the first:", highlight=False)
+        for line in rep.first_bad:
+            err.print(f"  {line}", highlight=False, soft_wrap=True)
+    clipped = [f"{n} {what}" for n, what in ((rep.clips.context, "contexts"), (rep.clips.output, "outputs")) if n]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_trace(trace, out)
+    console.print(f"wrote {out}: {len(trace.programs)} programs, {trace.n_calls} calls"
+                  + (f" (clipped: {', '.join(clipped)})" if clipped else ""), highlight=False)

@@ -265,6 +265,9 @@ def evidence(
                                              "table (about 5 minutes on 2 cores)")] = False,
     workers: Annotated[Optional[int], typer.Option(help="local processes (default: one per core)")] = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help="run on a Ray cluster: auto or HOST:PORT")] = None,
+    data: Annotated[Path, typer.Option(help="real workload data (azure-llm-2023/, tracelab/, servegen/): imported "
+                                            "and replayed under every policy; skipped, and said so, if absent")]
+    = Path("../shared/data/real"),
 ):
     """Measure the seed documents' claims on fair ground and write one report to read in a browser."""
     check_outputs(folders=[("--out", out)])
@@ -275,8 +278,10 @@ def evidence(
               f"{cfg['seeds'][-1]}, {cfg['hours']:g} h traces)")
     with progress_bar() as bar:
         task = bar.add_task("replays", total=len(todo))
-        res = ev.run(out, quick, workers, ray, progress=lambda done, total: bar.update(task, completed=done))
-    console.print(f"{res['replays']} replays in {res['wall_s']:.0f} s; open {out / 'index.html'}")
+        res = ev.run(out, quick, workers, ray, progress=lambda done, total: bar.update(task, completed=done, total=total),
+                     data=data)
+    console.print(f"{res['replays']} replays in {res['wall_s']:.0f} s ({len(res['answers']['real_traces'])} real "
+                  f"traces); open {out / 'index.html'}")
     for key, a in res["answers"].items():
         if isinstance(a, dict) and "holds" in a:
             console.print(f"  {key}: {'holds' if a['holds'] else 'does not hold'}")

@@ -13,7 +13,7 @@ import itertools
 import math
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from ..models.load import load_catalog, load_cluster
+from ..models.load import load_catalog, load_cluster, load_trace
 from ..traces.generators import generate
 from .config import SimConfig
 from .runner import replay
@@ -67,9 +67,11 @@ def figures(r) -> dict:
 
 
 def run_job(job: dict) -> dict:
-    """One replay; the job's seed makes its trace and seeds the simulator."""
+    """One replay; the job's seed makes its trace (or `trace_file` names one, an imported real
+    trace) and seeds the simulator."""
     cl, cat = load_cluster(job["cluster"]), load_catalog(job["catalog"])
-    tr = generate(job["trace"], job["seed"], job["hours"], load=job.get("load", 1.0))
+    tr = load_trace(job["trace_file"]) if job.get("trace_file") else \
+        generate(job["trace"], job["seed"], job["hours"], load=job.get("load", 1.0))
     config = SimConfig(seed=job["seed"], start=job.get("start", "warm"), warmup_s=job.get("warmup_s", 0.0))
     r = replay(cl, cat, tr, [job["policy"]], config).report.policies[job["policy"]]
     return dict(job, **figures(r))

@@ -10,6 +10,7 @@ import math
 
 from ..models.cluster import GB
 from .journal import gpu_tier
+from .programs import unscoped
 
 STALL_EDGES_S = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 WINDOW_S = 3600.0
@@ -52,7 +53,8 @@ def ui_state(p, tenant: str | None = None) -> dict:
             continue
         expected = p.cost.transfer_s(op.bytes, op.src, op.dst) if op.src != "none" and op.dst != "none" else 0.0
         elapsed = max(0.0, p.now - rec.issued_s)
-        transfers.append({"op": op.op_id, "kind": op.kind, "object": op.object, "src": op.src, "dst": op.dst,
+        obj = [op.object[0], unscoped(op.object[1]), *op.object[2:]] if op.object[0] == "kv" and tenant else op.object
+        transfers.append({"op": op.op_id, "kind": op.kind, "object": obj, "src": op.src, "dst": op.dst,
                           "bytes": op.bytes, "node": rec.node, "elapsed_s": round(elapsed, 3),
                           "expected_s": round(expected, 3),
                           "progress": round(min(1.0, elapsed / expected), 3) if expected > 0 else None})
@@ -61,10 +63,11 @@ def ui_state(p, tenant: str | None = None) -> dict:
         req = lease.request
         if tenant is not None and req.tenant != tenant:
             continue
-        leases.append({"lease_id": lease.lease_id, "program": req.program.split("#")[-1], "model": req.model,
+        program = unscoped(req.program) if tenant else req.program
+        leases.append({"lease_id": lease.lease_id, "program": program, "model": req.model,
                        "state": lease.state.name.lower(),
                        "deadline_in_s": round(req.deadline_s - p.now, 3), "confidence": req.confidence,
-                       "reason": lease.reason})
+                       "reason": lease.reason.replace(req.program, program)})
         if len(leases) >= 200:
             break
     return {"now": p.now, "plan_version": p.plan_version, "cluster": p.cluster.name, "gpus": gpus, "nodes": nodes,

@@ -79,3 +79,20 @@ def ratio_of_means(base: list[float], other: list[float], resamples: int = 10_00
     lo, hi = np.nanpercentile(r, [2.5, 97.5]) if np.isfinite(r).any() else (float("nan"), float("nan"))
     return {"ratio": float(o.mean() / b.mean()) if b.mean() > 0 else float("nan"), "ci95": [float(lo), float(hi)],
             "lower_on": int((o < b).sum()), "seeds": int(b.size)}
+
+
+def difference_of_ratios(base_a, other_a, base_b, other_b, resamples: int = 10_000, seed: int = 0) -> dict:
+    """(mean(other_b) / mean(base_b)) - (mean(other_a) / mean(base_a)) over the same seeds, each
+    resample drawing one set of seeds for all four series (they are paired by seed)."""
+    arr = [np.asarray(x, float) for x in (base_a, other_a, base_b, other_b)]
+    if len({a.size for a in arr}) != 1 or arr[0].size == 0:
+        raise ValueError("difference_of_ratios needs four equal, non-empty lists")
+    idx = np.random.default_rng(seed).integers(0, arr[0].size, size=(resamples, arr[0].size))
+    m = [a[idx].mean(axis=1) for a in arr]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = m[3] / m[2] - m[1] / m[0]
+    d = d[np.isfinite(d)]
+    lo, hi = np.percentile(d, [2.5, 97.5]) if d.size else (float("nan"), float("nan"))
+    point = arr[3].mean() / arr[2].mean() - arr[1].mean() / arr[0].mean() if arr[0].mean() > 0 and arr[2].mean() > 0 \
+        else float("nan")
+    return {"diff": float(point), "ci95": [float(lo), float(hi)], "seeds": int(arr[0].size)}

@@ -124,3 +124,31 @@ def test_a_runtime_token_sees_its_tenant_only_and_a_bad_token_is_told(live):
     status = next(e["text"] for e in page if e["attrs"].get("id") == "status")
     assert status.startswith("token refused")
     assert httpx.get(url + "/v1/ui/state", headers={"Authorization": f"Bearer {TOK['n0']}"}).status_code == 403
+
+
+def test_a_runtime_sees_no_other_tenants_kv_and_its_own_ids_unscoped():
+    from statebudget.service.ui import ui_state
+    from tests.helpers import make_live_planner
+
+    p = make_live_planner(kv_rule="swap")  # a tool wait swaps the program's KV out: a KV transfer
+    for tenant in ("a", "b"):  # both call their program "task": b's is `b#task` in the books
+        p.event(tenant, {"type": "program_started", "program": "task"})
+        p.submit_lease(tenant, {"program": "task", "model": "coder", "deadline_s": 60.0, "confidence": 1.0,
+                                "with_kv": False})
+        for rec in [r for r in p.ops.values() if r.op.object[0] == "w"]:  # the KV swaps stay in flight
+            report_op(p, rec.op)
+        p.event(tenant, {"type": "call_arrived", "program": "task", "call": "c1", "model": "coder",
+                         "context_tokens": 500})
+        p.event(tenant, {"type": "call_started", "program": "task", "call": "c1"})
+        p.event(tenant, {"type": "call_finished", "program": "task", "call": "c1", "tokens": 600, "output_tokens": 100})
+        p.event(tenant, {"type": "tool_started", "program": "task", "tool": "shell", "call": "t1"})
+        p.tick()
+    kv = {tuple(t["object"]) for t in ui_state(p)["transfers"] if t["object"][0] == "kv"}
+    assert kv == {("kv", "task", "coder"), ("kv", "b#task", "coder")}  # the operator sees both, as booked
+    for tenant in ("a", "b"):
+        mine = [t for t in ui_state(p, tenant)["transfers"] if t["object"][0] == "kv"]
+        own = {r.op.op_id for r in p.ops.values() if r.op.object[0] == "kv" and
+               p.programs[r.op.object[1]].tenant == tenant}
+        assert {t["op"] for t in mine} == own and own  # its own only ...
+        assert {tuple(t["object"]) for t in mine} == {("kv", "task", "coder")}  # ... under its own id
+        assert {le["program"] for le in ui_state(p, tenant)["leases"]} == {"task"}

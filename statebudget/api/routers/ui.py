@@ -6,25 +6,31 @@ from functools import cache
 from pathlib import Path
 
 from fastapi import APIRouter, HTTPException
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from ...service.ui import ui_state
 from ..deps import PrincipalDep, ServiceDep
 
 router = APIRouter(tags=["operators"])
-PAGE = Path(__file__).resolve().parent.parent / "static" / "ui.html"
+STATIC = Path(__file__).resolve().parent.parent / "static"
+# the page's script is a file of the same origin: no inline script runs, and no frame may hold it
+CSP = "default-src 'self'; script-src 'self'; style-src 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'"
 
 
 @cache
-def _page() -> str:
-    return PAGE.read_text()
+def _static(name: str) -> str:
+    return (STATIC / name).read_text()
 
 
 @router.get("/ui", response_class=HTMLResponse, include_in_schema=False)
 async def ui_page():
     """The page itself holds no data: it asks for a token and reads /v1/ui/state with it."""
-    return HTMLResponse(_page(), headers={"Cache-Control": "no-store", "Content-Security-Policy":
-                                          "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"})
+    return HTMLResponse(_static("ui.html"), headers={"Cache-Control": "no-store", "Content-Security-Policy": CSP})
+
+
+@router.get("/ui.js", include_in_schema=False)
+async def ui_script():
+    return Response(_static("ui.js"), media_type="text/javascript", headers={"Cache-Control": "no-store"})
 
 
 @router.get("/v1/ui/state")

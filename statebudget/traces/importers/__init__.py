@@ -54,6 +54,12 @@ def import_trace(fmt: str, paths: list[Path], catalog: Catalog, *, models: str |
         sessions = read_tracelab(paths, bad)
     else:
         sessions = read_servegen(paths, bad, seed, rate_scale, hours)
+    seen: dict[str, int] = {}
+    for sess in sessions:  # ids come from file names: two inputs of one name would collide
+        seen[sess.pid] = seen.get(sess.pid, 0) + 1
+    if dup := sorted(k for k, n in seen.items() if n > 1):
+        raise InputError("IN", "", f"two sessions would both be program {dup[0]!r} ({len(dup)} such): inputs with the "
+                         "same file name (give each its own name)")
     time_scale = 1.0 if fmt == "servegen" else rate_scale  # ServeGen's rates are scaled as drawn
     end = hours * 3600.0 if hours is not None else None
     builder = Builder(chooser, tenant)

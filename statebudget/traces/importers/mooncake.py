@@ -55,7 +55,8 @@ class _Chains:
             best = None
             for c in self.index.get((k, hs[k - 1]), ()):
                 t_ts, pre = self.tail[c]
-                if t_ts < ts and pre == ids[:k] and (best is None or t_ts > self.tail[best][0]):
+                if t_ts < ts and pre == ids[:k] and (best is None or t_ts > self.tail[best][0] or
+                                                     (t_ts == self.tail[best][0] and c < best)):  # then the oldest
                     best = c
             if best is not None:
                 return best

@@ -105,3 +105,12 @@ def make_live_planner(clock=None, **kw):
     from statebudget.service.live import LivePlanner
 
     return LivePlanner(load_cluster("toy2"), load_catalog("toy"), clock=clock or Clock(1000.0), **kw)
+
+
+def real_data_dir():
+    """The real workload data (`shared/data/real`): next to this checkout, else the workplace's
+    copy (a clean clone elsewhere, as CI makes); tests that need it skip when neither exists."""
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
+    return here if here.is_dir() else Path("/work/shared/data/real")

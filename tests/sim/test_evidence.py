@@ -14,6 +14,7 @@ from statebudget.sim import evidence
 from statebudget.sim.paired import ratio_of_means
 
 from tests.browser import rendered_dom, screenshot
+from tests.helpers import real_data_dir
 
 pytestmark = pytest.mark.xdist_group("e2e")
 SMALL = {"seeds": [100, 101], "hours": 0.25, "warmup_s": 300.0}
@@ -49,8 +50,7 @@ def test_ratio_of_means_pairs_seeds_and_says_how_sure():
         ratio_of_means([1.0], [1.0, 2.0])
 
 
-REAL = Path("/work/shared/data/real") if Path("/work/shared/data/real").is_dir() else \
-    Path(__file__).resolve().parents[2].parent / "shared" / "data" / "real"
+REAL = real_data_dir()
 
 
 @pytest.mark.skipif(not (REAL / "tracelab").is_dir(), reason="no real workload data next to the checkout")

@@ -13,7 +13,9 @@ from statebudget.traces.importers import import_trace
 from statebudget.traces.importers.common import MAX_OUTPUT, Builder, ModelChooser
 from statebudget.traces.importers.mooncake import MIN_SHARED_BLOCKS
 
-REAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "real"
+from tests.helpers import real_data_dir
+
+REAL = real_data_dir()
 CAT = load_catalog("agent-team")
 runner = CliRunner()
 

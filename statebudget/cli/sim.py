@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -268,10 +270,14 @@ def evidence(
     data: Annotated[Path, typer.Option(help="real workload data (azure-llm-2023/, tracelab/, servegen/): imported "
                                             "and replayed under every policy; skipped, and said so, if absent")]
     = Path("../shared/data/real"),
+    profile: Annotated[Optional[Path], typer.Option(help="a `statebudget profile` of the target machine: the "
+                                                         "restore-versus-recompute answer uses its rates")] = None,
 ):
     """Measure the seed documents' claims on fair ground and write one report to read in a browser."""
     check_outputs(folders=[("--out", out)])
     from ..sim import evidence as ev
+
+    prof = json.loads(profile.read_text()) if profile is not None else None
 
     cfg, todo = ev.plan(quick)
     err.print(f"evidence: {len(todo)} replays ({'quick' if quick else 'full'}: seeds {cfg['seeds'][0]}-"
@@ -279,7 +285,7 @@ def evidence(
     with progress_bar() as bar:
         task = bar.add_task("replays", total=len(todo))
         res = ev.run(out, quick, workers, ray, progress=lambda done, total: bar.update(task, completed=done, total=total),
-                     data=data)
+                     data=data, profile=prof)
     console.print(f"{res['replays']} replays in {res['wall_s']:.0f} s ({len(res['answers']['real_traces'])} real "
                   f"traces); open {out / 'index.html'}")
     h4 = res["answers"]["h4"]

@@ -47,8 +47,6 @@ NOT_MEASURED = [
      "the simulator does not split a model's operators across GPUs (no disaggregation model)"),
     ("H3 (seed 002): with several MoE models, weights hit the memory ceiling before KV",
      "needs a sweep of the number of warm models to the first out-of-memory; not built"),
-    ("Restore versus recompute crossover (seed 001)",
-     "needs `statebudget profile` of the target machine (`--profile`); this report runs without one"),
     ("How often to re-plan (seed 001)",
      "the online planner does not re-solve the MILP every R seconds yet (issue 22): no R to sweep"),
 ]
@@ -103,7 +101,7 @@ def plan(quick: bool, scale: dict | None = None, real: list[dict] = (), out: Pat
 
 
 def run(out: Path, quick: bool, workers: int | None = None, ray: str | None = None, progress=None,
-        scale: dict | None = None, data: Path | None = None) -> dict:
+        scale: dict | None = None, data: Path | None = None, profile: dict | None = None) -> dict:
     """Run everything, write `out/evidence.json` and `out/index.html`; returns the evidence.
     `data`: the folder of real workload data (its traces are imported and replayed too)."""
     t0 = time.monotonic()
@@ -245,6 +243,21 @@ def run(out: Path, quick: bool, workers: int | None = None, ray: str | None = No
                                   body=H.table(["policy", "handoff P95 s", "TTFT P95 s", "total stall s", "SLO@5",
                                                 "calls"], [[p, *figs[p].values()] for p in figs], "real")))
 
+    # restore versus recompute, from the cost model (this machine's, with a profile)
+    cross = restore_crossover(profile)
+    answers["restore_vs_recompute"] = cross
+    rows_x = [[c["model"], c["gpu"], _tok(c["from_host"]), _tok(c["from_nvme"]), c["recompute_over_host_at_4k"],
+               c["recompute_over_nvme_at_4k"]] for c in cross["rows"]]
+    sections.append(H.section("crossover", "Restore versus recompute: where loading KV beats prefilling it (seed 001)",
+                              f"For each model and GPU kind of hetero16, the shortest context from which moving its "
+                              f"KV back (from host DRAM or NVMe) is faster than recomputing it by prefill, by "
+                              f"{'this machine' + chr(39) + 's measured profile' if profile else 'the cost model on the cluster file' + chr(39) + 's nominal rates (no --profile given)'}. "
+                              "'always' / 'never': restore wins at every / no context up to 128k tokens.",
+                              [cross.pop("figure")],
+                              H.table(["model", "GPU kind", "from host DRAM (tokens)", "from NVMe (tokens)",
+                                       "recompute ÷ host load at 4k", "recompute ÷ NVMe load at 4k"], rows_x,
+                                      "crossover")))
+
     gaps = NOT_MEASURED + ([] if real else [("Real traces", (f"no real workload data found at {data}" if data else
                                                              "no real workload data given") +
                                              ": pass --data with the folder of azure-llm-2023/, tracelab/, servegen/")])
@@ -261,6 +274,56 @@ def run(out: Path, quick: bool, workers: int | None = None, ray: str | None = No
     (out / "evidence.json").write_text(json.dumps(ev, indent=1) + "\n")
     (out / "index.html").write_text(H.page("StateBudget: the evidence", intro, sections))
     return dict(ev, wall_s=round(time.monotonic() - t0, 1))  # wall time: for the caller, not the report
+
+
+TOKENS = np.unique(np.geomspace(16, 131_072, 200).astype(int))
+
+
+def restore_crossover(profile: dict | None = None) -> dict:
+    """Per model and GPU kind: the smallest context (tokens) from which onboarding a program's KV
+    from host DRAM / NVMe is faster than recomputing it (`CostModel.kv_restore`, the rule the
+    planner and the simulator use), or 0 (always) / None (never, up to 128k)."""
+    from ..core.costs import CostModel
+    from ..models.load import load_catalog, load_cluster
+
+    cl, cat = load_cluster("hetero16"), load_catalog("agent-team")
+    cost = CostModel(cl, cat, profile=profile)
+    rows, curve = [], None
+    for m in cat.models:
+        by_kind = {}
+        for g in cl.model_groups(m):
+            by_kind.setdefault(cl.gpus[g[0]].kind, g)
+        for kind, g in sorted(by_kind.items()):
+            node = cl.gpus[g[0]].node
+            first = {}
+            for src in (f"host:{node}", f"nvme:{node}"):
+                wins = [int(t) for t in TOKENS if cost.kv_restore(m, float(t), src, g)[0] == "onboard"]
+                first[src.split(":")[0]] = (0 if wins and wins[0] == TOKENS[0] else wins[0]) if wins else None
+            at = {src: cost.prefill_s(m, 4096.0, g) / cost.group_transfer_s(4096.0 * m.kv_bytes_per_token, src, node, g)
+                  for src in ("host", "nvme")}
+            rows.append({"model": m.name, "gpu": kind, "from_host": first["host"], "from_nvme": first["nvme"],
+                         "recompute_over_host_at_4k": round(at["host"], 2),
+                         "recompute_over_nvme_at_4k": round(at["nvme"], 2)})
+            if curve is None:
+                curve = (m, g, node, kind)
+    m, g, node, kind = curve
+    fig, ax = H.plt.subplots(figsize=(6.5, 3.6))
+    ax.plot(TOKENS, [cost.prefill_s(m, float(t), g) for t in TOKENS], label="recompute (prefill)")
+    for src in ("host", "nvme"):
+        nbytes = TOKENS * m.kv_bytes_per_token
+        ax.plot(TOKENS, [cost.group_transfer_s(float(b), src, node, g) for b in nbytes], label=f"load from {src}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("context tokens")
+    ax.set_ylabel("seconds")
+    ax.set_title(f"{m.name} on {kind}", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return {"profile": bool(profile), "rows": rows, "figure": H.png_uri(fig)}
+
+
+def _tok(v) -> str:
+    return "never" if v is None else "always" if v == 0 else f"{v:,}"
 
 
 def _verdict(enough: bool, yes: bool, said_yes: str, said_no: str) -> str:

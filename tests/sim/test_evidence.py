@@ -83,3 +83,13 @@ def test_the_difference_of_two_ratios_resamples_the_seeds_together():
     from statebudget.sim.paired import difference_of_ratios
     d = difference_of_ratios([10, 10, 10], [5, 5, 5], [10, 10, 10], [8, 8, 8])
     assert d["diff"] == pytest.approx(0.3) and d["ci95"] == pytest.approx([0.3, 0.3])
+
+
+def test_restore_against_recompute_follows_the_cost_models_rule_and_a_profile_changes_it():
+    from statebudget.models.load import load_catalog
+
+    nominal = evidence.restore_crossover()
+    assert all(r["from_host"] == 0 and r["recompute_over_host_at_4k"] > 1 for r in nominal["rows"])
+    fast_prefill = {"prefill_tok_s": {m.name: 1e12 for m in load_catalog("agent-team").models}}
+    measured = evidence.restore_crossover(fast_prefill)
+    assert measured["profile"] and all(r["from_host"] is None and r["from_nvme"] is None for r in measured["rows"])

@@ -418,7 +418,11 @@ class Gateway:
         when the planner cannot be told (it is logged): one program never blocks the others."""
         now, n = time.monotonic(), 0
         for pid, prog in list(self.programs.items()):
-            if prog.in_flight or prog.closing or now - prog.last_s <= self.config.program_idle_s:
+            if prog.in_flight or now - prog.last_s <= self.config.program_idle_s:
+                continue
+            if prog.closing:  # its last call's end is on its way: the program ends after it
+                await asyncio.wait(list(prog.closing))
+            if prog.in_flight or self.programs.get(pid) is not prog:
                 continue
             del self.programs[pid]
             n += 1

@@ -114,3 +114,34 @@ def real_data_dir():
 
     here = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
     return here if here.is_dir() else Path("/work/shared/data/real")
+
+
+def free_port() -> int:
+    """A port of 127.0.0.1 that nothing listens on now (for a server a test starts)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def toy_service(tmp_path, entries):
+    """The planner service in process (toy2 cluster, toy catalog, a ledger under `tmp_path`, no
+    planning loop) with the tokens `entries` (`TokenEntry`s): a context manager yielding
+    (TestClient, LivePlanner)."""
+    from contextlib import contextmanager
+
+    from fastapi.testclient import TestClient
+
+    from statebudget.api.app import create_app
+    from statebudget.api.auth import Auth
+    from statebudget.models.load import load_catalog, load_cluster
+    from statebudget.service.ledger import Store
+    from statebudget.service.live import LivePlanner
+
+    @contextmanager
+    def run():
+        planner = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"))
+        with TestClient(create_app(planner, Auth(list(entries)), planning_loop=False)) as c:
+            yield c, planner
+    return run()

@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from statebudget.api.auth import digest
 from statebudget.api.driver import Driver
 from statebudget.models.load import parse_trace
 
-from tests.helpers import toy_trace_jsonl, wait_until
+from tests.helpers import free_port, toy_trace_jsonl, wait_until
 
 # One worker runs these one after another (`make test` passes --dist loadgroup): each times real
 # copies against the quotes, and two of them at once on 2 cores would measure each other.
@@ -31,11 +30,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TOKENS = {"admin": "e2e-admin-0123456789", "runtime": "e2e-runtime-0123456789",
           "n0": "e2e-adapter-n0-0123456789", "n1": "e2e-adapter-n1-0123456789"}
 
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 
@@ -53,7 +47,7 @@ def _wait_healthy(server: subprocess.Popen, url: str, log: Path):
 
 class Stack:
     def __init__(self, tmp: Path):
-        self.tmp, self.port = tmp, _port()
+        self.tmp, self.port = tmp, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         (tmp / "tokens.json").write_text(json.dumps({"tokens": [
             {"sha256": digest(TOKENS["admin"]), "role": "admin"},
@@ -253,7 +247,7 @@ def test_sigkill_restart_loses_nothing(stack):
 
 
 def test_serve_without_a_token_file_creates_one_and_an_admin_token_beside_it(tmp_path):
-    port = _port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("STATEBUDGET_TOKENS")}
     env["PYTHONPATH"] = str(ROOT)
     log = tmp_path / "serve.log"

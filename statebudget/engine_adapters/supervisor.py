@@ -161,21 +161,22 @@ class Supervisor:
         log.info("engine %s started: pid %d, port %d", m.name, m.proc.pid, m.port)
 
     def _wait_healthy(self, m: Managed, budget_s: float) -> None:
-        give_up = self.clock() + budget_s
-        delay = 0.02
-        while True:
+        """Until its health check answers 200 (a starting process: nothing to wait on but its
+        port); RuntimeError if it exits first, TimeoutError past `budget_s`."""
+        from .http import PollTimeout, poll_until
+
+        def healthy() -> bool:
             if m.proc.poll() is not None:
                 raise RuntimeError(f"engine {m.name} exited with code {m.proc.returncode} before it was healthy")
             try:
-                if self.http.get(m.url + self.health_path).status_code == 200:
-                    m.backoff_s = BACKOFF_S  # healthy again: the next crash starts from the short back-off
-                    return
+                return self.http.get(m.url + self.health_path).status_code == 200
             except httpx.HTTPError:
-                pass
-            if self.clock() > give_up:
-                raise TimeoutError(f"engine {m.name} not healthy within {budget_s:.0f} s")
-            time.sleep(delay)  # polling a starting process: nothing to wait on but its port
-            delay = min(delay * 2, 0.5)
+                return False
+        try:
+            poll_until(healthy, budget_s, 0.05, f"engine {m.name} to be healthy")
+        except PollTimeout as e:
+            raise TimeoutError(str(e)) from None
+        m.backoff_s = BACKOFF_S  # healthy again: the next crash starts from the short back-off
 
     @staticmethod
     def _signal(m: Managed, sig: int) -> None:

@@ -1,15 +1,10 @@
 """The routes a gateway uses: POST /v1/events/batch and POST /v1/programs/{p}/calls/{c}/start."""
 
 import pytest
-from fastapi.testclient import TestClient
 
-from statebudget.api.app import create_app
-from statebudget.api.auth import Auth, TokenEntry
-from statebudget.models.load import load_catalog, load_cluster
-from statebudget.service.ledger import Store
-from statebudget.service.live import LivePlanner
+from statebudget.api.auth import TokenEntry
 
-from tests.helpers import report_op
+from tests.helpers import report_op, toy_service
 
 TOK = {"a": "runtime-a-0123456789", "b": "runtime-b-0123456789", "n0": "adapter-n0-0123456789"}
 
@@ -20,12 +15,10 @@ def H(who):
 
 @pytest.fixture
 def app(tmp_path):
-    auth = Auth([TokenEntry(token=TOK["a"], role="runtime", tenant="team-a"),
-                 TokenEntry(token=TOK["b"], role="runtime", tenant="team-b"),
-                 TokenEntry(token=TOK["n0"], role="adapter", node="n0")])
-    planner = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"))
-    with TestClient(create_app(planner, auth, planning_loop=False)) as c:
-        yield c, planner
+    with toy_service(tmp_path, [TokenEntry(token=TOK["a"], role="runtime", tenant="team-a"),
+                                TokenEntry(token=TOK["b"], role="runtime", tenant="team-b"),
+                                TokenEntry(token=TOK["n0"], role="adapter", node="n0")]) as both:
+        yield both
 
 
 def arrive(p, call="c1", model="coder"):

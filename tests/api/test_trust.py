@@ -2,13 +2,9 @@
 implausible reports, as a client sees them over HTTP."""
 
 import pytest
-from fastapi.testclient import TestClient
 
-from statebudget.api.app import create_app
-from statebudget.api.auth import Auth, TokenEntry
-from statebudget.models.load import load_catalog, load_cluster
-from statebudget.service.ledger import Store
-from statebudget.service.live import LivePlanner
+from statebudget.api.auth import TokenEntry
+from tests.helpers import toy_service
 from tests.service.test_ledger_faults import fill_disk, free_disk
 
 TOK = {"a": "runtime-a-0123456789", "n0": "adapter-n0-0123456789", "n1": "adapter-n1-0123456789"}
@@ -20,11 +16,9 @@ def H(who):
 
 @pytest.fixture
 def client(tmp_path):
-    auth = Auth([TokenEntry(token=TOK["a"], role="runtime", tenant="a"),
-                 TokenEntry(token=TOK["n0"], role="adapter", node="n0"),
-                 TokenEntry(token=TOK["n1"], role="adapter", node="n1")])
-    planner = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"))
-    with TestClient(create_app(planner, auth, planning_loop=False)) as c:
+    with toy_service(tmp_path, [TokenEntry(token=TOK["a"], role="runtime", tenant="a"),
+                                TokenEntry(token=TOK["n0"], role="adapter", node="n0"),
+                                TokenEntry(token=TOK["n1"], role="adapter", node="n1")]) as (c, _):
         yield c
 
 

@@ -6,7 +6,6 @@ first needs the model, and the openai client gets its answer."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,16 +16,11 @@ import pytest
 
 from statebudget.api.auth import digest
 
-from tests.helpers import wait_until
+from tests.helpers import free_port, wait_until
 
 pytestmark = pytest.mark.xdist_group("e2e")
 BIN = Path(sys.executable).parent
 
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _up(proc: subprocess.Popen, url: str, log: Path) -> bool:
@@ -48,7 +42,7 @@ def test_a_llama_swap_config_serves_through_the_gateway_with_one_command(tmp_pat
                                            "tflops": 10, "wake_s": 0.1, "cold_start_s": 1.0}},
         "nodes": [{"name": "n0", "host_dram_gb": 4, "nvme_gb": 100, "nvme_read_gbps": 2, "nvme_write_gbps": 1,
                    "root_gbps": 16, "gpus": {"G": 1}}]}))
-    start = _port()
+    start = free_port()
     (tmp_path / "config.yaml").write_text(f"""
 startPort: {start}
 macros:
@@ -65,7 +59,7 @@ models:
 groups:
   all: {{swap: true, members: [coder, reviewer]}}
 """)
-    pp, gp = _port(), _port()
+    pp, gp = free_port(), free_port()
     logs = {n: open(tmp_path / f"{n}.log", "w") for n in ("planner", "gateway")}
     procs = []
     try:

@@ -5,7 +5,6 @@ adapter of the node driving them, and the gateway in front."""
 
 from __future__ import annotations
 
-import socket
 import sys
 import threading
 from contextlib import ExitStack, contextmanager
@@ -23,7 +22,7 @@ from statebudget.service.ledger import Store
 from statebudget.service.live import LivePlanner
 
 from tests.fake_engines import serve
-from tests.helpers import cluster
+from tests.helpers import cluster, free_port
 
 TOK = {"runtime": "gw-runtime-0123456789", "n0": "gw-adapter-n0-0123456789", "admin": "gw-admin-0123456789"}
 MODELS = ("planner", "coder", "reviewer")
@@ -50,7 +49,7 @@ def gateway_stack(tmp, wake_s: float = 0.3, tokens_per_s: float = 200.0, engines
         planner_url = stack.enter_context(serve(create_app(live, auth, tick_s=0.5), lifespan="on"))
         sup = None
         if supervised:
-            engines = {m: f"http://127.0.0.1:{_port()}" for m in MODELS}
+            engines = {m: f"http://127.0.0.1:{free_port()}" for m in MODELS}
             sup = Supervisor({f"{m}@gpu:0": (f"{sys.executable} -m statebudget.gateway.fake_engine --model {m} "
                                              f"--port ${{PORT}} --tokens-per-s {tokens_per_s}", u, {})
                               for m, u in engines.items()}, tmp / "engine-logs")
@@ -78,8 +77,3 @@ def gateway_stack(tmp, wake_s: float = 0.3, tokens_per_s: float = 200.0, engines
         yield {"url": url, "planner": planner_url, "engines": engines, "live": live, "gateway": app.state.gateway,
                "loop": app.state.loop, "supervisor": sup, "adapter": ad if adapter else None}
 
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -47,9 +47,9 @@ def test_a_hinted_program_finds_each_next_model_awake_and_gets_its_answers_whole
                         ttft.append(time.monotonic() - t0)
                     pieces.append(c.choices[0].delta.content)
             assert pieces == [f"{model}:{k} " for k in range(8)]  # every chunk, in order, from that model
-            if nxt:
-                time.sleep(1.5)  # the agent's tool wait, which its hint announced (workload, not synchronisation)
-                assert httpx.get(s["engines"][nxt] + "/is_sleeping").json() == {"is_sleeping": False}
+            if nxt:  # the hinted engine wakes during the agent's tool wait, before its call is sent
+                wait_until(lambda m=nxt: httpx.get(s["engines"][m] + "/is_sleeping").json() == {"is_sleeping": False},
+                           10, f"the hinted {nxt} engine to be awake")
         live = s["live"]
         wait_until(lambda: set(calls_of(live, "task-1").values()) == {"finished"}, 10, "every call to finish")
         assert len(calls_of(live, "task-1")) == 3

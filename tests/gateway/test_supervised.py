@@ -14,7 +14,7 @@ from statebudget.engine_adapters.supervisor import Supervisor, command_argv
 from statebudget.engine_adapters.vllm import VllmAdapter
 
 from tests.gateway.stack import gateway_stack
-from tests.helpers import wait_until
+from tests.helpers import free_port, wait_until
 
 pytestmark = pytest.mark.xdist_group("e2e")
 PROMPT = [{"role": "user", "content": "fix it"}]
@@ -89,8 +89,7 @@ def test_the_local_data_plane_runs_an_engine_process_per_model_for_the_whole_pat
 
 
 def _fake(tmp_path, n=1):
-    from tests.gateway.stack import _port
-    urls = [f"http://127.0.0.1:{_port()}" for _ in range(n)]
+    urls = [f"http://127.0.0.1:{free_port()}" for _ in range(n)]
     cmd = f"{sys.executable} -m statebudget.gateway.fake_engine --model m --port ${{PORT}}"
     return Supervisor({f"m{i}@gpu:{i}": (cmd, u, {}) for i, u in enumerate(urls)}, tmp_path / "logs"), urls
 

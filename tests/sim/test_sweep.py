@@ -3,7 +3,6 @@ head started by the test on 127.0.0.1 and stopped after it)."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,19 +12,15 @@ from typer.testing import CliRunner
 
 from statebudget.cli import app
 from statebudget.sim.sweep import METRICS, WALL_CLOCK
+from tests.helpers import free_port
 
 RAY = Path(sys.executable).with_name("ray")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture
 def ray_head():
-    port = _free_port()
+    port = free_port()
     # A one-node cluster on the loopback interface: without RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 Ray
     # replaces 127.0.0.1 by the host's network address.
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
@@ -93,11 +88,7 @@ def test_sweep_rejects_bad_grids():
 
 
 def test_sweep_on_an_unreachable_ray_head_fails_fast_in_one_line():
-    import socket
-
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens on it
     res = CliRunner().invoke(app, ["sweep", "--traces", "swe-team", "--seeds", "1", "--policy", "ondemand",
                                    "--hours", "0.05", "--ray", f"127.0.0.1:{port}"])
     assert res.exit_code == 2 and "cannot reach a Ray head" in res.output, res.output

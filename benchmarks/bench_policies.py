@@ -14,7 +14,7 @@ Per trace and start, for every policy: the mean over seeds of each metric in `ME
 95 % Student t interval over the per-seed values (`paired.t_interval`).
 
 Ours against the best baseline. Baselines = every registered policy that is neither ours
-(`statebudget`, `statebudget-lease`) nor the oracle, prefetch-all included. For each metric
+(`statebudget`, `statebudget-lease`, `statebudget-track`) nor the oracle, prefetch-all included. For each metric
 separately the best baseline is the one with the best mean over the seeds (lower is better,
 except SLO attainment). The comparison is the PAIRED DIFFERENCE ours - best, seed by seed on the
 same traces, with its 95 % t interval (`paired.paired_diff`); it is defined when the baseline's
@@ -52,7 +52,7 @@ from statebudget.sim import sweep as sw
 from statebudget.traces.generators import PRESETS
 
 TRACES = ("swe-team", "swe-team-shuffled", "mixed-tenants", "mapreduce")
-OURS = ("statebudget-lease", "statebudget")
+OURS = ("statebudget-lease", "statebudget", "statebudget-track")
 EXCLUDED = ("oracle",)
 # row key -> (label, better). Keys are the sweep's row figures (`sweep.METRICS`).
 METRICS = {

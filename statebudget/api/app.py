@@ -99,6 +99,25 @@ class Service:
                 log.exception("planning step failed")
             self.changed()
 
+    async def tracking_loop(self, every_s: float, time_limit_s: float) -> None:
+        """Every `every_s`: the tracking MILP's problem is built on this loop (it reads the books),
+        solved in a worker thread (SCIP releases the GIL), and its target adopted back here."""
+        from ..solvers.target import solve_target
+
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                got = self.planner.target_problem()
+                if got is not None:
+                    policy, prob = got
+                    sol = await loop.run_in_executor(None, solve_target, prob, time_limit_s)
+                    self.metrics.target_solved(sol.solve_s, sol.status)
+                    if self.planner.adopt_target(policy, prob, sol):
+                        self._wake.set()
+            except Exception:
+                log.exception("tracking solve failed")
+            await asyncio.sleep(every_s)
+
     # ---- oracle runs -----------------------------------------------------------------------------------
     def start_oracle(self, body) -> dict:
         run_id = uuid.uuid4().hex[:12]
@@ -164,11 +183,13 @@ def create_app(planner: LivePlanner, auth: Auth, tick_s: float = 5.0, coalesce_s
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        task = asyncio.create_task(svc.planning_loop()) if planning_loop else None
+        tasks = [asyncio.create_task(svc.planning_loop())] if planning_loop else []
+        if planning_loop and planner.track:
+            tasks.append(asyncio.create_task(svc.tracking_loop(planner.track.replan_s, planner.track.time_limit_s)))
         try:
             yield
         finally:
-            if task is not None:
+            for task in tasks:
                 task.cancel()
 
     app = FastAPI(title="StateBudget planner", version=__version__, lifespan=lifespan,

@@ -84,6 +84,8 @@ class ServiceMetrics(Telemetry):
                                  ["node"], registry=r)
         self.adapter_up = Gauge("statebudget_adapter_up", f"1 if the node's adapter was heard from within the last "
                                 f"{alive_s:g} s", ["node"], registry=r)
+        self.target_s = Histogram("statebudget_target_solve_seconds", "wall time of one tracking MILP solve, by "
+                                  "status (optimal, feasible, greedy)", ["status"], buckets=_SECONDS, registry=r)
         self.http_s = Histogram("statebudget_http_request_seconds", "HTTP requests by route template, method and "
                                 "status code", ["route", "method", "status"], buckets=_HTTP, registry=r)
 
@@ -91,6 +93,9 @@ class ServiceMetrics(Telemetry):
     def decision(self, seconds: float) -> None:
         self.decisions.inc()
         self.decision_s.observe(seconds)
+
+    def target_solved(self, seconds: float, status: str) -> None:
+        self.target_s.labels(status).observe(seconds)
 
     def lease(self, decision: str) -> None:
         self.leases.labels(decision).inc()

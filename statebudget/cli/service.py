@@ -101,6 +101,9 @@ def serve(
                                                          "sleep/wake cannot)")] = False,
     synchronous: Annotated[str, typer.Option(help="full | normal: SQLite's sync of the ledger at each commit (full "
                                                   "survives a power loss; normal only a crash of the process)")] = "full",
+    track_every_s: Annotated[float, typer.Option(help="track a forecast MILP solved this often, off the event loop "
+                                                 "(`statebudget-track`, docs/tracking.md); 0: the greedy step alone",
+                                                 min=0.0)] = 0.0,
     docs: Annotated[bool, typer.Option(help="serve /docs (plain HTML, nothing from the internet) and /openapi.json, "
                                             "both for admin tokens")] = False,
 ):
@@ -164,9 +167,11 @@ def serve(
                   f"`statebudget token add --tokens {tokens} --role runtime --tenant NAME --out FILE`", highlight=False)
         auth = Auth.load(tokens)
     from ..planner.core import lease_config
+    from ..planner.target import TrackConfig
 
+    track = TrackConfig(replan_s=track_every_s) if track_every_s > 0 else None
     planner = LivePlanner(cl, cat, store, profile=prof, queue=queue, config=lease_config(stage_host=stage_host),
-                          kv_rule=kv_rule, tenant_weights=weights, require_checksums=require_checksums)
+                          kv_rule=kv_rule, tenant_weights=weights, require_checksums=require_checksums, track=track)
     if (planner.cluster.name, planner.catalog.name) != (cl.name, cat.name):
         err.print(f"[yellow]warning:[/] {db} was started with cluster {planner.cluster.name} and catalog "
                   f"{planner.catalog.name}; they win over --cluster {cl.name} --catalog {cat.name} (serve a fresh --db, or "

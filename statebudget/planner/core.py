@@ -73,6 +73,8 @@ class PlannerCore:
         self._kv_rate_cache: dict[tuple, tuple[float, float]] = {}
         self._group_rows: dict[tuple, np.ndarray] = {}
         self._kv_view = None
+        self.target: dict[str, tuple] = {}  # model -> group the tracked MILP wants it on (`target.py`)
+        self.target_p = 0.0                 # a target model counts as needed at least this likely (1: kept for sure)
         self._hot_pages = {m.name: touched_pages(m, self.cfg.page_min_touch) for m in catalog.models}
         self._lease_pages = {m.name: touched_pages(m, self.cfg.lease_page_min_touch) for m in catalog.models}
 
@@ -103,18 +105,22 @@ class PlannerCore:
         for mi, m in enumerate(self.catalog.models):
             wk = weights_key(m.name)
             held = sorted(tiers.groups_of.get(wk, ()), key=lambda g: (-gpu_copies[(wk, g)].last_use, g))
-            home = held[0] if held else self._home(view, m)
+            # The target homes a model that has no copy; one held stays where its calls run.
+            home = held[0] if held else (self.target.get(m.name) or self._home(view, m))
             if home is None:
                 continue
+            # A model the target places is needed for sure on its target group: it is promoted and
+            # kept there whatever the short-horizon forecast says.
+            p_m = max(p_model[mi], self.target_p) if m.name in self.target else p_model[mi]
             homes[m.name] = home
             node = view.gpus[home[0]].node
             # Evicted, a held copy sleeps on its group (a wake); one not held wakes only where its
             # engine sleeps, else it pays a cold start.
             restore = self.cost.weights_restore_s(m, "host", node, home,
-                                                  wake=bool(held) or tiers.asleep_on(wk, home))
+                                                  wake=home in held or tiers.asleep_on(wk, home))
             src = view.best_source(wk, home)
-            add(wk, home, p_model[mi] * restore, src, p_model[mi])
-            for g in held[1:]:
+            add(wk, home, p_m * restore, src, p_m)
+            for g in (g for g in held if g != home):
                 add(wk, g, 0.25 * p_model[mi] * restore, src, 0.0)
             if m.moe:
                 fault = m.moe.page_bytes / len(home) / self.cost.link_bw[f"h2d:{view.gpus[home[0]].id}"]
@@ -124,7 +130,7 @@ class PlannerCore:
                     # hot pages are candidates anywhere; the tail only where a call left it
                     ek = expert_key(m.name, page)
                     if page in hot or (ek, home) in gpu_copies:
-                        add(ek, home, p_model[mi] * touch[page] * fault, f"nvme:{node}", p_model[mi] * touch[page])
+                        add(ek, home, p_m * touch[page] * fault, f"nvme:{node}", p_m * touch[page])
         n_state = len(keys)  # candidates before this index are weights and pages
         # KV out of HBM that a live program is likely to need soon, brought next to its model's
         # weights: value = P(needed) x the cheaper of onboarding it from host DRAM and recomputing
@@ -205,7 +211,8 @@ class PlannerCore:
             # A second copy of a model's weights competes like any other on its density, which its
             # candidate value already discounts (0.25x): calls of one model overlap, and a second
             # replica demoted at once is reloaded from DRAM by the next overlapping call.
-            leased = self._leased(k) or (c is not None and (not c.ready or now - c.created < cfg.min_dwell_s))
+            leased = self._leased(k) or (c is not None and (not c.ready or now - c.created < cfg.min_dwell_s)) \
+                or (self.target_p >= 1.0 and k[1] in self.target and g == homes.get(k[1]) and k[0] == "w")
             keep = math.inf if leased else plan.density[i] * (p_idle[mi] / max(p_model[mi], 1e-9))
             idle.append((keep, i))
         room = cfg.warm_budget * float(cap.sum())

@@ -6,7 +6,7 @@ from .base import Policy
 from .baselines import BASELINES
 from .swaps import SWAPS
 from .oracle import MilpStatic, Oracle
-from .ours import StateBudget, StateBudgetLease
+from .ours import StateBudget, StateBudgetLease, StateBudgetTrack
 
 # Order: the baselines in the order the report lists them, then ours, then the oracle. The
 # call-share placement (`baselines.Static`, named `static-share`) serves tests only: not registered.
@@ -17,7 +17,7 @@ for _p in ("ondemand", "lru-keepwarm", "frequency", "prefetch-all"):
 REGISTRY["static"] = MilpStatic
 for _p in ("llama-swap", "sleep-swap", "forecast-prewarm", "ray-multiplex"):
     REGISTRY[_p] = BASELINES[_p]
-REGISTRY.update({p.name: p for p in (StateBudget, StateBudgetLease, Oracle)})
+REGISTRY.update({p.name: p for p in (StateBudget, StateBudgetLease, StateBudgetTrack, Oracle)})
 
 
 def make_policy(name: str) -> Policy:

@@ -3,8 +3,11 @@ simulator calls these hooks; the service feeds the same core from runtime events
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..models.state import kv_key
 from ..planner.core import PlannerConfig, PlannerCore, lease_config
+from ..planner.target import TargetTracker, TrackConfig
 from ..planner.leases import LeaseRequest
 from .base import Policy, default_place
 from .baselines import place_model
@@ -181,4 +184,54 @@ class StateBudgetLease(StateBudget):
 
     def on_tick(self, sim):
         self._core(sim).ledger.expire(sim.now)
+        return super().on_tick(sim)
+
+
+class StateBudgetTrack(StateBudgetLease):
+    """statebudget-lease tracking the forecast MILP (`planner/target.py`): every `replan_s` the
+    simulator runs `on_replan` off the decision path (timed as a solve, not a decision); the
+    target it returns applies `charge_s` later, and every planning step repairs toward it."""
+    name = "statebudget-track"
+
+    def __init__(self, config: PlannerConfig | None = None, track: TrackConfig | None = None):
+        super().__init__(config)
+        self.track_cfg = track or TrackConfig()
+        self.replan_s = self.track_cfg.replan_s
+        self.tracker: TargetTracker | None = None
+
+    def _tracker(self, sim) -> TargetTracker:
+        if self.tracker is None:
+            self.tracker = TargetTracker(sim.catalog, sim.cost, self.track_cfg)
+        return self.tracker
+
+    def on_call_arrive(self, sim, call):
+        self._tracker(sim).call_arrived(call.model, call.context_tokens)
+        return super().on_call_arrive(sim, call)
+
+    def on_replan(self, sim) -> dict:
+        """One solve in line, charged `charge_s` (the simulator)."""
+        return self._tracker(sim).replan(sim, *self.live_demand(sim), sim.now)
+
+    def target_problem(self, view):
+        """The problem of one solve, built from the books (the service then solves it off the loop)."""
+        return self._tracker(view).prepare(view, *self.live_demand(view), view.now)
+
+    def live_demand(self, view):
+        """(calls per model the live programs are expected to make within the planner's horizon, that horizon)."""
+        core = self._core(view)
+        h = core.cfg.horizon_s
+        _, p = core.predictor.need_within(view.now, h, core.use_hints)
+        return (p.sum(axis=0) if len(p) else np.zeros(len(core.models))), h
+
+    def _retarget(self, sim) -> None:
+        core = self._core(sim)
+        core.target = self._tracker(sim).target(sim.now)
+        core.target_p = self.track_cfg.target_p
+
+    def replan(self, sim) -> list:
+        self._retarget(sim)
+        return super().replan(sim)
+
+    def on_tick(self, sim):
+        self._retarget(sim)
         return super().on_tick(sim)

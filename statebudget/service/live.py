@@ -51,7 +51,7 @@ from ..models.cluster import Cluster
 from ..models.errors import InputError, pydantic_where
 from ..models.load import check_compatible
 from ..planner.core import PlannerConfig
-from ..policies.ours import StateBudgetLease
+from ..policies.ours import StateBudgetLease, StateBudgetTrack
 from .errors import REFUSAL_STATUS, Conflict, Forbidden, Invalid, NotFound, Unavailable
 from .journal import Journal, OpRec, OpStatus, gpu_tier
 from .kvwait import ToolWaitKVPart
@@ -78,7 +78,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
                  profile: dict | None = None, telemetry: Telemetry | None = None, queue: str = "fcfs",
                  config: PlannerConfig | None = None, kv_rule: str = "preserve",
                  tenant_weights: dict[str, float] | None = None, retain_ops_s: float = 3600.0,
-                 retain_programs_s: float = 86_400.0, require_checksums: bool = False):
+                 retain_programs_s: float = 86_400.0, require_checksums: bool = False, track=None):
         """`queue`: the discipline whose priority `call_arrived` answers (fcfs, plas, atlas, auto), for
         the runtime to pass to its engine (vLLM's `priority`, lower first; `arrival_priority`), with
         the fair share of `tenant_weights` (tenant -> weight, 1 if not named). `config`: the planner's
@@ -88,7 +88,11 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         already holds a ledger is a restart: its cluster, catalog and books win over the arguments.
         `retain_ops_s`, `retain_programs_s`: how long closed ops and ended programs stay in the
         ledger (compaction, `reconcile.py`). `require_checksums`: ops ask for a checksum, and a
-        done report without one is refused (for data planes that verify, like the local one). Built by `statebudget serve` (the CLI) and by tests."""
+        done report without one is refused (for data planes that verify, like the local one).
+        `track`: a `TrackConfig`; the planner then tracks the forecast MILP (`statebudget-track`),
+        which the service solves every `track.replan_s` off its event loop (`api/app.py`). Built by
+        `statebudget serve` (the CLI) and by tests."""
+        self.track = track
         self.retain_ops_s, self.retain_programs_s = retain_ops_s, retain_programs_s
         self.require_checksums = require_checksums
         self.config = config
@@ -132,7 +136,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         self.tiers = Tiers(cluster)
         self.kv_tokens: dict[tuple, int] = {}
         self.running_models: Counter = Counter()
-        self.policy = StateBudgetLease(self.config)
+        self.policy = StateBudgetTrack(self.config, self.track) if self.track else StateBudgetLease(self.config)
         self.policy.plan_on_events = False
         self.ledger.on_end = lambda lease: self.telemetry.lease_ended(lease.state.name.lower())
         self.programs: dict[str, ProgramRec] = {}  # every program seen (an ended one refuses late events)
@@ -291,6 +295,20 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         self.plan_due = False
         self.telemetry.decision(time.perf_counter() - t0)
         return self._op_seq - n
+
+    def target_problem(self):
+        """(policy, the next tracking solve's problem), built from the books; None without tracking."""
+        if not isinstance(self.policy, StateBudgetTrack):
+            return None
+        return self.policy, self.policy.target_problem(self)
+
+    def adopt_target(self, policy, prob, sol) -> bool:
+        """A solve's target is tracked from now on, unless the catalog changed while it ran."""
+        if policy is not self.policy:
+            return False
+        policy._tracker(self).adopt(prob, sol, self.now, self.now)
+        self.plan_due = True
+        return True
 
     def _apply(self, decisions) -> None:
         """The mechanism: decisions become books changes and ops."""

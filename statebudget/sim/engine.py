@@ -107,6 +107,9 @@ class Simulator(ProgramsMixin, AdmissionMixin, CallsMixin, TransfersMixin, Event
         tick = getattr(self.policy, "tick_s", None)
         if tick:
             self.push(0.0, PRIO_TICK, self._tick, (tick,))
+        replan = getattr(self.policy, "replan_s", None)
+        if replan:
+            self.push(0.0, PRIO_TICK, self._replan, (replan,))
         self._run_loop(progress)
         if self.check_invariants:
             self.tiers.check()
@@ -126,6 +129,14 @@ class Simulator(ProgramsMixin, AdmissionMixin, CallsMixin, TransfersMixin, Event
 
     def _apply(self, decisions):
         apply(decisions, self)
+
+    def _replan(self, period):
+        """A periodic solve off the decision path (`policies/ours.py:StateBudgetTrack`): it returns
+        no decisions, and its time is the policy's to charge, not a decision's."""
+        if self._open_programs == 0:
+            return None
+        self.policy.on_replan(self)
+        return [(self.now + period, PRIO_TICK, self._replan, (period,))]
 
     def _tick(self, period):
         if self._open_programs == 0:

@@ -136,6 +136,7 @@ def main(argv=None):
         out["replan"].append(rec)
     for p in against:
         print(f"| {p} | " + " | ".join(f"{mean(col(p, k)):.3g}" for k in METRICS) + " | | | |")
+    out["rows"] = rows
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1))

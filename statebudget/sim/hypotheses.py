@@ -88,7 +88,7 @@ def capacity(intervals, t0: float, t1: float, models: list[str]) -> dict:
     when independent)."""
     lv, w, ts = steps(intervals, t0, t1, models)
     tot = lv.sum(axis=0)
-    out = {"models": list(models)}
+    out = {"models": list(models), "active_models_p95": int(_wq((lv > 0).sum(axis=0).astype(float), w, 0.95))}
     for q, tag in ((0.95, "q95"), (1.0, "q100")):
         per = [_wq(lv[i], w, q) for i in range(len(models))]
         pooled = _wq(tot, w, q)
@@ -131,67 +131,85 @@ def kv_demand(res, catalog: Catalog) -> dict:
     return out
 
 
-def h1(rows: list[dict], seeds: list[int], active: dict, enough: bool) -> tuple[dict, str]:
-    """The H1 answer over seeds from the rows that carry `kv_demand`."""
-    by = {r["seed"]: r["kv_demand"] for r in rows if "kv_demand" in r}
-    per = [by[s] for s in seeds]
-    ans = {"method": "simulator replay (swe-team, statebudget-lease), running calls' KV, cluster-wide",
-           "predicted": {"ratio_q95_below": H1_MAX_RATIO, "active_models_p95_at_least": H1_MIN_ACTIVE_P95}}
+def _summary(per: list[dict]) -> dict:
+    out = {}
     for kind in ("calls", "sessions"):
         c = [p[kind] for p in per]
-        ans[kind] = {tag: ratio_of_means([x[f"pooled_{tag}"] for x in c], [x[f"independent_{tag}"] for x in c])
+        out[kind] = {tag: ratio_of_means([x[f"pooled_{tag}"] for x in c], [x[f"independent_{tag}"] for x in c])
                      for tag in ("q95", "q100")}
-        ans[kind]["per_seed_ratio_q95"] = [x["ratio_q95"] for x in c]
-        ans[kind]["pooled_q95_gb"] = round(float(np.mean([x["pooled_q95"] for x in c])) / GB, 3)
-        ans[kind]["independent_q95_gb"] = round(float(np.mean([x["independent_q95"] for x in c])) / GB, 3)
-        ans[kind]["rejected_at_pooled_q95"] = {k: round(float(np.mean([x["rejected_at_pooled_q95"][k] for x in c])), 4)
+        out[kind]["per_seed_ratio_q95"] = [x["ratio_q95"] for x in c]
+        out[kind]["pooled_q95_gb"] = round(float(np.mean([x["pooled_q95"] for x in c])) / GB, 3)
+        out[kind]["independent_q95_gb"] = round(float(np.mean([x["independent_q95"] for x in c])) / GB, 3)
+        out[kind]["rejected_at_pooled_q95"] = {k: round(float(np.mean([x["rejected_at_pooled_q95"][k] for x in c])), 4)
                                                for k in ("pooled", "independent")}
-    ans["live_programs"] = {"mean": round(float(np.mean([p["live_programs"]["mean"] for p in per])), 2),
+    out["live_programs"] = {"mean": round(float(np.mean([p["live_programs"]["mean"] for p in per])), 2),
                             "p95": max(p["live_programs"]["p95"] for p in per)}
-    ans["active_models_p95"] = active["p95"]
+    out["active_models_p95"] = max(p["calls"]["active_models_p95"] for p in per)
+    return out
+
+
+def h1(rows: list[dict], seeds: list[int], active: dict, enough: bool, load: float) -> tuple[dict, str]:
+    """The H1 answer over seeds from the rows that carry `kv_demand`: at `load` (the swe-team
+    arrival rate scaled to H1's ~10 live sessions; the verdict) and at the evidence's own 1x."""
+    by: dict = {}
+    for r in rows:
+        if "kv_demand" in r:
+            by.setdefault(r["load"], {})[r["seed"]] = r["kv_demand"]
+    per = {x: [by[x][s] for s in seeds] for x in sorted(by)}
+    ans = {"method": f"simulator replay (swe-team at {load:g}x and 1x load, statebudget-lease), running calls' KV "
+                     "per model, cluster-wide", "load": load,
+           "predicted": {"ratio_q95_below": H1_MAX_RATIO, "active_models_p95_at_least": H1_MIN_ACTIVE_P95},
+           **_summary(per[load]), "at_load_1": _summary(per[1.0]),
+           "active_models_p95_zero_stall_1x": active["p95"]}
     r = ans["calls"]["q95"]
-    gain_ok = r["ci95"][1] < H1_MAX_RATIO
-    gain_no = r["ci95"][0] >= H1_MAX_RATIO
-    act_ok = active["p95"] >= H1_MIN_ACTIVE_P95
+    gain_ok, gain_no = r["ci95"][1] < H1_MAX_RATIO, r["ci95"][0] >= H1_MAX_RATIO
+    act_ok = ans["active_models_p95"] >= H1_MIN_ACTIVE_P95
     ans["holds"] = bool(enough and gain_ok and act_ok)
     verdict = ("too few seeds for a verdict" if not enough else "holds" if gain_ok and act_ok else
                "does not hold" if gain_no or not act_ok else "not shown")
     ans["verdict"] = verdict
-    s = ans["sessions"]["q95"]
+    one = ans["at_load_1"]
     rej = ans["calls"]["rejected_at_pooled_q95"]
-    reading = (f"Simulator replay, swe-team under statebudget-lease, evaluated window only; KV of running calls "
-               f"per model, cluster-wide. Independent reservation over pooled, at Q95: {_x(r)} (predicted < "
-               f"{H1_MAX_RATIO}); at the peak: {_x(ans['calls']['q100'])}. Pooled Q95 "
-               f"{ans['calls']['pooled_q95_gb']:.1f} GB against {ans['calls']['independent_q95_gb']:.1f} GB. At "
-               f"the pooled Q95 budget the pool turns away {100 * rej['pooled']:.1f} % of calls, independent "
-               f"shares {100 * rej['independent']:.1f} % (open loop, read off the replay). Sessions' KV (held "
-               f"between a program's calls on a model): {_x(s)}. Models with a running call at once, P95 "
-               f"{active['p95']} (predicted >= {H1_MIN_ACTIVE_P95}; the trace's zero-stall timeline, the CDF "
-               f"below). Live programs: mean {ans['live_programs']['mean']:.1f}, P95 {ans['live_programs']['p95']:g}"
-               f" (H1 assumes ~10).")
-    rows_t = [[s, round(x["calls"]["ratio_q95"] or 0, 3), round(x["calls"]["ratio_q100"] or 0, 3),
-               x["calls"]["pooled_q95"] / GB, x["calls"]["independent_q95"] / GB,
-               round(x["sessions"]["ratio_q95"] or 0, 3)] for s, x in zip(seeds, per)]
-    fig = _h1_fig(seeds, per)
+    reading = (f"Simulator replay, swe-team under statebudget-lease at {load:g}x its arrival rate (live programs: "
+               f"mean {ans['live_programs']['mean']:.1f}, P95 {ans['live_programs']['p95']:g}; H1 assumes ~10), "
+               f"evaluated window only; KV of running calls per model, cluster-wide. Independent reservation over "
+               f"pooled, at Q95: {_x(r)} (predicted < {H1_MAX_RATIO}); at the peak: {_x(ans['calls']['q100'])}. "
+               f"Pooled Q95 {ans['calls']['pooled_q95_gb']:.1f} GB against {ans['calls']['independent_q95_gb']:.1f}"
+               f" GB. At the pooled Q95 budget the pool turns away {100 * rej['pooled']:.1f} % of calls, "
+               f"independent shares {100 * rej['independent']:.1f} % (open loop, read off the replay). Sessions' "
+               f"KV (held from a program's first call on a model to its last): {_x(ans['sessions']['q95'])}. "
+               f"Models with a running call at once, P95 {ans['active_models_p95']} (predicted >= "
+               f"{H1_MIN_ACTIVE_P95}). At 1x (mean {one['live_programs']['mean']:.1f} live programs): calls "
+               f"{_x(one['calls']['q95'])}, sessions {_x(one['sessions']['q95'])}, active models P95 "
+               f"{one['active_models_p95']} in the replay, {active['p95']} on the zero-stall timeline (the CDF "
+               f"below).")
+    rows_t = [[f"{x:g}x", s, round(d["calls"]["ratio_q95"] or 0, 3), round(d["calls"]["ratio_q100"] or 0, 3),
+               d["calls"]["pooled_q95"] / GB, d["calls"]["independent_q95"] / GB,
+               round(d["sessions"]["ratio_q95"] or 0, 3), d["calls"]["active_models_p95"]]
+              for x in (load, 1.0) for s, d in zip(seeds, per[x])]
+    fig = _h1_fig(seeds, per, load)
     return ans, H.section("h1", "H1: KV pooling against independent allocation (seed 002) - simulator replay", reading,
-                          [fig], H.table(["seed", "ratio Q95 (calls)", "ratio Q100", "pooled Q95 GB",
-                                          "independent Q95 GB", "ratio Q95 (sessions)"], rows_t, "h1"),
-                          verdict=verdict)
+                          [fig], H.table(["load", "seed", "ratio Q95 (calls)", "ratio Q100", "pooled Q95 GB",
+                                          "independent Q95 GB", "ratio Q95 (sessions)", "active models P95"], rows_t,
+                                         "h1"), verdict=verdict)
 
 
 def _x(c: dict) -> str:
     return f"{c['ratio']:.2f}x [{c['ci95'][0]:.2f}, {c['ci95'][1]:.2f}]"
 
 
-def _h1_fig(seeds, per) -> str:
+def _h1_fig(seeds, per, load) -> str:
     fig, ax = H.plt.subplots(figsize=(6.5, 3.4))
     x = np.arange(len(seeds))
-    ax.bar(x - 0.2, [p["calls"]["independent_q95"] / GB for p in per], 0.4, label="independent: sum of Q95s")
-    ax.bar(x + 0.2, [p["calls"]["pooled_q95"] / GB for p in per], 0.4, label="pooled: Q95 of the sum")
+    for i, (lv, tone) in enumerate(((load, ("#3b6fb6", "#9db7dd")), (1.0, ("#b36b3b", "#ddb79d")))):
+        ax.bar(x - 0.3 + 0.4 * i, [p["calls"]["independent_q95"] / GB for p in per[lv]], 0.2, color=tone[0],
+               label=f"{lv:g}x: independent, sum of Q95s")
+        ax.bar(x - 0.1 + 0.4 * i, [p["calls"]["pooled_q95"] / GB for p in per[lv]], 0.2, color=tone[1],
+               label=f"{lv:g}x: pooled, Q95 of the sum")
     ax.set_xticks(x, [str(s) for s in seeds])
     ax.set_xlabel("seed")
     ax.set_ylabel("KV of running calls (GB)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     return H.png_uri(fig)
 
 
@@ -352,6 +370,7 @@ def warm_sweep(cluster: Cluster, catalog: Catalog, order: list[str], kv: dict[st
         node = cluster.gpus[g[0]].node
         copy_h = cost.group_transfer_s(m.total_bytes, "host", node, g)
         row = {"k": k, "added": m.name, "fits": placed is not None, "killer": killer,
+               "fits_alone": place(cluster, [m], {}) is not None,
                "weights_gb": round(sum(x.total_bytes for x in ms) / GB, 3),
                "kv_gb": round(sum(kv.get(x.name, 0.0) for x in ms) / GB, 3),
                "weights_share_hbm": round(sum(x.total_bytes for x in ms) / hbm, 4),
@@ -362,13 +381,13 @@ def warm_sweep(cluster: Cluster, catalog: Catalog, order: list[str], kv: dict[st
                                              cost.reconfig_s(g, "nvme"), 3)}}
         rows.append(row)
         if killer and first is None:
-            first = {"k": k, "killer": killer, "model": m.name}
+            first = {"k": k, "killer": killer, "model": m.name, "fits_alone": row["fits_alone"]}
     return {"cluster": cluster.name, "catalog": catalog.name, "hbm_gb": round(hbm / GB, 1),
             "usable_hbm_gb": round(sum(cluster.usable_hbm_bytes(g) for g in cluster.gpus) / GB, 1),
             "order": list(order), "rows": rows, "first_failure": first}
 
 
-def h3(kv_q95: dict[str, float], order: list[str]) -> tuple[dict, str]:
+def h3(kv_q95: dict[str, float], order: list[str], kv_from: str) -> tuple[dict, str]:
     """Three sweeps: hetero16 x agent-team (KV: each model's replay Q95, mean over seeds), and
     the frontier MoE stand-ins on hetero16 and on h200x8 (KV: the replay's largest per-model
     Q95 in tokens, at each model's bytes per token)."""
@@ -392,7 +411,7 @@ def h3(kv_q95: dict[str, float], order: list[str]) -> tuple[dict, str]:
                f"does not hold (KV first, at K = {f['k']})" if f["killer"] == "kv" else
                f"does not hold (weights first, but at K = {f['k']} > {H3_MAX_K})" if f["k"] > H3_MAX_K else
                "not shown (weights first, but the third model loads from DRAM in under 10 s)")
-    ans = {"method": "cost-model arithmetic: placement on tensor-parallel groups, KV at the replay's per-model Q95",
+    ans = {"method": f"cost-model arithmetic: placement on tensor-parallel groups, KV at each model's Q95 in {kv_from}",
            "predicted": {"first_killer": "weights", "k_at_most": H3_MAX_K, "two_frontier_share": list(H3_SHARE),
                          "third_cold_load_s_above": H3_COLD_S},
            "sweeps": sweeps, "two_frontier_weights_share": dict(zip(["hetero16", "h200x8"], two)),
@@ -400,9 +419,11 @@ def h3(kv_q95: dict[str, float], order: list[str]) -> tuple[dict, str]:
     ff = [s["first_failure"] for s in sweeps]
     reading = (f"Cost-model arithmetic, not a replay: K warm models (agent-team in swe-team's call-share order), "
                f"each with all its weights resident (dense + every expert) on one of its tensor-parallel groups, "
-               f"the engine overhead and usable HBM of the cluster file, then with its KV at the replay's Q95. "
+               f"the engine overhead and usable HBM of the cluster file, then with its KV at its Q95 in {kv_from}. "
                f"hetero16 x agent-team ({main['hbm_gb']:g} GB HBM): "
                + (f"first fails at K = {f['k']} ({f['model']}), by {f['killer']}" if f else "all fit")
+               + (f" ({f['model']}'s whole weights fit none of its groups even alone: the per-group ceiling, "
+                  f"not the sum)" if f and not f["fits_alone"] else "")
                + (f"; the third model ({main['rows'][2]['added']}) loads in {third['copy_host_s']:.1f} s from DRAM "
                   f"({third['host_wake_s']:.1f} s with an asleep engine's wake, {third['host_cold_s']:.1f} s with a fresh "
                   f"engine), "

@@ -55,7 +55,9 @@ def _h1_to_h3_read_the_same(a: dict, dom: str) -> None:
     h1 = a["h1"]
     assert h1["verdict"] == "too few seeds for a verdict" and not h1["holds"]  # 2 seeds
     assert f"{h1['calls']['q95']['ratio']:.2f}x" in sec["h1"] and "predicted &lt; 1.15" in sec["h1"]
-    assert len(h1["calls"]["per_seed_ratio_q95"]) == len(SMALL["seeds"])
+    assert len(h1["calls"]["per_seed_ratio_q95"]) == len(h1["at_load_1"]["calls"]["per_seed_ratio_q95"]) == len(
+        SMALL["seeds"]) and h1["load"] == evidence.H1_LOAD
+    assert h1["live_programs"]["mean"] > h1["at_load_1"]["live_programs"]["mean"]  # the heavier load is heavier
     assert all(r >= 1 - 1e-9 for r in h1["calls"]["per_seed_ratio_q95"])  # a pool never needs more
     h2 = a["h2"]
     lo, hi = h2["pcie_share_b1"]

@@ -20,14 +20,14 @@ from tests.helpers import catalog, cluster
 def test_two_models_that_never_overlap_need_twice_the_memory_reserved_apart():
     c = hyp.capacity([(0, 10, "a", 1.0), (10, 20, "b", 1.0)], 0, 20, ["a", "b"])
     assert c["independent_q95"] == 2.0 and c["pooled_q95"] == 1.0 and c["ratio_q95"] == 2.0
-    assert c["ratio_q100"] == 2.0
+    assert c["ratio_q100"] == 2.0 and c["active_models_p95"] == 1
     # at the pool's Q95 budget (1 byte) each model's share is half a byte: both calls turned away
     assert c["rejected_at_pooled_q95"] == {"pooled": 0.0, "independent": 1.0, "calls": 2}
 
 
 def test_models_that_peak_together_gain_nothing_from_a_pool():
     c = hyp.capacity([(0, 20, "a", 3.0), (0, 20, "b", 1.0)], 0, 20, ["a", "b"])
-    assert c["ratio_q95"] == 1.0 and c["ratio_q100"] == 1.0 and c["pooled_q95"] == 4.0
+    assert c["ratio_q95"] == 1.0 and c["ratio_q100"] == 1.0 and c["pooled_q95"] == 4.0 and c["active_models_p95"] == 2
     assert c["rejected_at_pooled_q95"]["pooled"] == c["rejected_at_pooled_q95"]["independent"] == 0.0
 
 
@@ -92,20 +92,23 @@ def test_the_warm_sweep_names_weights_when_the_weights_alone_do_not_fit():
     cat = catalog(("a", 8.0), ("b", 8.0), ("c", 8.0))
     s = hyp.warm_sweep(cl, cat, ["a", "b", "c"], {"a": 1 * GB, "b": 1 * GB, "c": 1 * GB})
     assert [r["fits"] for r in s["rows"]] == [True, True, False]
-    assert s["first_failure"] == {"k": 3, "killer": "weights", "model": "c"}
+    assert s["first_failure"] == {"k": 3, "killer": "weights", "model": "c", "fits_alone": True}
     assert s["rows"][1]["weights_share_hbm"] == pytest.approx(16 / 20)
     # the third model's cold load: 8 GB over its GPU's 25 GB/s H2D, plus the latency and the engine
     load = s["rows"][2]["load"]
     assert load["copy_host_s"] == pytest.approx(8 / 25 + LATENCY_S["host"], abs=1e-3)
     assert load["host_wake_s"] == pytest.approx(load["copy_host_s"] + 0.5, abs=1e-3)
     assert load["nvme_cold_s"] == pytest.approx(8 / 7 + LATENCY_S["nvme"] + 10.0, abs=1e-3)
+    # a model too big for any of its groups fails alone: said, whatever K it comes at
+    big = hyp.warm_sweep(cl, catalog(("a", 4.0), ("z", 12.0)), ["a", "z"], {})
+    assert big["first_failure"] == {"k": 2, "killer": "weights", "model": "z", "fits_alone": False}
 
 
 def test_the_warm_sweep_names_kv_when_weights_fit_but_not_with_their_kv():
     cl = cluster(gpus=2, hbm_gb=10.0)
     cat = catalog(("a", 6.0), ("b", 6.0))
     s = hyp.warm_sweep(cl, cat, ["a", "b"], {"a": 3 * GB, "b": 5 * GB})
-    assert s["rows"][0]["fits"] and s["first_failure"] == {"k": 2, "killer": "kv", "model": "b"}
+    assert s["rows"][0]["fits"] and s["first_failure"] == {"k": 2, "killer": "kv", "model": "b", "fits_alone": True}
     # with tensor parallelism the weights and the KV split over the group
     tp = catalog(("a", 12.0, 1000, 2))
     assert hyp.warm_sweep(cl, tp, ["a"], {"a": 7 * GB})["first_failure"] is None

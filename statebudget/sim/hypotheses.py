@@ -318,16 +318,12 @@ def _h2_fig(rows) -> str:
 
 # ---- H3: warm models against HBM -----------------------------------------------------------------
 def frontier_catalog(cluster: Cluster) -> Catalog:
-    """`FRONTIER` with each model's tp the smallest group of the cluster whose usable HBM holds
-    its whole weights, else the largest group there is."""
-    sizes = sorted({len(g) for t in (1, 2, 4, 8, 16) for g in cluster.groups(t)})
-    out = []
-    for d in FRONTIER:
-        m = ModelSpec(**{**d, "moe": MoESpec(**d["moe"])})
-        fits = [t for t in sizes if any(sum(cluster.usable_hbm_bytes(cluster.gpus[i]) for i in g) >= m.total_bytes
-                                        for g in cluster.groups(t))]
-        out.append(m.model_copy(update={"tp": fits[0] if fits else sizes[-1]}))
-    return Catalog(name="frontier-moe", models=out)
+    """`FRONTIER` with each model's tp the largest group of the cluster (all of a node's GPUs of
+    one kind), as such models are served (tensor/expert parallel over the node): the smallest
+    group that holds one alone would leave no room beside it for the next."""
+    tp = max(len(g) for t in range(1, 17) for g in cluster.groups(t))
+    return Catalog(name="frontier-moe", models=[ModelSpec(**{**d, "moe": MoESpec(**d["moe"]), "tp": tp})
+                                                for d in FRONTIER])
 
 
 def place(cluster: Cluster, models: list[ModelSpec], kv: dict[str, float]) -> dict | None:
@@ -404,18 +400,20 @@ def h3(kv_q95: dict[str, float], order: list[str], kv_from: str) -> tuple[dict, 
     main = sweeps[0]
     f = main["first_failure"]
     weights_first = f is not None and f["k"] <= H3_MAX_K and f["killer"] == "weights"
-    two = [s["rows"][1]["weights_share_hbm"] for s in sweeps[1:]]
     third = main["rows"][2]["load"] if len(main["rows"]) > 2 else None
     verdict = ("holds" if weights_first and third and third["host_wake_s"] > H3_COLD_S else
-               "does not hold (nothing fails)" if f is None else
-               f"does not hold (KV first, at K = {f['k']})" if f["killer"] == "kv" else
-               f"does not hold (weights first, but at K = {f['k']} > {H3_MAX_K})" if f["k"] > H3_MAX_K else
+               "does not hold on agent-team (nothing fails)" if f is None else
+               f"does not hold on agent-team (KV first, at K = {f['k']})" if f["killer"] == "kv" else
+               f"does not hold on agent-team (weights first, but at K = {f['k']} > {H3_MAX_K})" if f["k"] > H3_MAX_K else
                "not shown (weights first, but the third model loads from DRAM in under 10 s)")
     ans = {"method": f"cost-model arithmetic: placement on tensor-parallel groups, KV at each model's Q95 in {kv_from}",
            "predicted": {"first_killer": "weights", "k_at_most": H3_MAX_K, "two_frontier_share": list(H3_SHARE),
                          "third_cold_load_s_above": H3_COLD_S},
-           "sweeps": sweeps, "two_frontier_weights_share": dict(zip(["hetero16", "h200x8"], two)),
-           "kv_tokens_frontier": round(tok, 1), "verdict": verdict}
+           "sweeps": sweeps,
+           "kv_tokens_frontier": round(tok, 1), "verdict": verdict,
+           "frontier": [{"cluster": s["cluster"], "first_failure": s["first_failure"],
+                         "two_weights_share_hbm": s["rows"][1]["weights_share_hbm"], "third_load": s["rows"][2]["load"]}
+                        for s in sweeps[1:]]}
     ff = [s["first_failure"] for s in sweeps]
     reading = (f"Cost-model arithmetic, not a replay: K warm models (agent-team in swe-team's call-share order), "
                f"each with all its weights resident (dense + every expert) on one of its tensor-parallel groups, "
@@ -431,14 +429,17 @@ def h3(kv_q95: dict[str, float], order: list[str], kv_from: str) -> tuple[dict, 
                + ". Frontier MoE stand-ins (DeepSeek-V3 fp8, GLM-4.5-Air, Qwen3-235B fp8; shared/data/hardware.md): "
                + "; ".join(f"{s['cluster']} ({s['hbm_gb']:g} GB): "
                            + (f"first fails at K = {x['k']} by {x['killer']}" if x else "all fit")
-                           + f", two take {100 * s['rows'][1]['weights_share_hbm']:.0f} % of HBM"
+                           + f", two take {100 * s['rows'][1]['weights_share_hbm']:.0f} % of HBM (predicted 60-80 "
+                           "%), the third loads "
+                           f"from DRAM in {s['rows'][2]['load']['host_wake_s']:.1f} s with a wake, "
+                           f"{s['rows'][2]['load']['host_cold_s']:.1f} s with a fresh engine"
                            for s, x in zip(sweeps[1:], ff[1:]))
-               + " (predicted 60-80 %). The verdict reads the hetero16 x agent-team sweep. A MoE model whose whole "
+               + ". The verdict reads the hetero16 x agent-team sweep. A MoE model whose whole "
                "weights fit no group still runs in the replays, its expert pages streamed from DRAM: the weight "
                "tiering H3 argues for.")
     body = "".join(f"<p><b>{s['cluster']} x {s['catalog']}</b> ({s['hbm_gb']:g} GB HBM, {s['usable_hbm_gb']:g} "
                    "usable)</p>" + H.table(["K", "added", "weights GB", "KV GB", "weights / HBM", "fits", "first killer",
-                            "load from DRAM s", "+ wake s", "NVMe + engine start s"],
+                            "copy from DRAM s", "DRAM + wake s", "NVMe + engine start s"],
                            [[r["k"], r["added"], r["weights_gb"], r["kv_gb"], r["weights_share_hbm"],
                              "yes" if r["fits"] else "no", r["killer"] or "", r["load"]["copy_host_s"],
                              r["load"]["host_wake_s"], r["load"]["nvme_cold_s"]] for r in s["rows"]],

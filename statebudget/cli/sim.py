@@ -264,7 +264,7 @@ def presets():
 def evidence(
     out: Annotated[Path, typer.Option(help="folder for index.html (self-contained) and evidence.json")] = Path("out/evidence"),
     quick: Annotated[bool, typer.Option(help="5 evaluation seeds instead of 10 (both on fair ground: 2-hour traces, "
-                                             "30-minute warm-up); about 2 minutes on 2 cores")] = False,
+                                             "30-minute warm-up); a few minutes on 2 cores")] = False,
     workers: Annotated[Optional[int], typer.Option(help="local processes (default: one per core)")] = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help="run on a Ray cluster: auto or HOST:PORT")] = None,
     data: Annotated[Path, typer.Option(help="real workload data (azure-llm-2023/, tracelab/, servegen/): imported "

@@ -143,6 +143,20 @@ class CostModel:
         mean_kv = (kv_tokens + output_tokens / 2) * model.kv_bytes_per_token
         return output_tokens * (self.active_bytes(model) + mean_kv) / hbm
 
+    def decode_step_s(self, model: ModelSpec, batch: int, kv_tokens: float, group: tuple[int, ...]) -> float:
+        """One decode step of `batch` sequences of `kv_tokens` each, the roofline of `decode_s`:
+        the active weights once, each sequence's KV once, split over the group."""
+        hbm = min(self.gpu_kind(i).hbm_gbps for i in group) * GB * len(group)
+        return (self.active_bytes(model) + batch * kv_tokens * model.kv_bytes_per_token) / hbm
+
+    def hop_s(self, nbytes: float, src_gpu: int, dst_gpu: int, link: tuple[float, float] | None = None) -> float:
+        """A GPU-to-GPU copy of `nbytes` (a hidden state between two halves of a model): over the
+        cluster's PCIe path (`transfer_s`), or over a direct `link` (GB/s, latency s) that no
+        cluster file describes (NVLink)."""
+        if link is None:
+            return self.transfer_s(nbytes, f"gpu:{src_gpu}", f"gpu:{dst_gpu}")
+        return nbytes / (link[0] * GB) + link[1]
+
     def call_s(self, model: ModelSpec, context_tokens: float, output_tokens: float, group: tuple[int, ...]) -> float:
         """A call alone on `group`: prefill of its whole context, then its decode."""
         return self.prefill_s(model, context_tokens, group) + self.decode_s(model, output_tokens, context_tokens, group)

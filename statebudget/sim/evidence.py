@@ -10,8 +10,10 @@ and answers, each with its figure and a reading:
 - the program-aware claim (seed 003): PLAS orders programs so that program-latency P95 falls;
 - the survey's questions (seed 001): the model-switch matrix and how stable it is, the
   active-model count CDF, what call-graph information is worth (the shuffled control);
-- and lists those it does not measure, with the reason (H1-H3, restore vs recompute, how often to
-  re-plan), rather than restating them.
+- H1-H3 (seed 002, `hypotheses.py`), each labelled with how: H1 from the replays' KV demand
+  (pooled against independent reservation), H2 and H3 by the cost model;
+- and lists those it does not measure, with the reason (how often to re-plan), rather than
+  restating them.
 
 Both runs are on fair ground (2-hour traces, 30-minute warm-up, every baseline); `quick` takes 5
 evaluation seeds, the full run 10 (the count the project quotes figures from). Effects are ratios
@@ -40,13 +42,9 @@ FULL = {"seeds": list(range(100, 110)), "hours": 2.0, "warmup_s": 1800.0}
 FULL_BASELINES = ["static", "lru-keepwarm", "frequency", "sleep-swap", "forecast-prewarm", "ondemand", "prefetch-all",
                   "llama-swap", "ray-multiplex"]  # every baseline: "best baseline" is the best of all
 OURS = ["statebudget", "statebudget-lease"]
+H1_FROM = ("swe-team", "statebudget-lease")  # the replays H1 samples its KV demand from, and at
+H1_LOAD = 2.5  # this load too: swe-team's arrival rate x 2.5, ~10 live programs (H1's condition; ~4 at 1x)
 NOT_MEASURED = [
-    ("H1 (seed 002): a warm catalog collapses the gain of KV pooling to that of independent allocation",
-     "the simulator has no pooled-KV allocator to compare against"),
-    ("H2 (seed 002): GPU-only partial disaggregation loses on PCIe clusters",
-     "the simulator does not split a model's operators across GPUs (no disaggregation model)"),
-    ("H3 (seed 002): with several MoE models, weights hit the memory ceiling before KV",
-     "needs a sweep of the number of warm models to the first out-of-memory; not built"),
     ("How often to re-plan (seed 001)",
      "the online planner does not re-solve the MILP every R seconds yet (issue 22): no R to sweep"),
 ]
@@ -90,6 +88,9 @@ def plan(quick: bool, scale: dict | None = None, real: list[dict] = (), out: Pat
     base = FULL_BASELINES
     todo = jobs(["hetero16"], ["swe-team"], cfg["seeds"], base + OURS, "agent-team", cfg["hours"],
                 warmup_s=cfg["warmup_s"])
+    todo = [dict(j, kv_demand=True) if (j["trace"], j["policy"]) == H1_FROM else j for j in todo]
+    todo += [dict(j, kv_demand=True) for j in jobs(["hetero16"], [H1_FROM[0]], cfg["seeds"], [H1_FROM[1]],
+                                                   "agent-team", cfg["hours"], warmup_s=cfg["warmup_s"], load=H1_LOAD)]
     todo += jobs(["hetero16"], ["swe-team-shuffled"], cfg["seeds"], ["frequency", "statebudget"], "agent-team",
                  cfg["hours"], warmup_s=cfg["warmup_s"])
     todo += jobs(["hetero16"], ["mixed-tenants"], cfg["seeds"], ["statebudget-lease", "statebudget-lease:plas"],
@@ -114,7 +115,7 @@ def run(out: Path, quick: bool, workers: int | None = None, ray: str | None = No
     answers, sections = ev["answers"], []
 
     def per_seed(trace, policy, key):
-        return series(rows, seeds, key, trace=trace, policy=policy)
+        return series(rows, seeds, key, trace=trace, policy=policy, load=1.0)
 
     # H4 and the best baseline
     table_rows, means = [], {}
@@ -209,6 +210,19 @@ def run(out: Path, quick: bool, workers: int | None = None, ray: str | None = No
     sections.append(H.section("active", "How many models are active at once (seed 001)",
                               "Time share of the number of models with a running call (each trace's zero-stall "
                               f"timeline); P95 {answers['active_models']['p95']} models.", [_cdf(active)]))
+
+    # H1-H3 of seed 002 (hypotheses.py): the replay's KV demand, then the cost model
+    from . import hypotheses as hyp
+    answers["h1"], sec = hyp.h1(rows, seeds, answers["active_models"], enough, H1_LOAD)
+    cl16, team = _hetero16()
+    names = [m.name for m in team.models]
+    kv_q95 = {m: float(np.mean([r["kv_demand"]["calls"]["per_model_q95"][m] for r in rows
+                                if "kv_demand" in r and r["load"] == H1_LOAD])) for m in names}  # the heavier KV
+    share = {m: float(np.mean([s["call_share"].get(m, 0.0) for s in st])) for m in names}
+    answers["h2"], sec2 = hyp.h2(cl16, team)
+    answers["h3"], sec3 = hyp.h3(kv_q95, sorted(names, key=lambda m: (-share[m], m)),  # most called first
+                                 f"H1's replays at {H1_LOAD:g}x load")
+    sections += [sec, sec2, sec3]
 
     # the imported real traces, each under every policy
     answers["real_traces"] = []
@@ -320,6 +334,11 @@ def restore_crossover(profile: dict | None = None) -> dict:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return {"profile": bool(profile), "rows": rows, "figure": H.png_uri(fig)}
+
+
+def _hetero16():
+    from ..models.load import load_catalog, load_cluster
+    return load_cluster("hetero16"), load_catalog("agent-team")
 
 
 def _tok(v) -> str:

@@ -73,8 +73,12 @@ def run_job(job: dict) -> dict:
     tr = load_trace(job["trace_file"]) if job.get("trace_file") else \
         generate(job["trace"], job["seed"], job["hours"], load=job.get("load", 1.0))
     config = SimConfig(seed=job["seed"], start=job.get("start", "warm"), warmup_s=job.get("warmup_s", 0.0))
-    r = replay(cl, cat, tr, [job["policy"]], config).report.policies[job["policy"]]
-    return dict(job, **figures(r))
+    rep = replay(cl, cat, tr, [job["policy"]], config)
+    row = dict(job, **figures(rep.report.policies[job["policy"]]))
+    if job.get("kv_demand"):  # H1 of `evidence`: the replay's KV demand per model (hypotheses.py)
+        from .hypotheses import kv_demand
+        row["kv_demand"] = kv_demand(rep.results[job["policy"]], cat)
+    return row
 
 
 def _key(row: dict):

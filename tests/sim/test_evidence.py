@@ -4,6 +4,7 @@ evidence.json says."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 
@@ -37,7 +38,35 @@ def test_the_evidence_report_answers_from_its_replays_and_reads_the_same_in_a_br
     assert verdicts[:2] == ["too few seeds for a verdict"] * 2
     ratio = a["h4"]["vs_static"]["statebudget"]["ratio"]
     assert f"statebudget {ratio:.2f}×" in dom
+    _h1_to_h3_read_the_same(a, dom)
     screenshot((tmp_path / "index.html").as_uri(), "evidence-small.png", size="1280,2400")
+
+
+def _h1_to_h3_read_the_same(a: dict, dom: str) -> None:
+    """H1-H3 (seed 002) are measured, each says how, and the page shows evidence.json's verdicts
+    and figures."""
+    assert not any(g["claim"].startswith(("H1", "H2", "H3")) for g in a["not_measured"])
+    sec = {s: re.search(rf'<section id="{s}">(.*?)</section>', dom, re.S).group(1) for s in ("h1", "h2", "h3")}
+    for s, how in (("h1", "simulator replay"), ("h2", "cost model, not measured on hardware"),
+                   ("h3", "cost-model arithmetic")):
+        (shown,) = [html.unescape(v) for v in re.findall(r'data-verdict="([^"]+)"', sec[s])]
+        assert shown == a[s]["verdict"] and how in sec[s] and a[s]["method"].startswith(how.split(",")[0])
+        assert "<img" in sec[s]
+    h1 = a["h1"]
+    assert h1["verdict"] == "too few seeds for a verdict" and not h1["holds"]  # 2 seeds
+    assert f"{h1['calls']['q95']['ratio']:.2f}x" in sec["h1"] and "predicted &lt; 1.15" in sec["h1"]
+    assert len(h1["calls"]["per_seed_ratio_q95"]) == len(h1["at_load_1"]["calls"]["per_seed_ratio_q95"]) == len(
+        SMALL["seeds"]) and h1["load"] == evidence.H1_LOAD
+    assert h1["live_programs"]["mean"] > h1["at_load_1"]["live_programs"]["mean"]  # the heavier load is heavier
+    assert all(r >= 1 - 1e-9 for r in h1["calls"]["per_seed_ratio_q95"])  # a pool never needs more
+    h2 = a["h2"]
+    lo, hi = h2["pcie_share_b1"]
+    assert f"{100 * lo:.1f}-{100 * hi:.1f} %" in sec["h2"] and len(h2["rows"]) == sec["h2"].count("<tr>") - 1
+    assert all(r["pcie_b1"]["tpot_ratio"] == pytest.approx(1 / (1 - r["pcie_b1"]["share"])) for r in h2["rows"])
+    h3 = a["h3"]
+    f = h3["sweeps"][0]["first_failure"]
+    assert (f"first fails at K = {f['k']} ({f['model']}), by {f['killer']}" if f else "all fit") in sec["h3"]
+    assert [s["cluster"] for s in h3["sweeps"]] == ["hetero16", "hetero16", "h200x8"]
 
 
 def test_ratio_of_means_pairs_seeds_and_says_how_sure():

@@ -57,12 +57,11 @@ def solve(c: Candidates, gpu_budget: np.ndarray, link_budget: dict[str, float], 
     target[order[fits & (c.value_s[order] > 0)]] = True
     promote = []
     left = dict(link_budget)
-    for i in order:
-        if not target[i] or c.resident[i]:
-            continue
+    # only targets not yet in HBM are scheduled, in density order
+    for i in order[target[order] & ~c.resident[order]].tolist():
         path = c.paths[i]
         if all(left.get(link, 0.0) >= b for link, b in path.items()):
             for link, b in path.items():
                 left[link] -= b
-            promote.append(int(i))
+            promote.append(i)
     return GreedyPlan(target, promote, density)

@@ -97,6 +97,7 @@ class PlannerCore:
         self._static = [_ModelStatic.of(m, self._hot_pages[m.name]) for m in catalog.models]
         self._links: dict[tuple, tuple[str, ...]] = {}  # (src, group) -> links crossed, one run per GPU
         self._shared_paths: dict[tuple, dict] = {}      # (src, group, per_gpu) -> `_path_bytes`
+        self._stage_at: dict[tuple, tuple] = {}         # (model index, node) -> host keys it stages
 
     # ---- the greedy step ------------------------------------------------------------------------
     def plan(self, view, now: float) -> list:
@@ -181,12 +182,17 @@ class PlannerCore:
         groups_of = tiers.groups_of
         names = self.models
         ks, mis = np.nonzero(p_prog >= cfg.promote_min_p)
+        pairs = list(zip(ks.tolist(), mis.tolist()))
+        kvks = [("kv", progs[k], names[mi]) for k, mi in pairs]
         kv_T, kv_rates = [], []
-        for k, mi in zip(ks.tolist(), mis.tolist()):
-            kvk = ("kv", progs[k], names[mi])
-            T = kv_tokens.get(kvk, 0)
-            if T == 0 or kvk in groups_of:
+        # most likely pairs hold no KV: one C-level pass of lookups drops them
+        for j, T in enumerate(map(kv_tokens.get, kvks)):
+            if not T:  # none recorded, or 0 tokens
                 continue
+            kvk = kvks[j]
+            if kvk in groups_of:
+                continue
+            k, mi = pairs[j]
             m = self.catalog.models[mi]
             group = homes.get(m.name)
             if group is None:
@@ -283,9 +289,12 @@ class PlannerCore:
                 if home is None or p_idle[mi] < cfg.idle_threshold / 2:
                     continue
                 node = view.gpus[home[0]].node
-                for k in self._static[mi].stage:
-                    if (k, node) not in host:
-                        out.append(PromoteHost(k, node))
+                at = self._stage_at.get((mi, node))
+                if at is None:
+                    at = self._stage_at[(mi, node)] = tuple((k, node) for k in self._static[mi].stage)
+                for kn in at:
+                    if kn not in host:
+                        out.append(PromoteHost(*kn))
         return out
 
     def _group_row(self, group, n_gpu: int) -> np.ndarray:

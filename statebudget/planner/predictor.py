@@ -101,6 +101,11 @@ class Predictor:
         self._tenants: dict[str, int] = {}            # tenant -> index in the per-program rows
         self._classes: dict[str, int] = {ANY: 0}      # tool class -> index
         self._params: np.ndarray | None = None        # `_tool_params`, until a wait is observed
+        self._rows_array: np.ndarray | None = None    # `_rows`: the last rows, for `_rows_progs`
+        self._rows_progs: list[LiveProgram] = []
+        self._counts_version = 0                      # bumped by every switch count added
+        self._tenant_key: tuple | None = None         # `_tenant_matrices`: what its last answer is for
+        self._tenant_mats: np.ndarray | None = None
 
     # ---- events -------------------------------------------------------------------------------
     def program_started(self, program: str, tenant: str, now: float) -> None:
@@ -114,6 +119,7 @@ class Predictor:
         if lp is None or model not in self.idx:
             return
         row = self.idx[lp.last_model] if lp.last_model in self.idx else len(self.models)
+        self._counts_version += 1
         self.global_switch.add(row, self.idx[model], now)
         ts = self.tenant_switch.get(lp.tenant)
         if ts is None:
@@ -168,6 +174,7 @@ class Predictor:
         lp = self.live.pop(program, None)
         if lp is not None and lp.last_model in self.idx:
             n = len(self.models)
+            self._counts_version += 1
             self.global_switch.add(self.idx[lp.last_model], n, now)
             ts = self.tenant_switch.get(lp.tenant)
             if ts is not None:
@@ -200,9 +207,7 @@ class Predictor:
         self._memo.clear()  # every memo is keyed by the same version and clock
         progs = list(self.live.values())
         n = len(self.models)
-        # flattened rows: numpy reads a flat iterator several times faster than nested tuples
-        flat = chain.from_iterable([lp.rec or self._row(lp) for lp in progs])
-        a = np.fromiter(flat, dtype=float, count=8 * len(progs)).reshape(len(progs), 8)
+        a = self._rows(progs)
         rows, tenant, cls, hinted = (a[:, i].astype(int) for i in (0, 1, 3, 6))
         in_call = a[:, 2] > 0
         no_tool = ~in_call & (cls < 0)
@@ -228,11 +233,28 @@ class Predictor:
         self._cache = (progs, q, in_call, no_tool, mu, sig, elapsed, call_left, f0)
         return self._cache
 
+    def _rows(self, progs: list[LiveProgram]) -> np.ndarray:
+        """The programs' rows as an array, kept between rebuilds: while the live programs are the
+        same (same objects, same order) only the rows an event dropped are written again."""
+        a = self._rows_array
+        if a is not None and progs == self._rows_progs:  # identity first: no field compared
+            for i in [i for i, lp in enumerate(progs) if lp.rec is None]:
+                a[i] = self._row(progs[i])
+            return a
+        # flattened rows: numpy reads a flat iterator several times faster than nested tuples
+        flat = chain.from_iterable([lp.rec or self._row(lp) for lp in progs])
+        a = np.fromiter(flat, dtype=float, count=8 * len(progs)).reshape(len(progs), 8)
+        self._rows_array, self._rows_progs = a, progs
+        return a
+
     def _tenant_matrices(self, now: float, present: np.ndarray) -> np.ndarray:
         """`switch_matrix(now, tenant)` of each tenant index in `present`, stacked and indexed by
         tenant index (rows of absent tenants are zeros), in one numpy pass: the same elementwise
         sums and row normalisation as one tenant at a time, so the same numbers. Only the present
         tenants' counts are read, and so decayed to `now`, as one at a time would."""
+        key = (now, self._counts_version, present.tobytes(), len(self._tenants))
+        if self._tenant_key == key:  # same counts at the same clock: the same matrices
+            return self._tenant_mats
         names = list(self._tenants)
         g = self.global_switch.rows(now)
         counts = np.zeros((len(names),) + g.shape)
@@ -242,7 +264,8 @@ class Predictor:
                 counts[t] = ts.rows(now)
         c = g + self.tenant_weight * counts  # a tenant with no counts adds exact zeros
         c += self.prior / c.shape[2]
-        return c / c.sum(axis=2, keepdims=True)
+        self._tenant_key, self._tenant_mats = key, c / c.sum(axis=2, keepdims=True)
+        return self._tenant_mats
 
     def _tool_params(self) -> np.ndarray:
         """(mu, sigma) per tool class index; they change only when a wait is observed or a class

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from itertools import compress, repeat
 
 import numpy as np
 
@@ -98,6 +99,9 @@ class PlannerCore:
         self._links: dict[tuple, tuple[str, ...]] = {}  # (src, group) -> links crossed, one run per GPU
         self._shared_paths: dict[tuple, dict] = {}      # (src, group, per_gpu) -> `_path_bytes`
         self._stage_at: dict[tuple, tuple] = {}         # (model index, node) -> host keys it stages
+        self._link_key: tuple | None = None             # `_link_window`
+        self._link_base: dict[str, float] = {}
+        self._link_gbps: float | None = None            # `admit`: mean link bandwidth, GB/s
 
     # ---- the greedy step ------------------------------------------------------------------------
     def plan(self, view, now: float) -> list:
@@ -182,17 +186,15 @@ class PlannerCore:
         groups_of = tiers.groups_of
         names = self.models
         ks, mis = np.nonzero(p_prog >= cfg.promote_min_p)
-        pairs = list(zip(ks.tolist(), mis.tolist()))
-        kvks = [("kv", progs[k], names[mi]) for k, mi in pairs]
+        ks, mis = ks.tolist(), mis.tolist()
+        kvks = list(zip(repeat("kv"), map(progs.__getitem__, ks), map(names.__getitem__, mis)))
         kv_T, kv_rates = [], []
-        # most likely pairs hold no KV: one C-level pass of lookups drops them
-        for j, T in enumerate(map(kv_tokens.get, kvks)):
-            if not T:  # none recorded, or 0 tokens
-                continue
+        # most pairs hold no KV: C-level passes of lookups drop them (none recorded, or 0 tokens)
+        for j in compress(range(len(kvks)), map(kv_tokens.get, kvks)):
             kvk = kvks[j]
             if kvk in groups_of:
                 continue
-            k, mi = pairs[j]
+            T, k, mi = kv_tokens[kvk], ks[j], mis[j]
             m = self.catalog.models[mi]
             group = homes.get(m.name)
             if group is None:
@@ -235,8 +237,7 @@ class PlannerCore:
         cap = np.asarray(tiers.hbm_cap)
         budget = cap * (1 - cfg.gpu_headroom) - np.asarray(pinned)
         backlog = view.link_backlog()
-        link_budget = {l: bw * cfg.window_s * (1 - cfg.link_headroom) - backlog.get(l, 0.0)
-                       for l, bw in self.cost.link_bw.items()}
+        link_budget = {l: b - backlog.get(l, 0.0) for l, b in self._link_window().items()}
         cands = Candidates(keys, groups, member & ~is_pinned[:, None], np.asarray(per_gpu), np.asarray(values),
                            res_arr & ~is_pinned, paths)
         plan = solve(cands, budget, link_budget, cfg.hysteresis)
@@ -296,6 +297,16 @@ class PlannerCore:
                     if kn not in host:
                         out.append(PromoteHost(*kn))
         return out
+
+    def _link_window(self) -> dict[str, float]:
+        """Each link's promotion budget over the window before what is queued on it (the links'
+        bandwidths are fixed; the config is read again if it changed)."""
+        key = (self.cfg.window_s, self.cfg.link_headroom)
+        if self._link_key != key:
+            self._link_key = key
+            self._link_base = {l: bw * self.cfg.window_s * (1 - self.cfg.link_headroom)
+                               for l, bw in self.cost.link_bw.items()}
+        return self._link_base
 
     def _group_row(self, group, n_gpu: int) -> np.ndarray:
         row = self._group_rows.get(group)
@@ -444,7 +455,9 @@ class PlannerCore:
     def admit(self, view, requests: list[tuple[LeaseRequest, tuple]], now: float) -> list:
         """Quote, rank and decide a batch of competing lease requests [(request, group)]."""
         quoted = [(req, g, self.quote(view, req, g, now)) for req, g in requests]
-        link = np.mean(list(self.cost.link_bw.values())) / 1e9
+        if self._link_gbps is None:  # the links' bandwidths are fixed
+            self._link_gbps = np.mean(list(self.cost.link_bw.values())) / 1e9
+        link = self._link_gbps
         quoted.sort(key=lambda x: (-rank_key(x[0], x[2], link), x[0].cancel_token))
         committed: dict[str, float] = {}
         out = []

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import is_
 
 import numpy as np
 
@@ -103,6 +104,8 @@ class Predictor:
         self._params: np.ndarray | None = None        # `_tool_params`, until a wait is observed
         self._rows_array: np.ndarray | None = None    # `_rows`: the last rows, for `_rows_progs`
         self._rows_progs: list[LiveProgram] = []
+        self._ids_of: list[LiveProgram] | None = None  # `next_model_probs`: `_ids` are of these
+        self._ids: list[str] = []
         self._counts_version = 0                      # bumped by every switch count added
         self._tenant_key: tuple | None = None         # `_tenant_matrices`: what its last answer is for
         self._tenant_mats: np.ndarray | None = None
@@ -208,6 +211,7 @@ class Predictor:
         progs = list(self.live.values())
         n = len(self.models)
         a = self._rows(progs)
+        progs = self._rows_progs  # the same programs; kept, so are their ids (`next_model_probs`)
         rows, tenant, cls, hinted = (a[:, i].astype(int) for i in (0, 1, 3, 6))
         in_call = a[:, 2] > 0
         no_tool = ~in_call & (cls < 0)
@@ -227,17 +231,16 @@ class Predictor:
         call_left = np.where(in_call, np.maximum(0.0, a[:, 5] - now), 0.0)
         params = self._tool_params()
         mu, sig = params[cls, 0], params[cls, 1]
-        # P(the wait ended by now), the same for every horizon (`p_next_within`)
-        f0 = np.where(~in_call & (elapsed > 0), _lognorm_cdf(elapsed, mu, sig), 0.0)
         self._cache_key = key
-        self._cache = (progs, q, in_call, no_tool, mu, sig, elapsed, call_left, f0)
+        self._cache = (progs, q, in_call, no_tool, mu, sig, elapsed, call_left)
         return self._cache
 
     def _rows(self, progs: list[LiveProgram]) -> np.ndarray:
         """The programs' rows as an array, kept between rebuilds: while the live programs are the
         same (same objects, same order) only the rows an event dropped are written again."""
         a = self._rows_array
-        if a is not None and progs == self._rows_progs:  # identity first: no field compared
+        old = self._rows_progs
+        if a is not None and len(progs) == len(old) and all(map(is_, progs, old)):
             for i in [i for i, lp in enumerate(progs) if lp.rec is None]:
                 a[i] = self._row(progs[i])
             return a
@@ -292,16 +295,23 @@ class Predictor:
         """(program ids, matrix [programs x models]) of P(the program's next call is on model m);
         a runtime hint replaces the row by its confidence (the rest keeps the row's shape)."""
         progs, q, *_ = self._state(now, use_hints)
-        return [lp.program for lp in progs], q
+        if self._ids_of is not progs:  # the ids of the same programs, kept while they are live
+            self._ids_of, self._ids = progs, [lp.program for lp in progs]
+        return self._ids, q
 
     def p_next_within(self, now: float, horizon_s, use_hints: bool = True) -> np.ndarray:
         """For each live program (in `live` order): P(its next call arrives within the horizon):
         the rest of its tool wait, or — while a call runs — the call's end plus a tool wait. With
         an array of horizons, one row per horizon."""
-        _, _, in_call, no_tool, mu, sig, elapsed, call_left, f0 = self._state(now, use_hints)
+        _, _, in_call, no_tool, mu, sig, elapsed, call_left = self._state(now, use_hints)
         h = np.asarray(horizon_s, dtype=float)[..., None]
         end = np.where(in_call, h - call_left, elapsed + h)
-        f1 = np.where(end > 0, _lognorm_cdf(np.maximum(end, 1e-9), mu, sig), 0.0)
+        # one CDF pass over [elapsed; end at each horizon] (`_lognorm_cdf` floors both at 1e-9):
+        # f0, P(the wait ended by now), is the same for every horizon
+        n = len(elapsed)
+        f = _lognorm_cdf(np.concatenate((elapsed, end.reshape(-1))).reshape(-1, n), mu, sig) if n else end[None]
+        f0 = np.where(~in_call & (elapsed > 0), f[0], 0.0)
+        f1 = np.where(end > 0, f[1:].reshape(end.shape), 0.0)
         p = np.where(f0 < 1.0, (f1 - f0) / np.maximum(1.0 - f0, 1e-12), 1.0)
         p = np.where(no_tool, 0.9, p)  # between a call's end and the next event: soon
         return np.clip(p, 0.0, 1.0)

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from itertools import chain
-from operator import is_
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_
 
 import numpy as np
 
 from ..core.waits import ANY, SQRT2, ToolWaitModel
 
+
+_REC = attrgetter("rec")
 
 
 def _norm_cdf(x: np.ndarray) -> np.ndarray:
@@ -241,7 +243,7 @@ class Predictor:
         a = self._rows_array
         old = self._rows_progs
         if a is not None and len(progs) == len(old) and all(map(is_, progs, old)):
-            for i in [i for i, lp in enumerate(progs) if lp.rec is None]:
+            for i in compress(range(len(progs)), map(is_, map(_REC, progs), repeat(None))):
                 a[i] = self._row(progs[i])
             return a
         # flattened rows: numpy reads a flat iterator several times faster than nested tuples

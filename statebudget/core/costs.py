@@ -46,6 +46,7 @@ class CostModel:
     profile: dict | None = None  # measured overrides: {"links": {name: bytes/s}, "prefill_tok_s": {...}}
     link_bw: dict[str, float] = field(init=False)
     _restore_memo: dict = field(init=False, default_factory=dict, repr=False)
+    _flops_memo: dict = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self):
         bw: dict[str, float] = {}
@@ -126,7 +127,10 @@ class CostModel:
             return 0.0
         if self.profile and model.name in self.profile.get("prefill_tok_s", {}):
             return tokens / self.profile["prefill_tok_s"][model.name]
-        flops = min(self.gpu_kind(i).tflops for i in group) * 1e12 * self.mfu * len(group)
+        key = (group, self.mfu)  # asked for every KV candidate and call: the group's rate is fixed
+        flops = self._flops_memo.get(key)
+        if flops is None:
+            flops = self._flops_memo[key] = min(self.gpu_kind(i).tflops for i in group) * 1e12 * self.mfu * len(group)
         return tokens * 2 * model.active_params_b * 1e9 / flops
 
     def active_bytes(self, model: ModelSpec) -> float:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from itertools import compress, repeat
 
 import numpy as np
 
@@ -59,6 +60,24 @@ def lease_config(**overrides) -> PlannerConfig:
     return replace(PlannerConfig(lease_page_min_touch=0.99), **overrides)
 
 
+@dataclass(frozen=True)
+class _ModelStatic:
+    """What a planning step reads of one model that only its spec and the config decide."""
+    wk: tuple
+    page_bytes: float
+    touch: tuple[float, ...]   # per expert page: P(a call touches it)
+    hot: frozenset             # pages that are candidates wherever the model goes
+    expert_keys: tuple         # its expert pages' keys, in page order
+    stage: tuple               # what host DRAM stages for it: weights, then every page
+
+    @classmethod
+    def of(cls, m, hot_pages) -> "_ModelStatic":
+        pages = tuple(expert_key(m.name, p) for p in range(m.moe.pages)) if m.moe else ()
+        return cls(weights_key(m.name), m.moe.page_bytes if m.moe else 0.0,
+                   tuple(page_touch_probs(m.moe).tolist()) if m.moe else (), frozenset(p for p, _ in hot_pages),
+                   pages, (weights_key(m.name),) + pages)
+
+
 class PlannerCore:
     def __init__(self, catalog, cost, config: PlannerConfig | None = None, use_hints: bool = False):
         self.catalog, self.cost = catalog, cost
@@ -77,33 +96,32 @@ class PlannerCore:
         self.target_p = 0.0                 # a target model counts as needed at least this likely (1: kept for sure)
         self._hot_pages = {m.name: touched_pages(m, self.cfg.page_min_touch) for m in catalog.models}
         self._lease_pages = {m.name: touched_pages(m, self.cfg.lease_page_min_touch) for m in catalog.models}
+        self._model_index = {name: i for i, name in enumerate(self.models)}
+        self._static = [_ModelStatic.of(m, self._hot_pages[m.name]) for m in catalog.models]
+        self._links: dict[tuple, tuple[str, ...]] = {}  # (src, group) -> links crossed, one run per GPU
+        self._shared_paths: dict[tuple, dict] = {}      # (src, group, per_gpu) -> `_path_bytes`
+        self._stage_at: dict[tuple, tuple] = {}         # (model index, node) -> host keys it stages
+        self._link_key: tuple | None = None             # `_link_window`
+        self._link_base: dict[str, float] = {}
+        self._link_gbps: float | None = None            # `admit`: mean link bandwidth, GB/s
 
     # ---- the greedy step ------------------------------------------------------------------------
     def plan(self, view, now: float) -> list:
         cfg = self.cfg
         pred = self.predictor
         pred.prepare(now, (cfg.horizon_s, cfg.idle_horizon_s), self.use_hints)
-        p_model = pred.model_need_within(now, cfg.horizon_s, self.use_hints)
+        p_model = pred.model_need_within(now, cfg.horizon_s, self.use_hints).tolist()
         progs, p_prog = pred.need_within(now, cfg.horizon_s, self.use_hints)
         tiers = view.tiers
         gpu_copies = tiers.gpu
         keys, groups, per_gpu, values, copies, paths, probs = [], [], [], [], [], [], []
 
-        def add(key, group, value, src, p):
-            c = gpu_copies.get((key, group))
-            keys.append(key)
-            groups.append(group)
-            copies.append(c)
-            per_gpu.append(c.per_gpu if c is not None else view.size_of(key) / len(group))
-            values.append(value)
-            probs.append(p)
-            paths.append({} if c is not None else self._path_bytes(src, group, per_gpu[-1]))
-
         # Weights and expert pages: each model on the group it was last used on (its home), or
         # where it would go; extra copies are worth their keep only while calls overlap.
         homes: dict[str, tuple] = {}
         for mi, m in enumerate(self.catalog.models):
-            wk = weights_key(m.name)
+            st = self._static[mi]
+            wk = st.wk
             held = sorted(tiers.groups_of.get(wk, ()), key=lambda g: (-gpu_copies[(wk, g)].last_use, g))
             # The target homes a model that has no copy; one held stays where its calls run.
             home = held[0] if held else (self.target.get(m.name) or self._home(view, m))
@@ -114,49 +132,85 @@ class PlannerCore:
             p_m = max(p_model[mi], self.target_p) if m.name in self.target else p_model[mi]
             homes[m.name] = home
             node = view.gpus[home[0]].node
+            pm = p_model[mi]
             # Evicted, a held copy sleeps on its group (a wake); one not held wakes only where its
             # engine sleeps, else it pays a cold start.
             restore = self.cost.weights_restore_s(m, "host", node, home,
                                                   wake=home in held or tiers.asleep_on(wk, home))
             src = view.best_source(wk, home)
-            add(wk, home, p_m * restore, src, p_m)
-            for g in (g for g in held if g != home):
-                add(wk, g, 0.25 * p_model[mi] * restore, src, 0.0)
+            c = gpu_copies.get((wk, home))
+            keys.append(wk)
+            groups.append(home)
+            copies.append(c)
+            probs.append(p_m)
+            values.append(p_m * restore)
+            if c is not None:
+                per_gpu.append(c.per_gpu)
+                paths.append({})
+            else:
+                per_gpu.append(m.dense_bytes / len(home))
+                paths.append(self._path_bytes(src, home, per_gpu[-1], shared=True))
+            for g in (g for g in held if g != home):  # held: a copy is there
+                keys.append(wk)
+                groups.append(g)
+                copies.append(gpu_copies[(wk, g)])
+                probs.append(0.0)
+                values.append(0.25 * pm * restore)
+                per_gpu.append(copies[-1].per_gpu)
+                paths.append({})
             if m.moe:
-                fault = m.moe.page_bytes / len(home) / self.cost.link_bw[f"h2d:{view.gpus[home[0]].id}"]
-                touch = page_touch_probs(m.moe)
-                hot = {p for p, _ in self._hot_pages[m.name]}
-                for page in range(m.moe.pages):
+                page_bytes = st.page_bytes
+                fault = page_bytes / len(home) / self.cost.link_bw[f"h2d:{view.gpus[home[0]].id}"]
+                esrc = f"nvme:{node}"
+                epath = None
+                for page, ek in enumerate(st.expert_keys):
                     # hot pages are candidates anywhere; the tail only where a call left it
-                    ek = expert_key(m.name, page)
-                    if page in hot or (ek, home) in gpu_copies:
-                        add(ek, home, p_m * touch[page] * fault, f"nvme:{node}", p_m * touch[page])
+                    c = gpu_copies.get((ek, home))
+                    if c is None and page not in st.hot:
+                        continue
+                    pt = p_m * st.touch[page]
+                    keys.append(ek)
+                    groups.append(home)
+                    copies.append(c)
+                    probs.append(pt)
+                    values.append(pt * fault)
+                    if c is not None:
+                        per_gpu.append(c.per_gpu)
+                        paths.append({})
+                    else:
+                        per_gpu.append(page_bytes / len(home))
+                        if epath is None:
+                            epath = self._path_bytes(esrc, home, per_gpu[-1], shared=True)
+                        paths.append(epath)
         n_state = len(keys)  # candidates before this index are weights and pages
         # KV out of HBM that a live program is likely to need soon, brought next to its model's
         # weights: value = P(needed) x the cheaper of onboarding it from host DRAM and recomputing
         # it. KV already in HBM is not a candidate: it stays unless the mechanism needs room, and
         # then goes in density order (`evict_priority`, computed from the same estimates).
-        self._kv_view = (view, {p: k for k, p in enumerate(progs)}, p_prog)
+        self._kv_view = (view, progs, p_prog, None)
         kv_tokens = view.kv_tokens
+        groups_of = tiers.groups_of
+        names = self.models
         ks, mis = np.nonzero(p_prog >= cfg.promote_min_p)
+        ks, mis = ks.tolist(), mis.tolist()
+        kvks = list(zip(repeat("kv"), map(progs.__getitem__, ks), map(names.__getitem__, mis)))
         kv_T, kv_rates = [], []
-        for k, mi in zip(ks.tolist(), mis.tolist()):
-            m = self.catalog.models[mi]
-            kvk = ("kv", progs[k], m.name)
-            T = kv_tokens.get(kvk, 0)
-            if T == 0 or kvk in tiers.groups_of:
+        # most pairs hold no KV: C-level passes of lookups drop them (none recorded, or 0 tokens)
+        for j in compress(range(len(kvks)), map(kv_tokens.get, kvks)):
+            kvk = kvks[j]
+            if kvk in groups_of:
                 continue
+            T, k, mi = kv_tokens[kvk], ks[j], mis[j]
+            m = self.catalog.models[mi]
             group = homes.get(m.name)
             if group is None:
                 continue
-            p = p_prog[k, mi]
-            c = None
             nbytes = T * m.kv_bytes_per_token
             keys.append(kvk)
             groups.append(group)
-            copies.append(c)
-            per_gpu.append(c.per_gpu if c is not None else nbytes / len(group))
-            probs.append(p)
+            copies.append(None)
+            per_gpu.append(nbytes / len(group))
+            probs.append(p_prog[k, mi])
             src = view.best_source(kvk, group)
             paths.append(self._path_bytes(src, group, per_gpu[-1]))
             kv_T.append(nbytes)
@@ -170,12 +224,13 @@ class PlannerCore:
             return []
         n_gpu = len(tiers.hbm_cap)
         member = np.array([self._group_row(g, n_gpu) for g in groups])
-        pinned = np.zeros(n_gpu)
+        pinned = [0.0] * n_gpu
         cand = set(zip(keys, groups))
-        for (key, group), c in tiers.gpu.items():
-            if (key, group) not in cand or c.pins > 0:
-                for i in group:
-                    pinned[i] += c.per_gpu
+        for kg, c in gpu_copies.items():
+            if c.pins > 0 or kg not in cand:
+                b = c.per_gpu
+                for i in kg[1]:
+                    pinned[i] += b
         for group, b in tiers.private.values():
             for i in group:
                 pinned[i] += b
@@ -183,37 +238,40 @@ class PlannerCore:
         res_arr = np.asarray(resident)
         # Residents a call pins are not candidates for the budget: they stay whatever the solver
         # says. A prefetch still loading is a resident like any other (it cannot be demoted yet).
-        is_pinned = np.array([c is not None and c.pins > 0 for c in copies])
+        pins = [c is not None and c.pins > 0 for c in copies]
+        is_pinned = np.array(pins)
         cap = np.asarray(tiers.hbm_cap)
-        budget = cap * (1 - cfg.gpu_headroom) - pinned
+        budget = cap * (1 - cfg.gpu_headroom) - np.asarray(pinned)
         backlog = view.link_backlog()
-        link_budget = {l: bw * cfg.window_s * (1 - cfg.link_headroom) - backlog.get(l, 0.0)
-                       for l, bw in self.cost.link_bw.items()}
+        link_budget = {l: b - backlog.get(l, 0.0) for l, b in self._link_window().items()}
         cands = Candidates(keys, groups, member & ~is_pinned[:, None], np.asarray(per_gpu), np.asarray(values),
                            res_arr & ~is_pinned, paths)
         plan = solve(cands, budget, link_budget, cfg.hysteresis)
-        self.density = {(k, g): float(d) for k, g, d in zip(keys, groups, plan.density)}
+        density = plan.density.tolist()
+        self.density = dict(zip(zip(keys, groups), density))
         # The warm tax is spent, not minimised: idle state (weights and pages with no running call
         # on their group, resident or about to be promoted) holds HBM in density order —
         # P(needed within the idle horizon) x restore seconds per byte — up to `warm_budget` of
         # the cluster's HBM. Residents past it go one tier down, only once host DRAM holds a copy
         # (the demotion moves nothing, a restore is a wake); candidates past it are not promoted.
-        p_idle = pred.model_need_within(now, cfg.idle_horizon_s, self.use_hints)
+        p_idle = pred.model_need_within(now, cfg.idle_horizon_s, self.use_hints).tolist()
         promote = {i for i in plan.promote if probs[i] >= cfg.promote_min_p}
+        running = view.running_models
+        midx = self._model_index
         idle = []
         for i in range(n_state):
             k, g, c = keys[i], groups[i], copies[i]
-            if is_pinned[i] or view.running_models.get((k[1], g), 0):
+            if pins[i] or running.get((k[1], g), 0):
                 continue
             if not resident[i] and i not in promote:
                 continue
-            mi = self.models.index(k[1])
+            mi = midx[k[1]]
             # A second copy of a model's weights competes like any other on its density, which its
             # candidate value already discounts (0.25x): calls of one model overlap, and a second
             # replica demoted at once is reloaded from DRAM by the next overlapping call.
             leased = self._leased(k) or (c is not None and (not c.ready or now - c.created < cfg.min_dwell_s)) \
                 or (self.target_p >= 1.0 and k[1] in self.target and g == homes.get(k[1]) and k[0] == "w")
-            keep = math.inf if leased else plan.density[i] * (p_idle[mi] / max(p_model[mi], 1e-9))
+            keep = math.inf if leased else density[i] * (p_idle[mi] / max(p_model[mi], 1e-9))
             idle.append((keep, i))
         room = cfg.warm_budget * float(cap.sum())
         out = []
@@ -232,16 +290,30 @@ class PlannerCore:
         out = [Promote(keys[i], groups[i]) for i in plan.promote if i in promote] + out
         # Stage in host DRAM what a restore would read (weights, expert pages of the home node) for
         # models likely to be used at all: a restore from DRAM is a wake, from NVMe a cold start.
-        for m in self.catalog.models if cfg.stage_host else ():
-            home = homes.get(m.name)
-            if home is None or p_idle[self.models.index(m.name)] < cfg.idle_threshold / 2:
-                continue
-            node = view.gpus[home[0]].node
-            stage = [weights_key(m.name)] + ([expert_key(m.name, p) for p in range(m.moe.pages)] if m.moe else [])
-            for k in stage:
-                if (k, node) not in tiers.host:
-                    out.append(PromoteHost(k, node))
+        if cfg.stage_host:
+            host = tiers.host
+            for mi, m in enumerate(self.catalog.models):
+                home = homes.get(m.name)
+                if home is None or p_idle[mi] < cfg.idle_threshold / 2:
+                    continue
+                node = view.gpus[home[0]].node
+                at = self._stage_at.get((mi, node))
+                if at is None:
+                    at = self._stage_at[(mi, node)] = tuple((k, node) for k in self._static[mi].stage)
+                for kn in at:
+                    if kn not in host:
+                        out.append(PromoteHost(*kn))
         return out
+
+    def _link_window(self) -> dict[str, float]:
+        """Each link's promotion budget over the window before what is queued on it (the links'
+        bandwidths are fixed; the config is read again if it changed)."""
+        key = (self.cfg.window_s, self.cfg.link_headroom)
+        if self._link_key != key:
+            self._link_key = key
+            self._link_base = {l: bw * self.cfg.window_s * (1 - self.cfg.link_headroom)
+                               for l, bw in self.cost.link_bw.items()}
+        return self._link_base
 
     def _group_row(self, group, n_gpu: int) -> np.ndarray:
         row = self._group_rows.get(group)
@@ -263,14 +335,23 @@ class PlannerCore:
     def _leased(self, key) -> bool:
         return any(l.state.live for l in self.ledger.live_for(key))
 
-    def _path_bytes(self, src: str | None, group, per_gpu: float) -> dict:
-        """Bytes a transfer of `per_gpu` onto each GPU of `group` puts on every link it crosses."""
+    def _path_bytes(self, src: str | None, group, per_gpu: float, shared: bool = False) -> dict:
+        """Bytes a transfer of `per_gpu` onto each GPU of `group` puts on every link it crosses.
+        `shared`: the caller only reads the dict, so one made for the same sizes is reused (the
+        weights and pages of a model, whose sizes do not change)."""
         if src is None or src.startswith("none"):
             return {}
+        if shared:
+            out = self._shared_paths.get((src, group, per_gpu))
+            if out is None:
+                out = self._shared_paths[(src, group, per_gpu)] = self._path_bytes(src, group, per_gpu)
+            return out
+        links = self._links.get((src, group))
+        if links is None:
+            links = self._links[(src, group)] = tuple(l for i in group for l in self.cost.path(src, f"gpu:{i}"))
         out: dict[str, float] = {}
-        for i in group:
-            for link in self.cost.path(src, f"gpu:{i}"):
-                out[link] = out.get(link, 0.0) + per_gpu
+        for link in links:  # a link shared by the group's GPUs adds once per GPU, in GPU order
+            out[link] = out.get(link, 0.0) + per_gpu
         return out
 
     def _home(self, view, m):
@@ -301,12 +382,15 @@ class PlannerCore:
         return d if d is not None else -1.0 / (1.0 + copy.last_use)
 
     def _kv_density(self, copy) -> float | None:
-        view, row_of, p_prog = self._kv_view
+        view, progs, p_prog, row_of = self._kv_view
+        if row_of is None:  # built on the first eviction after a plan, not at every plan
+            row_of = {p: k for k, p in enumerate(progs)}
+            self._kv_view = (view, progs, p_prog, row_of)
         k = row_of.get(copy.key[1])
         if k is None:
             return 0.0  # its program is over or unknown: first to go
         m = self.catalog.by_name[copy.key[2]]
-        p = p_prog[k, self.models.index(m.name)]
+        p = p_prog[k, self._model_index[m.name]]
         nbytes = view.kv_tokens.get(copy.key, 0) * m.kv_bytes_per_token
         onboard_bps, recompute_s_per_token = self._kv_rates(m, copy.group)
         restore = min(nbytes / onboard_bps, view.kv_tokens.get(copy.key, 0) * recompute_s_per_token)
@@ -378,7 +462,9 @@ class PlannerCore:
     def admit(self, view, requests: list[tuple[LeaseRequest, tuple]], now: float) -> list:
         """Quote, rank and decide a batch of competing lease requests [(request, group)]."""
         quoted = [(req, g, self.quote(view, req, g, now)) for req, g in requests]
-        link = np.mean(list(self.cost.link_bw.values())) / 1e9
+        if self._link_gbps is None:  # the links' bandwidths are fixed
+            self._link_gbps = np.mean(list(self.cost.link_bw.values())) / 1e9
+        link = self._link_gbps
         quoted.sort(key=lambda x: (-rank_key(x[0], x[2], link), x[0].cancel_token))
         committed: dict[str, float] = {}
         out = []

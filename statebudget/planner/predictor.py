@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_
 
 import numpy as np
 
 from ..core.waits import ANY, SQRT2, ToolWaitModel
 
+
+_REC = attrgetter("rec")
 
 
 def _norm_cdf(x: np.ndarray) -> np.ndarray:
@@ -99,6 +103,14 @@ class Predictor:
         self._memo: dict[tuple, object] = {}
         self._tenants: dict[str, int] = {}            # tenant -> index in the per-program rows
         self._classes: dict[str, int] = {ANY: 0}      # tool class -> index
+        self._params: np.ndarray | None = None        # `_tool_params`, until a wait is observed
+        self._rows_array: np.ndarray | None = None    # `_rows`: the last rows, for `_rows_progs`
+        self._rows_progs: list[LiveProgram] = []
+        self._ids_of: list[LiveProgram] | None = None  # `next_model_probs`: `_ids` are of these
+        self._ids: list[str] = []
+        self._counts_version = 0                      # bumped by every switch count added
+        self._tenant_key: tuple | None = None         # `_tenant_matrices`: what its last answer is for
+        self._tenant_mats: np.ndarray | None = None
 
     # ---- events -------------------------------------------------------------------------------
     def program_started(self, program: str, tenant: str, now: float) -> None:
@@ -112,6 +124,7 @@ class Predictor:
         if lp is None or model not in self.idx:
             return
         row = self.idx[lp.last_model] if lp.last_model in self.idx else len(self.models)
+        self._counts_version += 1
         self.global_switch.add(row, self.idx[model], now)
         ts = self.tenant_switch.get(lp.tenant)
         if ts is None:
@@ -143,6 +156,7 @@ class Predictor:
     def tool_finished(self, program: str, tool: str, duration_s: float, now: float) -> None:
         self._version += 1
         self.tools.observe(tool, duration_s)
+        self._params = None
 
     def hinted(self, program: str, model: str, confidence: float, call: str | None = None) -> None:
         self._version += 1
@@ -165,6 +179,7 @@ class Predictor:
         lp = self.live.pop(program, None)
         if lp is not None and lp.last_model in self.idx:
             n = len(self.models)
+            self._counts_version += 1
             self.global_switch.add(self.idx[lp.last_model], n, now)
             ts = self.tenant_switch.get(lp.tenant)
             if ts is not None:
@@ -197,15 +212,18 @@ class Predictor:
         self._memo.clear()  # every memo is keyed by the same version and clock
         progs = list(self.live.values())
         n = len(self.models)
-        a = np.array([lp.rec or self._row(lp) for lp in progs], dtype=float).reshape(len(progs), 8)
+        a = self._rows(progs)
+        progs = self._rows_progs  # the same programs; kept, so are their ids (`next_model_probs`)
         rows, tenant, cls, hinted = (a[:, i].astype(int) for i in (0, 1, 3, 6))
         in_call = a[:, 2] > 0
         no_tool = ~in_call & (cls < 0)
         cls = np.maximum(cls, 0)
-        present, which = np.unique(tenant, return_inverse=True)
-        names = list(self._tenants)
-        mats = np.stack([self.switch_matrix(now, names[t]) for t in present]) if len(progs) else None
-        q = mats[which, rows, :n] if len(progs) else np.zeros((0, n))
+        if len(progs):
+            present = np.flatnonzero(np.bincount(tenant))
+            mats = self._tenant_matrices(now, present)
+            q = mats[tenant, rows, :n]
+        else:
+            q = np.zeros((0, n))
         h = np.nonzero(hinted >= 0)[0] if use_hints else ()
         if len(h):
             conf = a[h, 7]
@@ -213,13 +231,53 @@ class Predictor:
             q[h, hinted[h]] += conf
         elapsed = np.where(in_call, 0.0, now - a[:, 4])
         call_left = np.where(in_call, np.maximum(0.0, a[:, 5] - now), 0.0)
-        params = np.array([self.tools.params(c) for c in self._classes])
+        params = self._tool_params()
         mu, sig = params[cls, 0], params[cls, 1]
-        # P(the wait ended by now), the same for every horizon (`p_next_within`)
-        f0 = np.where(~in_call & (elapsed > 0), _lognorm_cdf(elapsed, mu, sig), 0.0)
         self._cache_key = key
-        self._cache = (progs, q, in_call, no_tool, mu, sig, elapsed, call_left, f0)
+        self._cache = (progs, q, in_call, no_tool, mu, sig, elapsed, call_left)
         return self._cache
+
+    def _rows(self, progs: list[LiveProgram]) -> np.ndarray:
+        """The programs' rows as an array, kept between rebuilds: while the live programs are the
+        same (same objects, same order) only the rows an event dropped are written again."""
+        a = self._rows_array
+        old = self._rows_progs
+        if a is not None and len(progs) == len(old) and all(map(is_, progs, old)):
+            for i in compress(range(len(progs)), map(is_, map(_REC, progs), repeat(None))):
+                a[i] = self._row(progs[i])
+            return a
+        # flattened rows: numpy reads a flat iterator several times faster than nested tuples
+        flat = chain.from_iterable([lp.rec or self._row(lp) for lp in progs])
+        a = np.fromiter(flat, dtype=float, count=8 * len(progs)).reshape(len(progs), 8)
+        self._rows_array, self._rows_progs = a, progs
+        return a
+
+    def _tenant_matrices(self, now: float, present: np.ndarray) -> np.ndarray:
+        """`switch_matrix(now, tenant)` of each tenant index in `present`, stacked and indexed by
+        tenant index (rows of absent tenants are zeros), in one numpy pass: the same elementwise
+        sums and row normalisation as one tenant at a time, so the same numbers. Only the present
+        tenants' counts are read, and so decayed to `now`, as one at a time would."""
+        key = (now, self._counts_version, present.tobytes(), len(self._tenants))
+        if self._tenant_key == key:  # same counts at the same clock: the same matrices
+            return self._tenant_mats
+        names = list(self._tenants)
+        g = self.global_switch.rows(now)
+        counts = np.zeros((len(names),) + g.shape)
+        for t in present.tolist():
+            ts = self.tenant_switch.get(names[t])
+            if ts is not None:
+                counts[t] = ts.rows(now)
+        c = g + self.tenant_weight * counts  # a tenant with no counts adds exact zeros
+        c += self.prior / c.shape[2]
+        self._tenant_key, self._tenant_mats = key, c / c.sum(axis=2, keepdims=True)
+        return self._tenant_mats
+
+    def _tool_params(self) -> np.ndarray:
+        """(mu, sigma) per tool class index; they change only when a wait is observed or a class
+        is first seen."""
+        if self._params is None or len(self._params) != len(self._classes):
+            self._params = np.array([self.tools.params(c) for c in self._classes])
+        return self._params
 
     def _row(self, lp: LiveProgram) -> tuple:
         """A program's row: last-model row of the switch matrix, tenant, in a call (1/0), tool class
@@ -239,16 +297,23 @@ class Predictor:
         """(program ids, matrix [programs x models]) of P(the program's next call is on model m);
         a runtime hint replaces the row by its confidence (the rest keeps the row's shape)."""
         progs, q, *_ = self._state(now, use_hints)
-        return [lp.program for lp in progs], q
+        if self._ids_of is not progs:  # the ids of the same programs, kept while they are live
+            self._ids_of, self._ids = progs, [lp.program for lp in progs]
+        return self._ids, q
 
     def p_next_within(self, now: float, horizon_s, use_hints: bool = True) -> np.ndarray:
         """For each live program (in `live` order): P(its next call arrives within the horizon):
         the rest of its tool wait, or — while a call runs — the call's end plus a tool wait. With
         an array of horizons, one row per horizon."""
-        _, _, in_call, no_tool, mu, sig, elapsed, call_left, f0 = self._state(now, use_hints)
+        _, _, in_call, no_tool, mu, sig, elapsed, call_left = self._state(now, use_hints)
         h = np.asarray(horizon_s, dtype=float)[..., None]
         end = np.where(in_call, h - call_left, elapsed + h)
-        f1 = np.where(end > 0, _lognorm_cdf(np.maximum(end, 1e-9), mu, sig), 0.0)
+        # one CDF pass over [elapsed; end at each horizon] (`_lognorm_cdf` floors both at 1e-9):
+        # f0, P(the wait ended by now), is the same for every horizon
+        n = len(elapsed)
+        f = _lognorm_cdf(np.concatenate((elapsed, end.reshape(-1))).reshape(-1, n), mu, sig) if n else end[None]
+        f0 = np.where(~in_call & (elapsed > 0), f[0], 0.0)
+        f1 = np.where(end > 0, f[1:].reshape(end.shape), 0.0)
         p = np.where(f0 < 1.0, (f1 - f0) / np.maximum(1.0 - f0, 1e-12), 1.0)
         p = np.where(no_tool, 0.9, p)  # between a call's end and the next event: soon
         return np.clip(p, 0.0, 1.0)

@@ -48,21 +48,22 @@ def solve(c: Candidates, gpu_budget: np.ndarray, link_budget: dict[str, float], 
     density = c.value_s / np.maximum(nbytes, 1.0)
     density = np.where(c.resident, density * (1.0 + hysteresis), density)
     order = np.argsort(-density, kind="stable")
-    load = c.member[order] * c.per_gpu[order, None]          # [n x G] bytes each takes on each GPU
+    member = c.member[order]
+    load = member * c.per_gpu[order, None]                    # [n x G] bytes each takes on each GPU
     cum = np.cumsum(load, axis=0)
-    fits = ((cum <= gpu_budget[None, :]) | ~c.member[order]).all(axis=1)
+    fits = ((cum <= gpu_budget[None, :]) | ~member).all(axis=1)
     # The prefix rule is conservative for later items (the running sum also counts items that did
     # not fit); good enough for an online step that runs again at the next event.
+    taken = fits & (c.value_s[order] > 0)                     # in density order
     target = np.zeros(n, bool)
-    target[order[fits & (c.value_s[order] > 0)]] = True
+    target[order[taken]] = True
     promote = []
     left = dict(link_budget)
-    for i in order:
-        if not target[i] or c.resident[i]:
-            continue
+    # only targets not yet in HBM are scheduled, in density order
+    for i in order[taken & ~c.resident[order]].tolist():
         path = c.paths[i]
         if all(left.get(link, 0.0) >= b for link, b in path.items()):
             for link, b in path.items():
                 left[link] -= b
-            promote.append(int(i))
+            promote.append(i)
     return GreedyPlan(target, promote, density)

@@ -237,10 +237,17 @@ def _locked(path: Path):
         os.close(fd)
 
 
+def _secret() -> str:
+    """A new token secret. Never one that starts with '-': a command line would read it as an option."""
+    while (token := secrets.token_urlsafe(32)).startswith("-"):
+        pass
+    return token
+
+
 def create_token_file(path: Path) -> str:
     """A new token file holding the digest of one admin token; returns the token, which is
     nowhere else: the caller hands it to the operator."""
-    token = secrets.token_urlsafe(32)
+    token = _secret()
     _write_tokens(path, [TokenEntry(token=token, role="admin")])
     return token
 
@@ -248,7 +255,7 @@ def create_token_file(path: Path) -> str:
 def new_entry(role: str, tenant: str | None = None, node: str | None = None, expires_s: float | None = None,
               id: str | None = None) -> tuple[str, TokenEntry]:
     """A fresh secret and its entry (digest only). Raises ValidationError for a bad scope."""
-    token = secrets.token_urlsafe(32)
+    token = _secret()
     return token, TokenEntry(sha256=digest(token), role=role, tenant=tenant, node=node, expires_s=expires_s, id=id)
 
 

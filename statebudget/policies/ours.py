@@ -208,9 +208,10 @@ class StateBudgetTrack(StateBudgetLease):
         self._tracker(sim).call_arrived(call.model, call.context_tokens)
         return super().on_call_arrive(sim, call)
 
-    def on_replan(self, sim) -> dict:
-        """One solve in line, charged `charge_s` (the simulator)."""
-        return self._tracker(sim).replan(sim, *self.live_demand(sim), sim.now)
+    def on_replan(self, sim) -> None:
+        """One solve in line, charged `charge_s` (the simulator); its record (wall time included)
+        stays in `tracker.solves`, out of anything a replay's decisions could read."""
+        self._tracker(sim).replan(sim, *self.live_demand(sim), sim.now)
 
     def target_problem(self, view):
         """The problem of one solve, built from the books (the service then solves it off the loop)."""

@@ -16,13 +16,14 @@ interval (`sim/paired.py`). Seeds below 100 are tuning seeds and need `--tuning`
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from bench_config import parse_overrides
+from bench_policies import parse_seeds
 from statebudget.core.costs import CostModel
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.planner.target import TrackConfig, summary
@@ -37,18 +38,6 @@ from statebudget.traces.timeline import nominal_timeline
 
 METRICS = {"handoff_p95_s": "lower", "ttft_p95_s": "lower", "slo5": "higher", "program_p95_s": "lower",
            "wasted_tb": "lower", "stall_total_s": "lower"}
-
-
-def parse_overrides(text: str) -> dict:
-    call = ast.parse(f"f({text})", mode="eval").body
-    return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
-
-
-def seeds_of(text: str) -> list[int]:
-    if "-" in text:
-        a, b = text.split("-")
-        return list(range(int(a), int(b) + 1))
-    return [int(s) for s in text.split(",")]
 
 
 def run(job: dict) -> dict:
@@ -82,7 +71,7 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    seeds = seeds_of(args.seeds)
+    seeds = parse_seeds(args.seeds)
     if any(s < 100 for s in seeds) and not args.tuning:
         ap.error("seeds below 100 are tuning seeds: pass --tuning, and quote only seeds >= 100")
     track = parse_overrides(args.track)

@@ -238,10 +238,9 @@ def _locked(path: Path):
 
 
 def _secret() -> str:
-    """A new token secret. Never one that starts with '-': a command line would read it as an option."""
-    while (token := secrets.token_urlsafe(32)).startswith("-"):
-        pass
-    return token
+    """A new token secret: 256 random bits in hex, so never a leading '-' that a command line
+    would read as an option."""
+    return secrets.token_hex(32)
 
 
 def create_token_file(path: Path) -> str:

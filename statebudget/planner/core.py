@@ -116,6 +116,16 @@ class PlannerCore:
         gpu_copies = tiers.gpu
         keys, groups, per_gpu, values, copies, paths, probs = [], [], [], [], [], [], []
 
+        def push(key, group, c, p, value, new_per_gpu, path):
+            """One candidate: a resident copy `c` brings its own bytes and needs no path."""
+            keys.append(key)
+            groups.append(group)
+            copies.append(c)
+            probs.append(p)
+            values.append(value)
+            per_gpu.append(c.per_gpu if c is not None else new_per_gpu)
+            paths.append({} if c is not None else path)
+
         # Weights and expert pages: each model on the group it was last used on (its home), or
         # where it would go; extra copies are worth their keep only while calls overlap.
         homes: dict[str, tuple] = {}
@@ -139,25 +149,11 @@ class PlannerCore:
                                                   wake=home in held or tiers.asleep_on(wk, home))
             src = view.best_source(wk, home)
             c = gpu_copies.get((wk, home))
-            keys.append(wk)
-            groups.append(home)
-            copies.append(c)
-            probs.append(p_m)
-            values.append(p_m * restore)
-            if c is not None:
-                per_gpu.append(c.per_gpu)
-                paths.append({})
-            else:
-                per_gpu.append(m.dense_bytes / len(home))
-                paths.append(self._path_bytes(src, home, per_gpu[-1], shared=True))
+            dense = m.dense_bytes / len(home)
+            push(wk, home, c, p_m, p_m * restore, dense,
+                 None if c is not None else self._path_bytes(src, home, dense, shared=True))
             for g in (g for g in held if g != home):  # held: a copy is there
-                keys.append(wk)
-                groups.append(g)
-                copies.append(gpu_copies[(wk, g)])
-                probs.append(0.0)
-                values.append(0.25 * pm * restore)
-                per_gpu.append(copies[-1].per_gpu)
-                paths.append({})
+                push(wk, g, gpu_copies[(wk, g)], 0.0, 0.25 * pm * restore, 0.0, None)
             if m.moe:
                 page_bytes = st.page_bytes
                 fault = page_bytes / len(home) / self.cost.link_bw[f"h2d:{view.gpus[home[0]].id}"]
@@ -169,19 +165,9 @@ class PlannerCore:
                     if c is None and page not in st.hot:
                         continue
                     pt = p_m * st.touch[page]
-                    keys.append(ek)
-                    groups.append(home)
-                    copies.append(c)
-                    probs.append(pt)
-                    values.append(pt * fault)
-                    if c is not None:
-                        per_gpu.append(c.per_gpu)
-                        paths.append({})
-                    else:
-                        per_gpu.append(page_bytes / len(home))
-                        if epath is None:
-                            epath = self._path_bytes(esrc, home, per_gpu[-1], shared=True)
-                        paths.append(epath)
+                    if c is None and epath is None:
+                        epath = self._path_bytes(esrc, home, page_bytes / len(home), shared=True)
+                    push(ek, home, c, pt, pt * fault, page_bytes / len(home), epath)
         n_state = len(keys)  # candidates before this index are weights and pages
         # KV out of HBM that a live program is likely to need soon, brought next to its model's
         # weights: value = P(needed) x the cheaper of onboarding it from host DRAM and recomputing

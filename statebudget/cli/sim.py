@@ -291,3 +291,6 @@ def evidence(
     h4 = res["answers"]["h4"]
     console.print(f"  H4 against static: {'holds for ' + ', '.join(h4['holds_for']) if h4['holds'] else 'does not hold'}"
                   f"; the best baseline ({h4['best_baseline']}) beaten by: {', '.join(h4['beats_best_baseline']) or 'none'}")
+    rp = res["answers"]["replan"]
+    console.print(f"  re-plan: every {rp['best_s']:g} s is best of {', '.join(f'{r:g}' for r in rp['replan_s'])} s "
+                  f"(handoff P95 {rp['mean'][str(rp['best_s'])]['handoff_p95_s']:.2f} s)")

@@ -57,13 +57,18 @@ def fmt(c: dict) -> str:
 
 def series(rows: list[dict], seeds: list[int], key: str, **where) -> list[float]:
     """`key` of the row matching `where` for each seed, in the order of `seeds` (the per-seed list
-    `paired_change` takes)."""
-    by = {r["seed"]: r[key] for r in rows if _matches(r, where)}
+    `paired_change` takes). Two rows for one seed are refused: `where` did not pin the run down."""
+    by = {}
+    for r in rows:
+        if _matches(r, where):
+            if r["seed"] in by:
+                raise ValueError(f"two rows match {where} for seed {r['seed']}: name the field that tells them apart")
+            by[r["seed"]] = r[key]
     return [by[s] for s in seeds]
 
 
 def _matches(row: dict, where: dict) -> bool:
-    return all(row[k] == v for k, v in where.items())
+    return all(row.get(k) == v for k, v in where.items())  # a key a row lacks matches None
 
 
 def ratio_of_means(base: list[float], other: list[float], resamples: int = 10_000, seed: int = 0) -> dict:

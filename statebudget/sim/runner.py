@@ -27,17 +27,18 @@ class Replay:
 
 
 def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str], config: SimConfig = SimConfig(),
-           progress=None, profile: dict | None = None) -> Replay:
+           progress=None, profile: dict | None = None, make=make_policy) -> Replay:
     """Each entry of `policies` is a spec `POLICY[:QUEUE[:KV]]`; the report keys it by that exact
     string, and its queue and KV rule replace those of `config` for that policy.
-    `progress(spec, sim_time)` is called now and then while a policy runs."""
+    `progress(spec, sim_time)` is called now and then while a policy runs; `make(POLICY)` builds
+    each policy (another knob setting than the registry's defaults)."""
     cost = CostModel(cluster, catalog, profile=profile)
     results, blocks = {}, {}
     oracle = None
     nominal = nominal_timeline(trace, catalog)
     for name in policies:
         base, queue, kv = parse_spec(name, REGISTRY)
-        policy = make_policy(base)
+        policy = make(base)
         sim = Simulator(cluster, catalog, trace, policy, cost=cost, config=replace(config, queue=queue, kv_rule=kv))
         res = sim.run(progress=(lambda t, n=name: progress(n, t)) if progress else None)
         results[name] = res

@@ -13,7 +13,9 @@ import itertools
 import math
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
+from ..core.programs import parse_spec
 from ..models.load import load_catalog, load_cluster, load_trace
+from ..policies import REGISTRY, make_policy
 from ..traces.generators import generate
 from .config import SimConfig
 from .runner import replay
@@ -73,7 +75,7 @@ def run_job(job: dict) -> dict:
     tr = load_trace(job["trace_file"]) if job.get("trace_file") else \
         generate(job["trace"], job["seed"], job["hours"], load=job.get("load", 1.0))
     config = SimConfig(seed=job["seed"], start=job.get("start", "warm"), warmup_s=job.get("warmup_s", 0.0))
-    rep = replay(cl, cat, tr, [job["policy"]], config)
+    rep = replay(cl, cat, tr, [job["policy"]], config, make=_maker(job))
     row = dict(job, **figures(rep.report.policies[job["policy"]]))
     if job.get("kv_demand"):  # H1 of `evidence`: the replay's KV demand per model (hypotheses.py)
         from .hypotheses import kv_demand
@@ -81,8 +83,23 @@ def run_job(job: dict) -> dict:
     return row
 
 
+def _maker(job: dict):
+    """The policy factory of a job: the registry's, or statebudget-track re-planning every
+    `replan_s` seconds when the job names one (`evidence`'s "how often to re-plan")."""
+    if job.get("replan_s") is None:
+        return make_policy
+    from ..planner.target import TrackConfig
+    from ..policies.ours import StateBudgetTrack
+
+    if parse_spec(job["policy"], REGISTRY)[0] != StateBudgetTrack.name:
+        raise ValueError(f"replan_s is a knob of {StateBudgetTrack.name}, not of {job['policy']!r}")
+    track = TrackConfig(replan_s=float(job["replan_s"]))
+    return lambda base: StateBudgetTrack(track=track)
+
+
 def _key(row: dict):
-    return (row["cluster"], row["trace"], row.get("start", ""), row.get("load", 1.0), row["seed"], row["policy"])
+    return (row["cluster"], row["trace"], row.get("start", ""), row.get("load", 1.0), row["seed"], row["policy"],
+            row.get("replan_s") or 0.0)
 
 
 def run_local(todo: list[dict], workers: int | None = None, progress=None) -> list[dict]:

@@ -39,6 +39,7 @@ def test_the_evidence_report_answers_from_its_replays_and_reads_the_same_in_a_br
     ratio = a["h4"]["vs_static"]["statebudget"]["ratio"]
     assert f"statebudget {ratio:.2f}×" in dom
     _h1_to_h3_read_the_same(a, dom)
+    _replan_reads_the_same(a, dom)
     screenshot((tmp_path / "index.html").as_uri(), "evidence-small.png", size="1280,2400")
 
 
@@ -67,6 +68,21 @@ def _h1_to_h3_read_the_same(a: dict, dom: str) -> None:
     f = h3["sweeps"][0]["first_failure"]
     assert (f"first fails at K = {f['k']} ({f['model']}), by {f['killer']}" if f else "all fit") in sec["h3"]
     assert [s["cluster"] for s in h3["sweeps"]] == ["hetero16", "hetero16", "h200x8"]
+
+
+def _replan_reads_the_same(a: dict, dom: str) -> None:
+    """How often to re-plan: one figure per R swept, the best R is the one with the lowest mean
+    handoff P95, and the page's table holds evidence.json's means."""
+    rp = a["replan"]
+    assert rp["replan_s"] == list(evidence.REPLAN) and rp["default_s"] in rp["replan_s"]
+    assert rp["best_s"] == min(rp["replan_s"], key=lambda r: (rp["mean"][str(r)]["handoff_p95_s"],
+                                                               rp["mean"][str(r)]["ttft_p95_s"]))
+    assert not any("re-plan" in g["claim"] for g in a["not_measured"])
+    sec = re.search(r'<section id="replan">(.*?)</section>', dom, re.S).group(1)
+    cells = re.findall(r"<tr><td[^>]*>([^<]+)</td><td[^>]*>([^<]+)</td>", sec)
+    assert [(float(r), float(h)) for r, h in cells] == [
+        (r, pytest.approx(rp["mean"][str(r)]["handoff_p95_s"], rel=1e-3)) for r in rp["replan_s"]]
+    assert f"at R = {rp['best_s']:g} s" in sec and "<img" in sec
 
 
 def test_ratio_of_means_pairs_seeds_and_says_how_sure():

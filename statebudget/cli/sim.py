@@ -280,17 +280,16 @@ def evidence(
     prof = json.loads(profile.read_text()) if profile is not None else None
 
     cfg, todo = ev.plan(quick)
-    err.print(f"evidence: {len(todo)} replays ({'quick' if quick else 'full'}: seeds {cfg['seeds'][0]}-"
-              f"{cfg['seeds'][-1]}, {cfg['hours']:g} h traces)")
+    err.print(f"evidence: {len(todo)} replays on the presets, then the real traces found under {data} "
+              f"({'quick' if quick else 'full'}: seeds {cfg['seeds'][0]}-{cfg['seeds'][-1]}, {cfg['hours']:g} h traces)")
     with progress_bar() as bar:
         task = bar.add_task("replays", total=len(todo))
         res = ev.run(out, quick, workers, ray, progress=lambda done, total: bar.update(task, completed=done, total=total),
                      data=data, profile=prof)
     console.print(f"{res['replays']} replays in {res['wall_s']:.0f} s ({len(res['answers']['real_traces'])} real "
                   f"traces); open {out / 'index.html'}")
-    h4 = res["answers"]["h4"]
-    console.print(f"  H4 against static: {'holds for ' + ', '.join(h4['holds_for']) if h4['holds'] else 'does not hold'}"
-                  f"; the best baseline ({h4['best_baseline']}) beaten by: {', '.join(h4['beats_best_baseline']) or 'none'}")
-    rp = res["answers"]["replan"]
-    console.print(f"  re-plan: every {rp['best_s']:g} s is best of {', '.join(f'{r:g}' for r in rp['replan_s'])} s "
-                  f"(handoff P95 {rp['mean'][str(rp['best_s'])]['handoff_p95_s']:.2f} s)")
+    a = res["answers"]
+    console.print(f"  H4 against static: " + "; ".join(f"{o} {v}" for o, v in a["h4"]["verdict"].items()))
+    console.print(f"  against the best baseline per metric: {a['best_baseline']['verdict']}; wins: "
+                  f"{', '.join(a['best_baseline']['wins']) or 'none'}")
+    console.print(f"  re-plan: {a['replan']['verdict']}")

@@ -70,11 +70,12 @@ def figures(r) -> dict:
 
 def run_job(job: dict) -> dict:
     """One replay; the job's seed makes its trace (or `trace_file` names one, an imported real
-    trace) and seeds the simulator."""
+    trace) and seeds the simulator; `sim`, when given, sets other `SimConfig` fields."""
     cl, cat = load_cluster(job["cluster"]), load_catalog(job["catalog"])
     tr = load_trace(job["trace_file"]) if job.get("trace_file") else \
         generate(job["trace"], job["seed"], job["hours"], load=job.get("load", 1.0))
-    config = SimConfig(seed=job["seed"], start=job.get("start", "warm"), warmup_s=job.get("warmup_s", 0.0))
+    config = SimConfig(seed=job["seed"], start=job.get("start", "warm"), warmup_s=job.get("warmup_s", 0.0),
+                       **(job.get("sim") or {}))
     rep = replay(cl, cat, tr, [job["policy"]], config, make=_maker(job))
     row = dict(job, **figures(rep.report.policies[job["policy"]]))
     if job.get("kv_demand"):  # H1 of `evidence`: the replay's KV demand per model (hypotheses.py)
@@ -99,7 +100,7 @@ def _maker(job: dict):
 
 def _key(row: dict):
     return (row["cluster"], row["trace"], row.get("start", ""), row.get("load", 1.0), row["seed"], row["policy"],
-            row.get("replan_s") or 0.0)
+            row.get("replan_s") or 0.0, sorted((row.get("sim") or {}).items()))
 
 
 def run_local(todo: list[dict], workers: int | None = None, progress=None) -> list[dict]:

@@ -105,3 +105,50 @@ def _hotness_half_life(calls, timeline, models, window_s) -> float | None:
         if cors and np.mean(cors) < 0.5:
             return lag * window_s
     return None
+
+
+def switch_drift(trace: Trace, catalog: Catalog | None = None, window_s: float = 900.0, t0: float = 0.0,
+                 min_row: int = 20, draws: int = 200) -> dict:
+    """How much the model-switch matrix moves over time: the switches (previous call -> call, by
+    the call's start on the zero-stall timeline) counted per window of `window_s` from `t0`, each
+    window's rows normalised, and for each pair of consecutive windows the largest total-variation
+    distance between a row present in both with at least `min_row` switches (fewer: too noisy to
+    call drift). `tv`: one value per consecutive pair (None where no row qualifies). `null_tv`:
+    the same statistic when every window draws its switches (same counts per row) from the whole
+    span's matrix, median over `draws`: what sampling noise alone gives, so drift is what exceeds it."""
+    timeline = nominal_timeline(trace, catalog)
+    models = sorted({n.model for p in trace.programs for n in p.nodes if n.kind == "call"})
+    ix = {m: i for i, m in enumerate(models)}
+    counts: dict[int, np.ndarray] = {}
+    for p in trace.programs:
+        by_id = {n.id: n for n in p.nodes}
+        for cid, prev in previous_call(p).items():
+            t = timeline.get((p.program, cid), (None,))[0]
+            if prev is None or t is None or t < t0:
+                continue
+            w = int((t - t0) // window_s)
+            c = counts.setdefault(w, np.zeros((len(models), len(models))))
+            c[ix[by_id[prev].model], ix[by_id[cid].model]] += 1
+    wins = sorted(counts)
+    tv = [_max_row_tv(counts[a], counts[b], min_row) for a, b in zip(wins, wins[1:])]
+    null = []
+    if wins:
+        whole = sum(counts.values())
+        pooled = np.divide(whole, whole.sum(axis=1, keepdims=True), out=np.zeros_like(whole),
+                           where=whole.sum(axis=1, keepdims=True) > 0)
+        rng = np.random.default_rng(0)
+        for _ in range(draws):
+            drawn = [np.array([rng.multinomial(int(n), r) if n else np.zeros(len(models)) for n, r in
+                               zip(counts[w].sum(axis=1), pooled)]) for w in wins]
+            null += [v for a, b in zip(drawn, drawn[1:]) if (v := _max_row_tv(a, b, min_row)) is not None]
+    return {"window_s": window_s, "windows": len(wins), "tv": tv,
+            "null_tv": round(float(np.median(null)), 4) if null else None,
+            "switches": [int(counts[w].sum()) for w in wins]}
+
+
+def _max_row_tv(ca: np.ndarray, cb: np.ndarray, min_row: int) -> float | None:
+    ok = (ca.sum(axis=1) >= min_row) & (cb.sum(axis=1) >= min_row)
+    if not ok.any():
+        return None
+    ra, rb = ca[ok] / ca[ok].sum(axis=1, keepdims=True), cb[ok] / cb[ok].sum(axis=1, keepdims=True)
+    return round(float(0.5 * np.abs(ra - rb).sum(axis=1).max()), 4)

@@ -110,7 +110,7 @@ def replay(
     if html_out:
         from ..sim.html import replay_page
 
-        console.print(f"page: {replay_page(rep, result.results, html_out)}")
+        console.print(f"page: {replay_page(rep, result.results, html_out, trace.name)}")
 
 
 @guard

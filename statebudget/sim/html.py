@@ -62,23 +62,27 @@ def page(title: str, intro: str, sections: list[str]) -> str:
             + "".join(sections) + "</body></html>\n")
 
 
-def replay_page(report, results, path: Path) -> Path:
+def replay_page(report, results, path: Path, trace_name: str = "") -> Path:
     """`replay --html`: the replay's table and every plot of `--plots`, in one file."""
     from .plots import write_plots
 
     rows = []
     for name, r in report.policies.items():
-        rows.append([name, r.handoff_stall_s.p95, r.handoff_stall_s.p99, r.ttft_s.p95, r.program_latency_s.p95,
-                     r.stall_total_s, r.warm_tax,
+        rows.append([name, r.handoff_stall_s.p95, r.handoff_stall_s.p99, r.ttft_s.p95,
+                     r.slo_attainment.get("5", float("nan")), r.program_latency_s.p95, r.stall_total_s, r.warm_tax,
                      r.wasted_bytes / 1e12, r.calls_completed])
     with tempfile.TemporaryDirectory() as tmp:
         figs = [file_uri(p) for p in write_plots(results, tmp)]
     run = report.run.model_dump() if getattr(report, "run", None) is not None else {}
-    intro = html.escape(f"cluster {report.cluster} · catalog {report.catalog} · start {run.get('start')} "
+    tr = report.trace
+    intro = html.escape(f"trace {trace_name or '?'} ({tr.programs} programs, {tr.calls} calls, {tr.handoffs} handoffs) "
+                        f"· cluster {report.cluster} · catalog {report.catalog} · start {run.get('start')} "
                         f"· warm-up {run.get('warmup_s')} s · seed {run.get('seed')}")
-    body = table(["policy", "handoff P95 s", "handoff P99 s", "TTFT P95 s", "program P95 s", "total stall s",
+    body = table(["policy", "handoff P95 s", "handoff P99 s", "TTFT P95 s", "SLO@5", "program P95 s", "total stall s",
                   "warm tax", "wasted TB", "calls"], rows, "policies")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page("StateBudget replay", intro, [section("table", "Per policy", "Figures of the report "
-                                                                "(`replay --json` holds every field).", figs, body)]))
+                                                                "(`replay --json` holds every field). Lower is better "
+                                                                "but for SLO@5 (share of calls within 5x their ideal "
+                                                                "TTFT).", figs, body)]))
     return path

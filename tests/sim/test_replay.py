@@ -179,3 +179,30 @@ def test_replay_seeds_the_simulator_with_the_trace_seed_by_default(tmp_path):
         docs[name] = json.dumps(_strip_decision_ms(json.loads((tmp_path / f"{name}.json").read_text())), sort_keys=True)
     assert docs["default"] == docs["two"]
     assert docs["default"] != docs["zero"]  # the seed matters (MoE page sampling), so the default is the trace's
+
+
+@pytest.mark.xdist_group("e2e")
+def test_replay_html_shows_the_reports_figures_in_a_browser(tmp_path):
+    import re
+
+    from tests.browser import rendered_dom, screenshot
+
+    write_trace(generate("swe-team", 5, 0.2), tmp_path / "t.jsonl")
+    res = CliRunner().invoke(app, ["replay", "--cluster", "hetero16", "--catalog", "agent-team", "--trace",
+                                   str(tmp_path / "t.jsonl"), "--policy", "ondemand,statebudget", "--json",
+                                   str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html")])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "r.json").read_text())
+    page = (tmp_path / "r.html").read_text()
+    assert "<script" not in page and not re.search(r"(src|href)=\"https?:", page)  # offline, self-contained
+    dom = rendered_dom((tmp_path / "r.html").as_uri())
+    cells = {m.group(1): m.group(2) for m in re.finditer(r"<tr><td>([^<]+)</td>(.*?)</tr>", dom)}
+    assert set(cells) == {"ondemand", "statebudget"}
+    for name, row in cells.items():
+        shown = [float(v) for v in re.findall(r'<td class="num">([^<]+)</td>', row)]
+        p = doc["policies"][name]
+        assert shown[2] == pytest.approx(p["ttft_s"]["p95"], rel=1e-3)
+        assert shown[3] == pytest.approx(p["slo_attainment"]["5"], rel=1e-3)
+        assert shown[-1] == p["calls_completed"]
+    assert f"t.jsonl ({doc['trace']['programs']} programs" in dom and dom.count("<img") >= 2
+    screenshot((tmp_path / "r.html").as_uri(), "replay-page.png", size="1280,1600")

@@ -270,6 +270,9 @@ def _real(rows: list[dict], real: list[dict], baselines: list[str], answers: dic
                 loses.append(k)
         answers["real_traces"][-1].update(loses_on=loses, best_baseline_per_metric=judged)
         lost = ", ".join(loses)
+        if all(figs[o] == figs[OURS[0]] for o in OURS[1:]):  # computed, not assumed: say why when it happens
+            notes.append(f"{', '.join(OURS[1:])} replay it as {OURS[0]} does: the import carries no hints, so leases "
+                         "have nothing to act on, and the tracking target moved nothing")
         reading = (f"{r['programs']} programs, {r['calls']} calls ({r['format']}, imported onto agent-team). "
                    "Real: arrivals and token counts. Not real: the models (mapped onto agent-team), hints (none), "
                    "and for TraceLab the session starts. One run, warm start, no warm-up, minutes long: a start-up "

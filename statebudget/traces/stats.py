@@ -115,7 +115,8 @@ def switch_drift(trace: Trace, catalog: Catalog | None = None, window_s: float =
     distance between a row present in both with at least `min_row` switches (fewer: too noisy to
     call drift). `tv`: one value per consecutive pair (None where no row qualifies). `null_tv`:
     the same statistic when every window draws its switches (same counts per row) from the whole
-    span's matrix, median over `draws`: what sampling noise alone gives, so drift is what exceeds it."""
+    span's matrix, median (and `null_q95`, 95th percentile) over `draws`: what sampling noise alone
+    gives, so drift is what exceeds it."""
     timeline = nominal_timeline(trace, catalog)
     models = sorted({n.model for p in trace.programs for n in p.nodes if n.kind == "call"})
     ix = {m: i for i, m in enumerate(models)}
@@ -143,6 +144,7 @@ def switch_drift(trace: Trace, catalog: Catalog | None = None, window_s: float =
             null += [v for a, b in zip(drawn, drawn[1:]) if (v := _max_row_tv(a, b, min_row)) is not None]
     return {"window_s": window_s, "windows": len(wins), "tv": tv,
             "null_tv": round(float(np.median(null)), 4) if null else None,
+            "null_q95": round(float(np.quantile(null, 0.95)), 4) if null else None,
             "switches": [int(counts[w].sum()) for w in wins]}
 
 

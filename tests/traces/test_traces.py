@@ -165,3 +165,25 @@ def test_a_preset_trace_for_a_small_catalog_replays_there(tmp_path):
     assert runner.invoke(app, base + ["--trace", str(plain)]).exit_code == 2  # unknown models, one line
     res = runner.invoke(app, base + ["--trace", str(toy)])
     assert res.exit_code == 0, res.output
+
+
+def _two_call_programs(n, every_s, pick):
+    """`n` programs a -> x, one every `every_s` seconds, x = pick(i)."""
+    from tests.helpers import call, program, trace
+    return trace(*[program(f"p{i}", [call("c0", "a"), call("c1", pick(i), after=["c0"])], start=i * every_s)
+                   for i in range(n)])
+
+
+def test_switch_drift_tells_a_changed_matrix_from_sampling_noise():
+    import random
+
+    from statebudget.traces.stats import switch_drift
+
+    rng = random.Random(0)
+    steady = _two_call_programs(400, 9.0, lambda i: rng.choice("bc"))
+    flip = _two_call_programs(400, 9.0, lambda i: "b" if (i * 9.0 // 900) % 2 == 0 else "c")  # flips each window
+    s, f = switch_drift(steady), switch_drift(flip)
+    assert s["windows"] == f["windows"] == 4 and len(s["tv"]) == 3
+    assert all(v <= s["null_q95"] for v in s["tv"])  # one matrix throughout: within the noise
+    assert f["tv"] == [1.0, 1.0, 1.0] and all(v > f["null_q95"] for v in f["tv"])  # a -> b, then a -> c
+    assert switch_drift(steady, min_row=1000)["tv"] == [None] * 3  # too few switches to call it either way

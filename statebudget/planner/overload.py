@@ -1,0 +1,62 @@
+"""Past capacity: what the planner does when calls queue for HBM faster than groups drain them.
+
+The one signal is the admission queue the view reports now (`ResidencyView.admission_queue`:
+each call waiting for HBM, its group and its expected run seconds from the cost model and the
+output estimate — never its true output, never a future arrival). A group is past capacity when
+the work queued on it would keep a new call waiting at least `PlannerConfig.overload_wait_s`:
+
+    wait(g) = max over GPUs i of g:  queued run seconds on i / max(1, calls running on i)
+
+Past capacity on a group, three things change, and nothing below it:
+
+- placement: a call goes where restore + that wait is least, not to the group that holds its
+  weights (at 3x swe-team, 40 of 41 waiting calls could have been admitted elsewhere at once);
+- leases onto the group are rejected, with the wait as `retry_after_s`: their state would sit
+  behind the queue while it takes link and HBM from calls that are waiting already;
+- speculation yields: the planning step promotes nothing onto the group that no lease asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """The admission queue as the planner reads it at one instant."""
+    waiting: tuple[int, ...]      # per GPU: calls waiting for HBM on a group that holds it
+    queued_s: tuple[float, ...]   # per GPU: their expected run seconds
+    running: tuple[int, ...]      # per GPU: calls running there
+    threshold_s: float
+
+    @classmethod
+    def of(cls, view, threshold_s: float) -> "Pressure":
+        n = len(view.tiers.hbm_cap)
+        waiting, queued = [0] * n, [0.0] * n
+        queue = view.admission_queue()
+        for _, group, run_s in queue:
+            for i in group:
+                waiting[i] += 1
+                queued[i] += run_s
+        running = getattr(view, "running_on", None) or [0] * n
+        return cls(tuple(waiting), tuple(queued), tuple(running), threshold_s)
+
+    def wait_s(self, group) -> float:
+        """Seconds a call joining `group`'s queue now is expected to wait for the calls ahead."""
+        return max(self.queued_s[i] / max(1, self.running[i]) for i in group)
+
+    def past_capacity(self, group) -> bool:
+        return any(self.waiting[i] for i in group) and self.wait_s(group) >= self.threshold_s
+
+    @property
+    def any_past(self) -> bool:
+        return any(w and q / max(1, r) >= self.threshold_s
+                   for w, q, r in zip(self.waiting, self.queued_s, self.running))
+
+    def reason(self, group) -> tuple[str, float]:
+        """Why a lease onto `group` is rejected, in words, and when to ask again (seconds)."""
+        n = max(self.waiting[i] for i in group)
+        wait = self.wait_s(group)
+        gpus = ",".join(str(i) for i in group)
+        return (f"overloaded: {n} calls wait for HBM on gpu:{gpus}, about {wait:.0f} s of work; "
+                f"retry after {wait:.0f} s"), round(wait, 3)

@@ -51,7 +51,7 @@ class PlannerConfig:
     lookahead: int = 3               # calls ahead the predictor follows the switch matrix
     stage_host: bool = True          # stage weights and expert pages of models in use in host DRAM
     place_prefill_weight: float = 0.0  # place a call where restore + this x its prefill is least (1: soonest first token)
-    overload_wait_s: float | None = 60.0  # a group whose queued calls would keep a new one waiting this long is past capacity (`overload.py`); None: off
+    overload_wait_s: float | None = 90.0  # a group whose queued calls would keep a new one waiting this long is past capacity (`overload.py`); None: off
 
 
 def lease_config(**overrides) -> PlannerConfig:

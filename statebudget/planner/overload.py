@@ -27,31 +27,33 @@ class Pressure:
     waiting: tuple[int, ...]      # per GPU: calls waiting for HBM on a group that holds it
     queued_s: tuple[float, ...]   # per GPU: their expected run seconds
     running: tuple[int, ...]      # per GPU: calls running there
+    oldest_s: tuple[float, ...]   # per GPU: how long its longest-waiting call has waited
     threshold_s: float
 
     @classmethod
     def of(cls, view, threshold_s: float) -> "Pressure":
         n = len(view.tiers.hbm_cap)
-        waiting, queued = [0] * n, [0.0] * n
-        queue = view.admission_queue()
-        for _, group, run_s in queue:
+        waiting, queued, oldest = [0] * n, [0.0] * n, [0.0] * n
+        for _, group, run_s, waited_s in view.admission_queue():
             for i in group:
                 waiting[i] += 1
                 queued[i] += run_s
+                oldest[i] = max(oldest[i], waited_s)
         running = getattr(view, "running_on", None) or [0] * n
-        return cls(tuple(waiting), tuple(queued), tuple(running), threshold_s)
+        return cls(tuple(waiting), tuple(queued), tuple(running), tuple(oldest), threshold_s)
 
     def wait_s(self, group) -> float:
         """Seconds a call joining `group`'s queue now is expected to wait for the calls ahead."""
         return max(self.queued_s[i] / max(1, self.running[i]) for i in group)
 
     def past_capacity(self, group) -> bool:
-        return any(self.waiting[i] for i in group) and self.wait_s(group) >= self.threshold_s
+        """The queue ahead would hold a new call `threshold_s`, and one call has already waited
+        that long: a queue that a burst or a cold start leaves drains before either holds."""
+        return self.wait_s(group) >= self.threshold_s and max(self.oldest_s[i] for i in group) >= self.threshold_s
 
     @property
     def any_past(self) -> bool:
-        return any(w and q / max(1, r) >= self.threshold_s
-                   for w, q, r in zip(self.waiting, self.queued_s, self.running))
+        return any(self.past_capacity((i,)) for i in range(len(self.waiting)))
 
     def reason(self, group) -> tuple[str, float]:
         """Why a lease onto `group` is rejected, in words, and when to ask again (seconds)."""

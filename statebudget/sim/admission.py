@@ -66,10 +66,12 @@ class AdmissionMixin:
         return max((self._est_end(a) for a in self.active.values() if not gs.isdisjoint(a.group)),
                    default=self.now) - self.now
 
-    def admission_queue(self) -> list[tuple[str, tuple[int, ...], float]]:
-        """(model, group, expected run seconds) of each call waiting for HBM (`ResidencyView`);
-        the seconds are `_est_end`'s, from the output estimate, never a call's true output."""
-        return [(c.model, c.group, self._est_end(c) - self.now) for c in self.waiting]
+    def admission_queue(self) -> list[tuple[str, tuple[int, ...], float, float]]:
+        """(model, group, expected run seconds, seconds waited) of each call waiting for HBM
+        (`ResidencyView`); the run is `_est_end`'s, from the output estimate, never a call's true
+        output."""
+        now = self.now
+        return [(c.model, c.group, self._est_end(c) - now, now - c.arrive) for c in self.waiting]
 
     def _held_for_another(self, group) -> bool:
         r = self.reserved

@@ -24,7 +24,7 @@ class _Queue:
 
 
 def test_the_wait_is_the_queued_work_over_the_calls_running_there():
-    p = Pressure.of(_Queue([("m", (0,), 40.0), ("m", (0,), 20.0), ("m", (0, 1), 10.0)], [2, 0]), threshold_s=30.0)
+    p = Pressure.of(_Queue([("m", (0,), 40.0, 50.0), ("m", (0,), 20.0, 1.0), ("m", (0, 1), 10.0, 1.0)], [2, 0]), threshold_s=30.0)  # the oldest on GPU 0 waited 50 s
     assert p.waiting == (3, 1)
     assert p.wait_s((0,)) == pytest.approx(35.0)   # 70 s of work, two calls running
     assert p.wait_s((1,)) == pytest.approx(10.0)   # nothing running: one at a time
@@ -47,7 +47,7 @@ def _req(deadline_s=60.0):
 
 def test_a_lease_onto_a_group_past_capacity_is_rejected_with_when_to_retry():
     sim, core = _sim()
-    sim.admission_queue = lambda: [("m", (0,), 50.0), ("m", (0,), 40.0)]  # 90 s of work, nothing running
+    sim.admission_queue = lambda: [("m", (0,), 50.0, 100.0), ("m", (0,), 40.0, 5.0)]  # 90 s of work, nothing running
     (lease, group), = core.admit(sim, [(_req(), (0,))], 0.0)
     assert lease.state == LeaseState.REJECTED and group == (0,)
     assert lease.reason.startswith("overloaded: 2 calls wait for HBM on gpu:0") and "retry after 90 s" in lease.reason
@@ -60,9 +60,9 @@ def test_a_lease_onto_a_group_past_capacity_is_rejected_with_when_to_retry():
 
 def test_below_the_threshold_and_with_overload_off_leases_are_admitted_as_before():
     sim, core = _sim()
-    sim.admission_queue = lambda: [("m", (0,), 20.0)]  # a queue, but 20 s < the 60 s threshold
+    sim.admission_queue = lambda: [("m", (0,), 20.0, 100.0)]  # a queue, but 20 s < the 90 s threshold
     assert core.admit(sim, [(_req(), (0,))], 0.0)[0][0].state == LeaseState.ACCEPTED
-    sim.admission_queue = lambda: [("m", (0,), 500.0)]
+    sim.admission_queue = lambda: [("m", (0,), 500.0, 100.0)]
     core.cfg = PlannerConfig(overload_wait_s=None)
     assert core.pressure(sim) is None
     assert core.admit(sim, [(_req(), (0,))], 0.0)[0][0].state == LeaseState.ACCEPTED
@@ -73,5 +73,5 @@ def test_speculation_onto_a_group_past_capacity_yields():
     core.target, core.target_p = {"m": (0,)}, 1.0  # a target the planner keeps for sure
     promotes = [d for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote"]
     assert [(d.key, d.group) for d in promotes] == [(("w", "m"), (0,))], "below capacity it is promoted"
-    sim.admission_queue = lambda: [("m", (0,), 100.0)]
+    sim.admission_queue = lambda: [("m", (0,), 100.0, 100.0)]
     assert not [d for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote"]

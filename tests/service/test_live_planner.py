@@ -132,7 +132,7 @@ def test_a_restart_rebuilds_the_engines_of_awake_weights(tmp_path):
 def test_past_capacity_a_lease_is_rejected_with_when_to_retry_and_that_survives_a_restart(tmp_path):
     p = planner(tmp_path / "sb.db")
     # the live planner reports no admission queue of its own; one is set here to stand for it
-    p.admission_queue = lambda: [("planner", (0,), 400.0), ("planner", (1,), 400.0)]
+    p.admission_queue = lambda: [("planner", (0,), 400.0, 90.0), ("planner", (1,), 400.0, 90.0)]
     p.event("a", {"type": "program_started", "program": "p1"})
     out = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60})
     assert out.decision == "rejected" and out.reason.startswith("overloaded: 1 calls wait for HBM")

@@ -1,9 +1,11 @@
 """Past capacity: what the planner does when calls queue for HBM faster than groups drain them.
 
 The one signal is the admission queue the view reports now (`ResidencyView.admission_queue`:
-each call waiting for HBM, its group and its expected run seconds from the cost model and the
-output estimate — never its true output, never a future arrival). A group is past capacity when
-the work queued on it would keep a new call waiting at least `PlannerConfig.overload_wait_s`:
+each call waiting for HBM, its model and group, its expected run seconds from the cost model and
+the output estimate — never its true output, never a future arrival — and how long it has
+waited). A group is past capacity when the work queued on it would keep a new call waiting at
+least `PlannerConfig.overload_wait_s` and a call there has already waited that long (a queue
+that a burst or a cold start leaves behind drains before both hold):
 
     wait(g) = max over GPUs i of g:  queued run seconds on i / max(1, calls running on i)
 

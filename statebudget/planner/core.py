@@ -301,9 +301,10 @@ class PlannerCore:
     def pressure(self, view) -> Pressure | None:
         """The admission queue now (`overload.py`); None when overload handling is off or no call
         waits for HBM (then nothing past capacity changes any decision)."""
-        if self.cfg.overload_wait_s is None or not view.admission_queue():
+        if self.cfg.overload_wait_s is None:
             return None
-        return Pressure.of(view, self.cfg.overload_wait_s)
+        queue = view.admission_queue()
+        return Pressure.of(view, self.cfg.overload_wait_s, queue) if queue else None
 
     def _link_window(self) -> dict[str, float]:
         """Each link's promotion budget over the window before what is queued on it (the links'

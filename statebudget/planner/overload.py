@@ -33,10 +33,11 @@ class Pressure:
     threshold_s: float
 
     @classmethod
-    def of(cls, view, threshold_s: float) -> "Pressure":
+    def of(cls, view, threshold_s: float, queue=None) -> "Pressure":
+        """`queue`: the view's `admission_queue()` if the caller has it already."""
         n = len(view.tiers.hbm_cap)
         waiting, queued, oldest = [0] * n, [0.0] * n, [0.0] * n
-        for _, group, run_s, waited_s in view.admission_queue():
+        for _, group, run_s, waited_s in (view.admission_queue() if queue is None else queue):
             for i in group:
                 waiting[i] += 1
                 queued[i] += run_s

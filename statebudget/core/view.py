@@ -85,6 +85,12 @@ class ResidencyView:
                 best, best_s = src, s
         return best
 
+    def admission_queue(self) -> list[tuple[str, tuple[int, ...], float, float]]:
+        """(model, group, expected run seconds, seconds waited) of each call waiting for HBM now: what tells the planner
+        it is past capacity (`planner/overload.py`). None here: a view that admits calls itself
+        (the simulator) reports its queue."""
+        return []
+
     def copies_of(self, model: str) -> list:
         """The model's weights copies in HBM (ready or loading)."""
         key = weights_key(model)

@@ -251,6 +251,11 @@ class Gateway:
                     lease = await self._post("/v1/leases", {"program": prog.pid, "model": model, "for_call": call,
                                                             "deadline_s": left, "confidence": 1.0})
                     p95, why = lease["quote"]["p95_s"], lease.get("reason") or "rejected"
+                    if lease["decision"] == "rejected" and lease.get("retry_after_s") is not None:
+                        # the planner is past capacity where the model would run: asking again
+                        # every RETRY_LEASE_S only adds load; the client is told when to come back
+                        raise Refused(503, f"{model} not prepared: {why}", "overloaded", "not_ready",
+                                      retry_after_s=max(1.0, lease["retry_after_s"]))
                     if lease["decision"] == "rejected" and p95 > left:
                         raise Refused(503, f"{model} cannot be ready within the request's timeout ({left:.1f} s): "
                                       f"{why}", "overloaded", "not_ready",

@@ -26,3 +26,4 @@ class LeasePublic(BaseModel):
     deadline_in_s: float
     reason: str
     objects: dict[str, str]
+    retry_after_s: float | None = None  # rejected past capacity: seconds after which asking again may pass

@@ -27,6 +27,7 @@ from ..models.state import expert_key, kv_key, weights_key
 from ..core.costs import page_touch_probs, touched_pages
 from ..solvers.greedy import Candidates, solve
 from .leases import LeaseLedger, LeaseRequest, LeaseState, Quote, decide, rank_key, rejection_reason
+from .overload import Pressure
 from .predictor import Predictor
 from ..core.decisions import Demote, Promote, PromoteHost
 
@@ -50,6 +51,7 @@ class PlannerConfig:
     lookahead: int = 3               # calls ahead the predictor follows the switch matrix
     stage_host: bool = True          # stage weights and expert pages of models in use in host DRAM
     place_prefill_weight: float = 0.0  # place a call where restore + this x its prefill is least (1: soonest first token)
+    overload_wait_s: float | None = 90.0  # a group whose queued calls would keep a new one waiting this long is past capacity (`overload.py`); None: off
 
 
 def lease_config(**overrides) -> PlannerConfig:
@@ -114,6 +116,7 @@ class PlannerCore:
         progs, p_prog = pred.need_within(now, cfg.horizon_s, self.use_hints)
         tiers = view.tiers
         gpu_copies = tiers.gpu
+        load = self.pressure(view)
         keys, groups, per_gpu, values, copies, paths, probs = [], [], [], [], [], [], []
 
         def push(key, group, c, p, value, new_per_gpu, path):
@@ -273,6 +276,10 @@ class PlannerCore:
             hc = tiers.host.get((k, view.gpus[g[0]].node))
             if hc is not None and hc.ready:
                 out.append(Demote(k, g, "host"))
+        # Speculation yields past capacity: a promote onto a group with a queue takes HBM and link
+        # from the calls already waiting there, and the next call goes elsewhere (`overload.py`).
+        if load is not None:
+            promote = {i for i in promote if not load.past_capacity(groups[i])}
         out = [Promote(keys[i], groups[i]) for i in plan.promote if i in promote] + out
         # Stage in host DRAM what a restore would read (weights, expert pages of the home node) for
         # models likely to be used at all: a restore from DRAM is a wake, from NVMe a cold start.
@@ -290,6 +297,14 @@ class PlannerCore:
                     if kn not in host:
                         out.append(PromoteHost(*kn))
         return out
+
+    def pressure(self, view) -> Pressure | None:
+        """The admission queue now (`overload.py`); None when overload handling is off or no call
+        waits for HBM (then nothing past capacity changes any decision)."""
+        if self.cfg.overload_wait_s is None:
+            return None
+        queue = view.admission_queue()
+        return Pressure.of(view, self.cfg.overload_wait_s, queue) if queue else None
 
     def _link_window(self) -> dict[str, float]:
         """Each link's promotion budget over the window before what is queued on it (the links'
@@ -453,8 +468,16 @@ class PlannerCore:
         link = self._link_gbps
         quoted.sort(key=lambda x: (-rank_key(x[0], x[2], link), x[0].cancel_token))
         committed: dict[str, float] = {}
+        load = self.pressure(view)
         out = []
         for req, group, q in quoted:
+            if load is not None and load.past_capacity(group):
+                # The lease's state would wait behind the queue there while its bytes take link and
+                # HBM from calls already waiting: the runtime is told when to ask again.
+                lease = self.ledger.submit(req, q, LeaseState.REJECTED, now)
+                lease.reason, lease.retry_after_s = load.reason(group)
+                out.append((lease, group))
+                continue
             ok = self.lease_budget_ok(view, q, group, req.deadline_s, now, committed)
             state = decide(req, q, now, ok)
             lease = self.ledger.submit(req, q, state, now)

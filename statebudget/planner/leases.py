@@ -88,6 +88,7 @@ class Lease:
     ready_s: float | None = None
     ended_s: float | None = None
     reason: str = ""
+    retry_after_s: float | None = None  # rejected past capacity (`overload.py`): ask again after this
 
     @property
     def decision(self) -> str:

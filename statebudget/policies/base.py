@@ -136,4 +136,27 @@ def default_place(sim, call, groups=None, compute: float = 0.0):
     return best
 
 
+def place_under_load(sim, call, load, compute: float = 0.0):
+    """The group where restore (+ `compute` x prefill) + the wait is least: no wait where the call
+    has room now without evicting another model's weights, else the queue ahead (`load.wait_s`,
+    `planner/overload.py`) or, with no queue, the running calls' expected ends. Evicting weights
+    counts as no room: past capacity the model evicted is queued for too, and its calls would
+    move on in turn (a cascade of reloads). Ties go to the lower index. None if no group fits."""
+    m = sim.catalog.by_name[call.model]
+    footprint = sim.call_footprint(call)
+    new_tokens = max(0, call.context_tokens - sim.kv_tokens.get(kv_key(call.program, call.model), 0))
+    best, best_s = None, math.inf
+    for g in sim.model_groups(m):
+        if not sim.could_ever_fit(call, g, footprint):
+            continue
+        est = restore_estimate_s(sim, call, g) + (compute * sim.cost.prefill_s(m, new_tokens, g) if compute else 0.0)
+        keys, new, private = sim.call_need(call, g)
+        victims = sim.plan_eviction(g, new + private, protect={(k, g) for k in keys})
+        if victims is None or any(v.key[0] == "w" and v.key[1] != call.model for v in victims):
+            est += max(load.wait_s(g), sim.expected_wait_s(g))
+        if est < best_s:
+            best, best_s = g, est
+    return best
+
+
 NEVER = math.inf

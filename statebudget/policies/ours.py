@@ -9,7 +9,7 @@ from ..models.state import kv_key
 from ..planner.core import PlannerConfig, PlannerCore, lease_config
 from ..planner.target import TargetTracker, TrackConfig
 from ..planner.leases import LeaseRequest
-from .base import Policy, default_place
+from .base import Policy, default_place, place_under_load
 from .baselines import place_model
 from ..core.decisions import Cancel, Promote
 
@@ -34,8 +34,16 @@ class StateBudget(Policy):
 
     def place(self, sim, call):
         """Where the call's state is ready soonest, its prefill there weighted in by
-        `PlannerConfig.place_prefill_weight` (BENCHMARKS.md: the stall / TTFT trade-off)."""
-        return default_place(sim, call, compute=self._core(sim).cfg.place_prefill_weight)
+        `PlannerConfig.place_prefill_weight` (BENCHMARKS.md: the stall / TTFT trade-off). Past
+        capacity there (`planner/overload.py`), where restore + the wait for the calls queued
+        ahead is least: the group holding the weights may have a queue that others could drain."""
+        core = self._core(sim)
+        w = core.cfg.place_prefill_weight
+        group = default_place(sim, call, compute=w)
+        load = core.pressure(sim)
+        if group is None or load is None or not load.past_capacity(group):
+            return group
+        return place_under_load(sim, call, load, w) or group
 
     def _core(self, sim) -> PlannerCore:
         if self.core is None:

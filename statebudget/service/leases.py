@@ -68,7 +68,8 @@ class LeaseDesk:
             kv_version=lease.request.kv_version, ready=lease.state in (LeaseState.READY, LeaseState.CONSUMED),
             deadline_in_s=lease.request.deadline_s - self.now,
             reason=lease.reason.replace(lease.request.program, unscoped(lease.request.program)),
-            objects={"/".join(map(str, _runtime_key(k))): v for k, v in lease.objects.items()})
+            objects={"/".join(map(str, _runtime_key(k))): v for k, v in lease.objects.items()},
+            retry_after_s=lease.retry_after_s)
 
     def get_lease(self, tenant: str, lease_id: str) -> Lease:
         """The lease `lease_id` of `tenant`. Called by GET and DELETE /v1/leases/{id}. Raises

@@ -217,7 +217,7 @@ def _lease_body(lease: Lease, group) -> dict:
             "quote": {**asdict(lease.quote), "objects": [list(k) for k in lease.quote.objects]},
             "state": lease.state.name, "objects": [[list(k), v] for k, v in lease.objects.items()],
             "created_s": lease.created_s, "ready_s": lease.ready_s, "ended_s": lease.ended_s, "reason": lease.reason,
-            "group": list(group) if group else None}
+            "retry_after_s": lease.retry_after_s, "group": list(group) if group else None}
 
 
 def _lease_from(body: dict) -> Lease:
@@ -226,4 +226,5 @@ def _lease_from(body: dict) -> Lease:
     quote = Quote(**{**q, "objects": tuple(object_key(k) for k in q["objects"])})
     lease = Lease(body["lease_id"], LeaseRequest(**body["request"]), LeaseState[body["state"]], quote, body["created_s"],
                   {object_key(k): v for k, v in body["objects"]}, body["ready_s"], body["ended_s"], body["reason"])
+    lease.retry_after_s = body.get("retry_after_s")  # absent from rows written before it existed
     return lease

@@ -66,6 +66,22 @@ class AdmissionMixin:
         return max((self._est_end(a) for a in self.active.values() if not gs.isdisjoint(a.group)),
                    default=self.now) - self.now
 
+    def admission_queue(self) -> list[tuple[str, tuple[int, ...], float, float]]:
+        """(model, group, expected run seconds, seconds waited) of each call waiting for HBM
+        (`ResidencyView`); the run is `_est_end`'s, from the output estimate, never a call's true
+        output. Asked at every planning step past capacity, over queues hundreds long: a run is
+        computed once per (model, group, context, reused KV, expected output)."""
+        now = self.now
+        memo = self.__dict__.setdefault("_run_memo", {})
+        out = []
+        for c in self.waiting:
+            key = (c.model, c.group, c.context_tokens, c.kv_reused_tokens, self.expected_output(c))
+            run = memo.get(key)
+            if run is None:
+                run = memo[key] = self._est_end(c) - now
+            out.append((c.model, c.group, (now + run) - now, now - c.arrive))
+        return out
+
     def _held_for_another(self, group) -> bool:
         r = self.reserved
         return r is not None and r.state == "waiting" and not set(r.group).isdisjoint(group)

@@ -155,3 +155,34 @@ def test_bad_requests_and_an_unreachable_planner_are_answered_in_openai_shape():
         assert r.headers["retry-after"] == "1"
         assert c.app.state.gateway.programs == {}  # a program the planner never saw is not kept
         assert c.app.state.gateway.held == {"coder": 0}
+
+
+def test_a_lease_rejected_past_capacity_is_a_503_with_the_planners_retry_after():
+    import asyncio
+    import time
+
+    import httpx
+
+    from statebudget.gateway.app import Gateway, Program
+    from statebudget.gateway.config import GatewayConfig
+    from statebudget.gateway.wire import Refused
+
+    posted = []
+
+    def planner(request):
+        posted.append(request.url.path)
+        return httpx.Response(200, json={"lease_id": "L1", "decision": "rejected", "quote": {"p50_s": 1.0, "p95_s": 2.0},
+                                         "reason": "overloaded: 9 calls wait for HBM on gpu:0, about 42 s of work; "
+                                                   "retry after 42 s", "retry_after_s": 42.0})
+
+    async def ask():
+        gw = Gateway(GatewayConfig(engines=[{"model": "coder", "url": "http://127.0.0.1:9"}]),
+                     httpx.AsyncClient(transport=httpx.MockTransport(planner), base_url="http://planner"))
+        with pytest.raises(Refused) as e:
+            await gw._ready(Program("p1", single=False), "c1", "coder", time.monotonic() + 60.0)
+        return e.value
+
+    err = asyncio.run(ask())
+    # the quote (2 s) is within the timeout: only the planner's word stops the gateway asking again
+    assert err.status == 503 and err.retry_after_s == 42.0 and "overloaded: 9 calls" in str(err)
+    assert posted == ["/v1/leases"]

@@ -1,0 +1,77 @@
+"""Past capacity (`planner/overload.py`): the admission queue read as pressure, and leases onto a
+group with a queue rejected with a reason and a time to ask again."""
+
+import pytest
+
+from tests.helpers import call, catalog, cluster, program, trace
+from statebudget.planner.core import PlannerConfig
+from statebudget.planner.leases import LeaseRequest, LeaseState
+from statebudget.planner.overload import Pressure
+from statebudget.policies.ours import StateBudgetLease
+from statebudget.sim.config import SimConfig
+from statebudget.sim.engine import Simulator
+
+
+class _Queue:
+    """A view that reports a fixed admission queue and running calls."""
+
+    def __init__(self, queue, running, n_gpu=2):
+        self._queue, self.running_on = queue, running
+        self.tiers = type("T", (), {"hbm_cap": [40e9] * n_gpu})()
+
+    def admission_queue(self):
+        return self._queue
+
+
+def test_the_wait_is_the_queued_work_over_the_calls_running_there():
+    p = Pressure.of(_Queue([("m", (0,), 40.0, 50.0), ("m", (0,), 20.0, 1.0), ("m", (0, 1), 10.0, 1.0)], [2, 0]), threshold_s=30.0)  # the oldest on GPU 0 waited 50 s
+    assert p.waiting == (3, 1)
+    assert p.wait_s((0,)) == pytest.approx(35.0)   # 70 s of work, two calls running
+    assert p.wait_s((1,)) == pytest.approx(10.0)   # nothing running: one at a time
+    assert p.past_capacity((0,)) and not p.past_capacity((1,))
+    assert p.past_capacity((0, 1))                 # a group is as late as its most loaded GPU
+    assert p.any_past
+
+
+def _sim(n_gpu=2):
+    cl, cat = cluster(gpus=n_gpu, hbm_gb=40.0), catalog(("m", 20.0))
+    pol = StateBudgetLease()
+    sim = Simulator(cl, cat, trace(program("p", [call("a", "m")])), pol, config=SimConfig(start="warm"))
+    return sim, pol._core(sim)
+
+
+def _req(deadline_s=60.0):
+    return LeaseRequest(program="p", tenant="t0", model="m", version="v1", deadline_s=deadline_s, confidence=0.9,
+                        cancel_token="p/a", for_call="a")
+
+
+def test_a_lease_onto_a_group_past_capacity_is_rejected_with_when_to_retry():
+    sim, core = _sim()
+    sim.admission_queue = lambda: [("m", (0,), 50.0, 100.0), ("m", (0,), 40.0, 5.0)]  # 90 s of work, nothing running
+    (lease, group), = core.admit(sim, [(_req(), (0,))], 0.0)
+    assert lease.state == LeaseState.REJECTED and group == (0,)
+    assert lease.reason.startswith("overloaded: 2 calls wait for HBM on gpu:0") and "retry after 90 s" in lease.reason
+    assert lease.retry_after_s == pytest.approx(90.0)
+    assert lease.objects == {}  # it holds nothing and moves nothing
+    # the other GPU has no queue: the same request is quoted and admitted as below capacity
+    (other, _), = core.admit(sim, [(_req(), (1,))], 0.0)
+    assert other.state == LeaseState.ACCEPTED and other.retry_after_s is None
+
+
+def test_below_the_threshold_and_with_overload_off_leases_are_admitted_as_before():
+    sim, core = _sim()
+    sim.admission_queue = lambda: [("m", (0,), 20.0, 100.0)]  # a queue, but 20 s < the 90 s threshold
+    assert core.admit(sim, [(_req(), (0,))], 0.0)[0][0].state == LeaseState.ACCEPTED
+    sim.admission_queue = lambda: [("m", (0,), 500.0, 100.0)]
+    core.cfg = PlannerConfig(overload_wait_s=None)
+    assert core.pressure(sim) is None
+    assert core.admit(sim, [(_req(), (0,))], 0.0)[0][0].state == LeaseState.ACCEPTED
+
+
+def test_speculation_onto_a_group_past_capacity_yields():
+    sim, core = _sim(n_gpu=1)
+    core.target, core.target_p = {"m": (0,)}, 1.0  # a target the planner keeps for sure
+    promotes = [d for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote"]
+    assert [(d.key, d.group) for d in promotes] == [(("w", "m"), (0,))], "below capacity it is promoted"
+    sim.admission_queue = lambda: [("m", (0,), 100.0, 100.0)]
+    assert not [d for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote"]

@@ -89,25 +89,6 @@ def import_real(data: Path, out: Path) -> list[dict]:
     return done
 
 
-def import_real(data: Path, out: Path) -> list[dict]:
-    """Each real trace of `REAL` found under `data`, imported into `out/real/NAME.jsonl`."""
-    from ..models.load import load_catalog, write_trace
-    from ..traces.importers import import_trace
-
-    done = []
-    for name, fmt, files, opts in REAL:
-        paths = [data / f for f in files]
-        if not all(p.is_file() for p in paths):
-            continue
-        trace, rep = import_trace(fmt, paths, load_catalog("agent-team"), seed=1, **opts)
-        path = out / "real" / f"{name}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_trace(trace, path)
-        done.append({"name": name, "format": fmt, "file": str(path.relative_to(out)), "programs": len(trace.programs),
-                     "calls": trace.n_calls, "bad_rows": rep.rows_bad, **{k: v for k, v in opts.items()}})
-    return done
-
-
 def plan(quick: bool, scale: dict | None = None, real: list[dict] = (), out: Path = Path(".")) -> tuple[dict, list[dict]]:
     """The settings and the replay jobs (`real`: imported traces, `import_real`). `scale`
     overrides the settings (tests)."""

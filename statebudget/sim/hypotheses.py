@@ -458,8 +458,11 @@ def _h3_verdict(s: dict) -> str:
         return "does not hold (all fit)"
     if f["killer"] == "kv":
         return f"does not hold (KV first, at K = {f['k']})"
+    if not f["fits_alone"]:
+        return (f"not shown ({f['model']} fits no group whole even alone: the ceiling is one group's HBM, "
+                "not a working set of warm models)")
     if f["k"] <= H3_MAX_K:
-        return f"holds (weights first, at K = {f['k']}" + (", no model fits whole" if f["k"] == 1 else "") + ")"
+        return f"holds (weights first, at K = {f['k']})"
     return f"does not hold (weights first, but at K = {f['k']} > {H3_MAX_K})"
 
 

@@ -55,6 +55,15 @@ def parse(html: str) -> list[dict]:
     return p.items
 
 
+def _lease_rows(page: list[dict]) -> dict[str, list[str]]:
+    """Lease id -> the texts of its row's cells (id, program, model, state, deadline, confidence, reason)."""
+    rows = {}
+    for i, e in enumerate(page):
+        if "data-lease" in e["attrs"]:
+            rows[e["attrs"]["data-lease"]] = [c["text"] for c in page[i:i + 7] if c["tag"] == "td"]
+    return rows
+
+
 @pytest.fixture
 def live(tmp_path):
     auth = Auth([TokenEntry(token=TOK["admin"], role="admin"), TokenEntry(token=TOK["a"], role="runtime", tenant="a"),
@@ -105,6 +114,13 @@ def test_the_live_view_shows_the_books_as_an_operator_sees_them(live):
     assert set(leases) == set(p.ledger.leases)  # the operator sees every tenant's leases
     states = [e["text"] for e in page if e["attrs"].get("class") == "state"]
     assert sorted(states) == sorted(l.state.name.lower() for l in p.ledger.leases.values())
+    # each lease row: its deadline from now (the books' clock is wall time: within the seconds since
+    # the page was drawn), its confidence
+    for lid, cells in _lease_rows(page).items():
+        req = p.ledger.leases[lid].request
+        assert 0 <= float(cells[4]) - (req.deadline_s - p.now) < 10 and float(cells[5]) == req.confidence
+    dram = [float(e["attrs"]["data-used"]) for e in page if "dram" in e["attrs"].get("class", "").split()]
+    assert dram == [p.tiers.host_used[n.name] for n in p.cluster.nodes]  # host DRAM per node
     bins = [e for e in page if e["attrs"].get("class") == "bin"]
     started = sum(1 for r in p.programs.values() for c in r.calls.values() if c.get("started_s") is not None)
     assert started > 1 and sum(int(b["attrs"]["data-count"]) for b in bins) == started

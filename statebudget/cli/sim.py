@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -277,7 +275,11 @@ def evidence(
     check_outputs(folders=[("--out", out)])
     from ..sim import evidence as ev
 
-    prof = json.loads(profile.read_text()) if profile is not None else None
+    prof = None
+    if profile is not None:  # checked against hetero16, the cluster the crossover answer is for
+        from ..engine_adapters.local.profile import load_profile
+        from ..models.load import load_cluster
+        prof = load_profile(profile, load_cluster("hetero16"))
 
     cfg, todo = ev.plan(quick)
     err.print(f"evidence: {len(todo)} replays on the presets, then the real traces found under {data} "

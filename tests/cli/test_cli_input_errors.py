@@ -350,3 +350,11 @@ def test_undecodable_trace_cluster_and_token_files_are_named(tmp_path):
     assert_clean_error(runner.invoke(app, ["token", "list", "--tokens", str(tmp_path / "tok.json")]), "tok.json:1", "not UTF-8")
     assert_clean_error(runner.invoke(app, ["token", "add", "--tokens", str(tmp_path / "tok.json"), "--role", "admin"]),
                        "tok.json:1", "not UTF-8")
+
+
+def test_evidence_checks_its_profile_before_any_replay(tmp_path):
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"statebudget_profile": 1, "links": {"h2d:no-such-node": 1e10}}))
+    res = runner.invoke(app, ["evidence", "--quick", "--out", str(tmp_path / "out"), "--profile", str(prof)])
+    assert res.exit_code == 2 and "p.json" in res.output and "Traceback" not in res.output, res.output
+    assert not (tmp_path / "out" / "evidence.json").exists()

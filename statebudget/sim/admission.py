@@ -73,6 +73,8 @@ class AdmissionMixin:
         computed once per (model, group, context, reused KV, expected output)."""
         now = self.now
         memo = self.__dict__.setdefault("_run_memo", {})
+        if len(memo) > 100_000:  # the output estimate drifts, so keys accumulate: bound the memory
+            memo.clear()
         out = []
         for c in self.waiting:
             key = (c.model, c.group, c.context_tokens, c.kv_reused_tokens, self.expected_output(c))

@@ -253,7 +253,8 @@ def replan(R: Rows, replan_s: tuple[float, ...], default_s: float) -> tuple[dict
     return ans, [H.section("replan", "How often to re-plan (seed 001)", reading, [H.png_uri(fig)], table, verdict=v)]
 
 
-def switch_stability(drift: dict[str, list[dict]], half_life: list[float | None], n: int) -> tuple[dict, list[str]]:
+def switch_stability(drift: dict[str, list[dict]], half_life: list[float | None], n: int,
+                     figures: list[str] = ()) -> tuple[dict, list[str]]:
     """How stable the switch matrix is: per trace, consecutive windows' largest row change (total
     variation) against what sampling noise alone gives (`traces.stats.switch_drift`). Under the
     null (one matrix throughout) a pair exceeds its seed's null 95th percentile 5 % of the time;
@@ -284,10 +285,11 @@ def switch_stability(drift: dict[str, list[dict]], half_life: list[float | None]
                "neighbouring pairs share a window, so the tail is somewhat optimistic). "
                f"Hotness half-life on swe-team (autocorrelation of per-window call shares): {hl_s}. Imported real "
                "traces without 20 switches of a row per window show n/a (Azure's and ServeGen's programs are one "
-               "call each).")
+               "call each)." + (" The heat map: P(next model | this model) on swe-team, mean over seeds (whole "
+                                "trace)." if figures else ""))
     v = verdict(n, drifts, not drifts, "drifts beyond sampling noise", "within sampling noise")
     out["verdict"] = v
-    return out, [H.section("switch", "How stable the model-switch matrix is (seed 001)", reading,
+    return out, [H.section("switch", "How stable the model-switch matrix is (seed 001)", reading, list(figures),
                            body=H.table(["trace", "window pairs", "median change", "largest change", "noise median",
                                          "pairs above noise Q95", "binomial tail"], rows, "switch"), verdict=v)]
 

@@ -134,20 +134,20 @@ def run(out: Path, quick: bool, workers: int | None = None, ray: str | None = No
         sections += secs
 
     # the switch matrix and active models, from the traces themselves (the evaluated span)
-    st = [trace_stats(generate("swe-team", s, cfg["hours"])) for s in seeds]
-    drift = {t: [switch_drift(generate(t, s, cfg["hours"]), t0=cfg["warmup_s"]) for s in seeds]
-             for t in ("swe-team", "swe-team-shuffled")}
+    swe = [generate("swe-team", s, cfg["hours"]) for s in seeds]
+    st = [trace_stats(t) for t in swe]
+    drift = {"swe-team": [switch_drift(t, t0=cfg["warmup_s"]) for t in swe],
+             "swe-team-shuffled": [switch_drift(generate("swe-team-shuffled", s, cfg["hours"]), t0=cfg["warmup_s"])
+                                   for s in seeds]}
     from ..models.load import load_trace
     for r in real:
         drift[r["name"]] = [switch_drift(load_trace(out / r["file"]), window_s=60.0)]
-    answers["switch_matrix"], secs = C.switch_stability(drift, [s["hotness_half_life_s"] for s in st], len(seeds))
     models = sorted(st[0]["switch_matrix"])
-    mats = [_rownorm(s["switch_matrix"], models) for s in st]
-    answers["switch_matrix"].update(models=models, mean=np.mean(mats, axis=0).round(4).tolist())
+    mean_mat = np.mean([_rownorm(s["switch_matrix"], models) for s in st], axis=0)
+    answers["switch_matrix"], secs = C.switch_stability(drift, [s["hotness_half_life_s"] for s in st], len(seeds),
+                                                        [_heat(mean_mat, models)])
+    answers["switch_matrix"].update(models=models, mean=mean_mat.round(4).tolist())
     sections += secs
-    sections[-1] = sections[-1].replace("</section>", "<p>P(next model | this model) on swe-team, mean over seeds "
-                                        "(whole trace):</p><p><img alt=\"switch matrix\" src=\""
-                                        + _heat(np.mean(mats, axis=0), models) + "\"></p></section>")
     active = {}
     for s in st:
         for k, v in s["active_models"]["time_share"].items():

@@ -20,9 +20,11 @@ class OutputEstimate:
         self.alpha, self.prior_share = alpha, prior_share
         self.mean: dict[str, float] = {}
         self.count: dict[str, int] = {}
+        self.version = 0  # moves at every observation: what a cache of estimates is keyed by
 
     def observe(self, model: str, output_tokens: float) -> None:
         """A call of `model` finished having written `output_tokens`."""
+        self.version += 1
         n = self.count.get(model, 0) + 1
         self.count[model] = n
         w = max(1.0 / n, self.alpha)

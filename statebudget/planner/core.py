@@ -106,6 +106,7 @@ class PlannerCore:
         self._link_key: tuple | None = None             # `_link_window`
         self._link_base: dict[str, float] = {}
         self._link_gbps: float | None = None            # `admit`: mean link bandwidth, GB/s
+        self._pressure: tuple | None = None             # (queue, its Pressure): `pressure`
 
     # ---- the greedy step ------------------------------------------------------------------------
     def plan(self, view, now: float) -> list:
@@ -116,7 +117,6 @@ class PlannerCore:
         progs, p_prog = pred.need_within(now, cfg.horizon_s, self.use_hints)
         tiers = view.tiers
         gpu_copies = tiers.gpu
-        load = self.pressure(view)
         keys, groups, per_gpu, values, copies, paths, probs = [], [], [], [], [], [], []
 
         def push(key, group, c, p, value, new_per_gpu, path):
@@ -278,6 +278,8 @@ class PlannerCore:
                 out.append(Demote(k, g, "host"))
         # Speculation yields past capacity: a promote onto a group with a queue takes HBM and link
         # from the calls already waiting there, and the next call goes elsewhere (`overload.py`).
+        # The queue is read only when there is something to promote.
+        load = self.pressure(view) if promote else None
         if load is not None:
             promote = {i for i in promote if not load.past_capacity(groups[i])}
         out = [Promote(keys[i], groups[i]) for i in plan.promote if i in promote] + out
@@ -304,7 +306,18 @@ class PlannerCore:
         if self.cfg.overload_wait_s is None:
             return None
         queue = view.admission_queue()
-        return Pressure.of(view, self.cfg.overload_wait_s, queue) if queue else None
+        if not queue:
+            return None
+        # A view hands back the same list while its queue is unchanged (the simulator's does):
+        # then only the calls running per GPU can have moved since the last step.
+        last = self._pressure
+        running = getattr(view, "running_on", None)
+        if last is not None and last[0] is queue and last[1].threshold_s == self.cfg.overload_wait_s \
+                and (running is None or last[1].running == tuple(running)):
+            return last[1]
+        load = Pressure.of(view, self.cfg.overload_wait_s, queue)
+        self._pressure = (queue, load)
+        return load
 
     def _link_window(self) -> dict[str, float]:
         """Each link's promotion budget over the window before what is queued on it (the links'

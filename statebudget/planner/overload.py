@@ -41,7 +41,8 @@ class Pressure:
             for i in group:
                 waiting[i] += 1
                 queued[i] += run_s
-                oldest[i] = max(oldest[i], waited_s)
+                if waited_s > oldest[i]:
+                    oldest[i] = waited_s
         running = getattr(view, "running_on", None) or [0] * n
         return cls(tuple(waiting), tuple(queued), tuple(running), tuple(oldest), threshold_s)
 

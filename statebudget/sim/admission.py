@@ -5,6 +5,8 @@ only calls that end before the drain backfill there."""
 
 from __future__ import annotations
 
+from operator import is_
+
 from ..models.state import expert_key, kv_key, weights_key
 from .calls import CallRec
 
@@ -45,12 +47,21 @@ class AdmissionMixin:
         """When a call should end, by the cost model's uncontended load (`new_per_gpu` bytes from
         the slowest tier, NVMe), prefill and decode of `tokens`, by default the output it is
         expected to write (`output_estimate`: its true output is not known before it ends)."""
+        base = c.start if c.state == "running" else self.now
+        plain = tokens is None and new_per_gpu == 0.0
+        if plain:  # asked of every active call at every placement: kept per call while its inputs hold
+            e = self.expected_output(c)
+            last = c.est_run
+            if last and last[0] == e and last[1] == c.kv_reused_tokens and last[2] == c.group:
+                return base + last[3]
         m = self.catalog.by_name[c.model]
         g0 = self.gpus[c.group[0]]
         run = self.cost.prefill_s(m, max(0, c.context_tokens - c.kv_reused_tokens), c.group) + \
             self.cost.decode_s(m, self.expected_output(c) if tokens is None else tokens, c.context_tokens, c.group) + \
             self.cost.transfer_s(new_per_gpu, f"nvme:{g0.node}", f"gpu:{g0.index}")
-        return (c.start if c.state == "running" else self.now) + run
+        if plain:
+            c.est_run = (e, c.kv_reused_tokens, c.group, run)
+        return base + run
 
     def _drain_end(self, group) -> float:
         """The latest the calls holding room on `group` can end: each writes at most its
@@ -69,19 +80,34 @@ class AdmissionMixin:
     def admission_queue(self) -> list[tuple[str, tuple[int, ...], float, float]]:
         """(model, group, expected run seconds, seconds waited) of each call waiting for HBM
         (`ResidencyView`); the run is `_est_end`'s, from the output estimate, never a call's true
-        output. Asked at every planning step past capacity, over queues hundreds long: a run is
-        computed once per (model, group, context, reused KV, expected output)."""
+        output. Asked at every planning step and placement past capacity, over queues hundreds
+        long, so the list is kept while nothing it reads has changed: the clock, the waiting
+        calls and their order (a join moves `_joined`, a leave shortens the list, an admission or
+        a retry moves `_queue_moves`) and the output estimate; and a run is computed once per
+        (model, group, context, reused KV, expected output)."""
         now = self.now
+        est = self.output_estimate
+        key = (now, len(self.waiting), self._joined, self._queue_moves, est.version)
+        if self.__dict__.get("_queue_key") == key:
+            return self._queue
         memo = self.__dict__.setdefault("_run_memo", {})
         if len(memo) > 100_000:  # the output estimate drifts, so keys accumulate: bound the memory
             memo.clear()
+        expected = est.expected
         out = []
         for c in self.waiting:
-            key = (c.model, c.group, c.context_tokens, c.kv_reused_tokens, self.expected_output(c))
-            run = memo.get(key)
-            if run is None:
-                run = memo[key] = self._est_end(c) - now
+            e, r = expected(c.model, c.max_tokens), c.kv_reused_tokens
+            last = c.queue_run
+            if last and last[0] == e and last[1] == r:
+                run = last[2]
+            else:
+                key_c = (c.model, c.group, c.context_tokens, r, e)
+                run = memo.get(key_c)
+                if run is None:
+                    run = memo[key_c] = self._est_end(c) - now
+                c.queue_run = (e, r, run)
             out.append((c.model, c.group, (now + run) - now, now - c.arrive))
+        self._queue_key, self._queue = key, out
         return out
 
     def _held_for_another(self, group) -> bool:
@@ -170,6 +196,7 @@ class AdmissionMixin:
         self.active[id(c)] = c
         kvk = kv_key(c.program, c.model)
         c.kv_reused_tokens = self.kv_tokens.get(kvk, 0)
+        self._queue_moves += 1  # still in `waiting` until the retry ends, changed: `admission_queue`
         self.recorder.dirty = True
         self._apply(self._hook("on_call_admitted", c))
         if loads:
@@ -224,6 +251,8 @@ class AdmissionMixin:
             for c in self._order(self.waiting):
                 if not self._admit(c):
                     still.append(c)
+            if len(still) != len(self.waiting) or not all(map(is_, still, self.waiting)):
+                self._queue_moves += 1
             self.waiting = still
             if held is None or held.state == "waiting" or not self.waiting:
                 return

@@ -73,6 +73,7 @@ class Simulator(ProgramsMixin, AdmissionMixin, CallsMixin, TransfersMixin, Event
         self.flows = FairShare(cap)
         self._init_loop()
         self._joined = 0  # counts the calls that joined a waiting list (`CallRec.seq`)
+        self._queue_moves = 0  # counts admissions and retries of the waiting list (`admission_queue`)
         self.programs: dict[str, ProgRun] = {}
         self.calls: list[CallRec] = []
         self.waiting: list[CallRec] = []  # admitted nowhere yet, FCFS

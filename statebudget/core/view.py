@@ -87,8 +87,8 @@ class ResidencyView:
 
     def admission_queue(self) -> list[tuple[str, tuple[int, ...], float, float]]:
         """(model, group, expected run seconds, seconds waited) of each call waiting for HBM now: what tells the planner
-        it is past capacity (`planner/overload.py`). None here: a view that admits calls itself
-        (the simulator) reports its queue."""
+        it is past capacity (`planner/overload.py`). None here: a view that knows its waiting
+        calls reports them (the simulator's admission, the live planner's arrived calls)."""
         return []
 
     def copies_of(self, model: str) -> list:

@@ -23,7 +23,7 @@ The simulator plans at every event; here `plan_on_events` is off and the service
 the residency view the policies read (`core/view.py`). Its parts live beside it:
 
     programs.py   program and call records, the runtime event handlers
-    queue.py      call priorities and the live queue order
+    queue.py      call priorities, the live queue order, the admission queue (`running_on` too)
     kvwait.py     a waiting program's KV (tool-wait rule), a program's KV released at its end
     leases.py     submit, view, get, cancel of leases
     journal.py    ops: open, offered (`plan_for`), reported (`report`), committed or closed
@@ -71,8 +71,8 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
     """The live planner behind the API (one instance per service; not thread-safe: the service
     calls it from one event loop, one request at a time). Policies read it as their residency
     view: `tiers`, `kv_tokens`, `now`, `cost`, `gpus`, `catalog`, `cluster`, `policy`,
-    `running_models`, `link_backlog()`; they change it only through the Mechanism methods
-    `promote`, `promote_host`, `demote`, `cancel`."""
+    `running_models`, `running_on`, `admission_queue()`, `link_backlog()`; they change it only
+    through the Mechanism methods `promote`, `promote_host`, `demote`, `cancel`."""
 
     def __init__(self, cluster: Cluster, catalog: Catalog, store: Store | None = None, clock=time.time,
                  profile: dict | None = None, telemetry: Telemetry | None = None, queue: str = "fcfs",
@@ -141,6 +141,8 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         self.ledger.on_end = lambda lease: self.telemetry.lease_ended(lease.state.name.lower())
         self.programs: dict[str, ProgramRec] = {}  # every program seen (an ended one refuses late events)
         self.running: dict[str, ProgramRec] = {}   # ... those still running
+        self.arrivals: dict[tuple, tuple] = {}     # (program, call) -> (record, row): calls that arrived (`_arrived`)
+        self._run_memo: dict[tuple, float] = {}    # (model, group, context, output estimate) -> a waiting call's run
         self.tenant_service: Counter = Counter()  # seconds the calls of each tenant ran (attained service)
         self.ops: dict[str, OpRec] = {}          # open ops
         self.ops_of: dict[tuple, set[str]] = {}  # state key -> its open ops' ids (`_moves_out` without a scan)

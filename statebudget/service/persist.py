@@ -113,7 +113,9 @@ class Persist:
                 if st == "moving" and c is not None and not c.ready and lid not in (c.lease or ()):
                     c.lease = (c.lease or ()) + (lid,)
         for rec in self.programs.values():  # calls running at the crash pin their state again
-            for call in rec.calls.values():
+            for cid, call in rec.calls.items():
+                if call["status"] == CallStatus.ARRIVED and rec.status == ProgramStatus.RUNNING:
+                    self._arrived(rec, cid)  # still waiting: the admission queue's again
                 if call["status"] == CallStatus.STARTED and call["group"] is not None:
                     group = tuple(call["group"])
                     self.running_models[(call["model"], group)] += 1

@@ -216,6 +216,7 @@ class ProgramEvents:
                                  "path_in_s": path_in, "service_s": service, "ttft_s": ev.get("ttft_s"),
                                  "context_tokens": ev.get("context_tokens", 0),
                                  "max_tokens": ev.get("max_tokens", DEFAULT_MAX_TOKENS)}
+        self._arrived(rec, ev["call"])
         self.kvw.outcome(kv_key(rec.program, model), True)
         self._keep_kv(kv_key(rec.program, model))
         self.policy.on_call_arrive(self, HookCall(rec.program, ev["call"], model, ev.get("context_tokens", 0),
@@ -254,6 +255,13 @@ class ProgramEvents:
         return CallReady(call, row["status"], group is not None and row["status"] in (CallStatus.ARRIVED, CallStatus.STARTED),
                          gpu_tier(group) if group else None, node)
 
+    def start_group(self, model: str, program: str) -> tuple[int, ...] | None:
+        """The GPU group a call of `model` starts on now: the most recently used ready copy of its
+        weights (the copy `call_ready` names), else where a prefetch for `program` would go
+        (`place_model`); None if it fits no group."""
+        held = [c for c in self.copies_of(model) if c.ready]
+        return max(held, key=lambda c: c.last_use).group if held else place_model(self, model, program)
+
     def _call_started(self, rec: ProgramRec, ev: dict) -> CallAck | CallStartedAck:
         self._live(rec, "call start")
         call = self._call_of(rec, ev)
@@ -262,8 +270,7 @@ class ProgramEvents:
         if call["status"] != CallStatus.ARRIVED:
             return CallAck(ev["call"], call["status"])
         model = call["model"]
-        held = [c for c in self.copies_of(model) if c.ready]
-        group = max(held, key=lambda c: c.last_use).group if held else place_model(self, model, rec.program)
+        group = self.start_group(model, rec.program)
         stall = self.now - call["arrived_s"]
         self.telemetry.stall(stall, call["handoff"])
         call.update(status=CallStatus.STARTED, group=list(group) if group else None, stall_s=stall, started_s=self.now)

@@ -1,11 +1,15 @@
-"""The order of waiting calls: the queue discipline's key (`core/programs.py`, the simulator's),
-with the inputs the live planner knows, as a part of `LivePlanner`."""
+"""The waiting calls as a part of `LivePlanner`: their order (the queue discipline's key,
+`core/programs.py`, the simulator's, with the inputs the live planner knows), and the admission
+queue and running calls per GPU that tell the planner it is past capacity (`planner/overload.py`)."""
 
 from __future__ import annotations
 
 from ..core.programs import AGING, arrival_priority, queue_key, tenant_excess
+from ..models.state import kv_key
+from ..models.trace import DEFAULT_MAX_TOKENS
+from ..policies.baselines import place_model
 from .errors import Invalid
-from .programs import CallRow, CallStatus, ProgramRec, unscoped
+from .programs import CallRow, CallStatus, ProgramRec, ProgramStatus, unscoped
 from .results import QueueView, WaitingCall
 
 
@@ -70,6 +74,68 @@ class QueueOrder:
         if self.queue == "auto":
             return QueueView(self.queue, calls, queue, self.sizes.cv)
         return QueueView(self.queue, calls)
+
+    def _arrived(self, rec: ProgramRec, cid: str) -> None:
+        """Index a call that arrived (`_call_arrived`, and `_restore` for a ledger's waiting
+        calls): the admission queue is read at every planning step and lease, so it reads this
+        index, not every call of every running program. An entry whose call has moved on is
+        dropped when the queue is next read."""
+        self.arrivals[(rec.program, cid)] = (rec, rec.calls[cid])
+
+    def admission_queue(self) -> list[tuple[str, tuple[int, ...], float, float]]:
+        """(model, group, expected run seconds, seconds waited) of each call that arrived and has
+        not started: the service's admission queue (`ResidencyView`, `planner/overload.py`).
+
+        A call waits here until its runtime reports it started, which a gateway does once its
+        weights are ready (`call_ready`); a call its engine queues after that counts as running.
+        The service places a call only when it starts, so a waiting call is counted on the group
+        it would start on now (`start_group`): its model's ready weights, else where a lease for
+        it would prepare them. The run is the cost model's prefill of its whole context and decode
+        of the output estimate (what finished calls wrote, never this call's output: it is not
+        known before it ends), as the simulator's; a call that fits no group is left out."""
+        now, out, gone = self.now, [], []
+        ready: dict[str, tuple | None] = {}  # model -> its most recently used ready group (None: no ready copy)
+        spare: dict[str, tuple | None] = {}  # model -> where `place_model` puts it for a program with no KV in HBM
+        memo = self._run_memo
+        if len(memo) > 10_000:  # the output estimate drifts, so keys accumulate: bound the memory
+            memo.clear()
+        for k, (rec, call) in self.arrivals.items():
+            if call["status"] != CallStatus.ARRIVED or rec.status != ProgramStatus.RUNNING or rec.calls.get(k[1]) is not call:
+                gone.append(k)
+                continue
+            model = call["model"]
+            if model not in ready:
+                held = [c for c in self.copies_of(model) if c.ready]
+                ready[model] = max(held, key=lambda c: c.last_use).group if held else None
+            group = ready[model]
+            if group is None:  # `start_group`, with the part that does not depend on the program found once
+                if kv_key(rec.program, model) in self.tiers.groups_of:
+                    group = self.start_group(model, rec.program)
+                else:
+                    if model not in spare:
+                        spare[model] = place_model(self, model)
+                    group = spare[model]
+                if group is None:
+                    continue
+            key = (model, group, call.get("context_tokens", 0),
+                   self.output_estimate.expected(model, call.get("max_tokens", DEFAULT_MAX_TOKENS)))
+            run = memo.get(key)
+            if run is None:
+                run = memo[key] = self.cost.call_s(self.catalog.by_name[model], key[2], key[3], group)
+            out.append((model, group, run, now - call["arrived_s"]))
+        for k in gone:
+            del self.arrivals[k]
+        return out
+
+    @property
+    def running_on(self) -> list[int]:
+        """Per GPU: the calls started and not yet finished on a group that holds it (the books'
+        `running_models`); what the admission queue's work is divided by."""
+        n = [0] * len(self.gpus)
+        for (_, group), k in self.running_models.items():
+            for i in group:
+                n[i] += k
+        return n
 
     def _judge_size(self, rec: ProgramRec) -> None:
         """`auto`: a finished program's service joins what the queue judges the tail on."""

@@ -128,16 +128,3 @@ def test_a_restart_rebuilds_the_engines_of_awake_weights(tmp_path):
     assert q.residency().engines == [{"model": "planner", "tier": "gpu:0", "state": "awake"}]
     q.tiers.check()
 
-
-def test_past_capacity_a_lease_is_rejected_with_when_to_retry_and_that_survives_a_restart(tmp_path):
-    p = planner(tmp_path / "sb.db")
-    # the live planner reports no admission queue of its own; one is set here to stand for it
-    p.admission_queue = lambda: [("planner", (0,), 400.0, 90.0), ("planner", (1,), 400.0, 90.0)]
-    p.event("a", {"type": "program_started", "program": "p1"})
-    out = p.submit_lease("a", {"program": "p1", "model": "planner", "deadline_s": 60})
-    assert out.decision == "rejected" and out.reason.startswith("overloaded: 1 calls wait for HBM")
-    assert out.retry_after_s == pytest.approx(400.0)
-    assert not p.ops  # nothing is moved for it
-    p.store.close()
-    q = planner(tmp_path / "sb.db")
-    assert q.lease_view(q.ledger.leases[out.lease_id]).retry_after_s == pytest.approx(400.0)

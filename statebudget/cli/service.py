@@ -104,6 +104,11 @@ def serve(
     track_every_s: Annotated[float, typer.Option(help="track a forecast MILP solved this often, off the event loop "
                                                  "(`statebudget-track`, docs/tracking.md); 0: the greedy step alone",
                                                  min=0.0)] = 0.0,
+    overload_wait_s: Annotated[float, typer.Option(help="a group whose waiting calls would hold a new one this long, "
+                                                   "and one has waited as long, is past capacity: leases onto it are "
+                                                   "rejected with a Retry-After (docs/planner.md); below the gateway's "
+                                                   "timeout_s, or its calls never wait that long; 0: off",
+                                                   min=0.0)] = 90.0,
     docs: Annotated[bool, typer.Option(help="serve /docs (plain HTML, nothing from the internet) and /openapi.json, "
                                             "both for admin tokens")] = False,
 ):
@@ -170,7 +175,7 @@ def serve(
     from ..planner.target import TrackConfig
 
     track = TrackConfig(replan_s=track_every_s) if track_every_s > 0 else None
-    planner = LivePlanner(cl, cat, store, profile=prof, queue=queue, config=lease_config(stage_host=stage_host),
+    planner = LivePlanner(cl, cat, store, profile=prof, queue=queue, config=lease_config(stage_host=stage_host, overload_wait_s=overload_wait_s or None),
                           kv_rule=kv_rule, tenant_weights=weights, require_checksums=require_checksums, track=track)
     if (planner.cluster.name, planner.catalog.name) != (cl.name, cat.name):
         err.print(f"[yellow]warning:[/] {db} was started with cluster {planner.cluster.name} and catalog "

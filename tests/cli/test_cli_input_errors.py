@@ -167,6 +167,12 @@ def test_serve_rejects_an_unknown_kv_rule_or_queue_before_writing_anything(tmp_p
     assert not list(tmp_path.iterdir())
 
 
+def test_serve_rejects_a_negative_overload_wait_before_writing_anything(tmp_path):
+    res = runner.invoke(app, ["serve", "--db", str(tmp_path / "sb.db"), "--overload-wait-s", "-1"])
+    assert res.exit_code != 0 and "--overload-wait-s" in res.output
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("value,msg", [("soon", "expected seconds or 'none'"), ("-5", "must be >= 0")])
 def test_bad_admit_starve(tmp_path, value, msg):
     write(tmp_path)

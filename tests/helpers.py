@@ -116,6 +116,24 @@ def real_data_dir():
     return here if here.is_dir() else Path("/work/shared/data/real")
 
 
+def presets_here() -> list:
+    """Every trace preset, for `parametrize`; `real-sessions` marked skip where its real data is not
+    found (a checkout without shared/ beside it), with the error that says where it was looked for."""
+    import pytest
+
+    from statebudget.models.errors import InputError
+    from statebudget.traces.generators import PRESETS
+    from statebudget.traces.real_sessions import rounds_path
+
+    try:
+        rounds_path()
+        missing = None
+    except InputError as e:
+        missing = str(e)
+    return [pytest.param(p, marks=pytest.mark.skip(reason=missing)) if p == "real-sessions" and missing else p
+            for p in PRESETS]
+
+
 def free_port() -> int:
     """A port of 127.0.0.1 that nothing listens on now (for a server a test starts)."""
     import socket

@@ -15,7 +15,8 @@ from .render import print_trace_stats
 
 @guard
 def trace_gen(
-    preset: Annotated[str, typer.Option(help="swe-team | swe-team-shuffled | mapreduce | mixed-tenants | long-tail")],
+    preset: Annotated[str, typer.Option(help="swe-team | swe-team-shuffled | mapreduce | mixed-tenants | long-tail | "
+                                                "real-sessions (reads shared/data/real)")],
     out: Annotated[Path, typer.Option(help="JSONL file to write")],
     seed: Annotated[int, typer.Option()] = 1,
     hours: Annotated[float, typer.Option(help="trace length; fractions allowed")] = 2.0,

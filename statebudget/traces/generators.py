@@ -20,6 +20,9 @@ Presets:
   the heavy-tailed regime in which least-attained-service ordering (PLAS) pays off. The other
   presets' programs, like TraceLab's real sessions, are light-tailed (CV 0.3-0.5). No real data
   is behind this tail. Batch programs (here and in mixed-tenants) send no hints.
+- `real-sessions`: TraceLab's real coding-agent rounds (tokens, tool waits, human think times)
+  resampled into programs with Poisson arrivals and role-mapped models; read from the real data
+  at generation time, unlike the others (`real_sessions.py` says what is real and what is not).
 
 Every call carries `max_tokens`, what a careful runtime asks for by role (`role_max_tokens`: the
 next power of two at or above twice the role's 90th-percentile output); its output is clipped to it.
@@ -48,7 +51,7 @@ from ..models.catalog import Catalog
 from ..models.trace import Cancel, Hint, Program, Trace, TraceHeader, TraceNode
 from .fit import QUANTILES, load_fitted
 
-PRESETS = ("swe-team", "swe-team-shuffled", "mapreduce", "mixed-tenants", "long-tail")
+PRESETS = ("swe-team", "swe-team-shuffled", "mapreduce", "mixed-tenants", "long-tail", "real-sessions")
 LONG_TAIL_ALPHA = 1.2  # Pareto shape of the calls per long-tail program (below 2: infinite variance before the cap)
 MAX_CONTEXT = 60_000
 DRIFT_PERIOD_S = 7200.0
@@ -338,6 +341,7 @@ def generate(preset: str, seed: int, hours: float, load: float = 1.0, hint_noise
         raise ValueError(f"load must be positive, got {load}")
     if not 0.0 <= hint_noise <= 1.0:
         raise ValueError(f"hint_noise must be in [0, 1], got {hint_noise}")
+    extra = {**({"load": load} if load != 1.0 else {}), **({"hint_noise": hint_noise} if hint_noise else {})}
     if preset in ("swe-team", "swe-team-shuffled"):
         g = _Gen("swe-team", seed, hours, load, hint_noise)  # the shuffled control starts from the very same programs
         progs = gen_swe_team(g)
@@ -349,11 +353,18 @@ def generate(preset: str, seed: int, hours: float, load: float = 1.0, hint_noise
     elif preset == "long-tail":
         g = _Gen(preset, seed, hours, load, hint_noise)
         progs = gen_long_tail(g)
+    elif preset == "real-sessions":
+        from .real_sessions import ROUNDS_FILE, gen_real_sessions, load_source
+
+        src = load_source()  # before any draw: a missing data folder fails at once, by name
+        g = _Gen(preset, seed, hours, load, hint_noise)
+        progs = gen_real_sessions(g, src)
+        # the data's digest, not its path: the same seed gives the same bytes on any machine
+        extra["real_data"] = {"file": ROUNDS_FILE.as_posix(), "sha256": src.sha256}
     else:
         g = _Gen(preset, seed, hours, load, hint_noise)
         progs = gen_mixed_tenants(g)
     progs.sort(key=lambda p: (p.start, p.program))
-    extra = {**({"load": load} if load != 1.0 else {}), **({"hint_noise": hint_noise} if hint_noise else {})}
     header = TraceHeader(preset=preset, seed=seed, hours=hours, **extra)
     return Trace(header=header, programs=progs)
 

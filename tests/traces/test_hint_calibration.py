@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from statebudget.traces.generators import PRESETS, generate
+from statebudget.traces.generators import generate
+
+from tests.helpers import presets_here
 
 SEEDS = (1, 2, 3)
 HOURS = 1.0
@@ -30,7 +32,7 @@ def _mean_conf(hints) -> float:
     return sum(c for c, _ in hints) / len(hints)
 
 
-@pytest.mark.parametrize("preset", [p for p in PRESETS if p not in NO_HINTS])
+@pytest.mark.parametrize("preset", [p for p in presets_here() if p not in NO_HINTS])
 def test_confidences_are_calibrated(preset):
     hints = _hints(preset)
     assert len(hints) >= 200
@@ -81,13 +83,13 @@ def test_hints_do_not_depend_on_what_follows():
         assert all(nid in at for nid, k in kinds.items() if k == "search")
 
 
-def test_every_call_asks_for_max_tokens_and_writes_no_more():
-    for preset in PRESETS:
-        for p in generate(preset, 1, 0.3).programs:
-            for n in p.nodes:
-                if n.kind == "call":
-                    assert n.max_tokens is not None and 0 < n.output_tokens <= n.max_tokens
-                    assert n.max_tokens & (n.max_tokens - 1) == 0  # a power of two
+@pytest.mark.parametrize("preset", presets_here())
+def test_every_call_asks_for_max_tokens_and_writes_no_more(preset):
+    for p in generate(preset, 1, 0.3).programs:
+        for n in p.nodes:
+            if n.kind == "call":
+                assert n.max_tokens is not None and 0 < n.output_tokens <= n.max_tokens
+                assert n.max_tokens & (n.max_tokens - 1) == 0  # a power of two
 
 
 def test_max_tokens_is_validated_and_optional():

@@ -8,13 +8,15 @@ from typer.testing import CliRunner
 
 from statebudget.cli import app
 from statebudget.models.load import load_catalog, load_trace, write_trace
-from statebudget.traces.generators import DRIFT_PERIOD_S, PRESETS, generate
+from statebudget.traces.generators import DRIFT_PERIOD_S, generate
 from statebudget.traces.graph import handoff_calls
 from statebudget.traces.stats import trace_stats
 from statebudget.traces.timeline import nominal_timeline
 
+from tests.helpers import presets_here
 
-@pytest.mark.parametrize("preset", PRESETS)
+
+@pytest.mark.parametrize("preset", presets_here())
 def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path, preset):
     runner = CliRunner()
     outs = []

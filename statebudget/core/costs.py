@@ -47,6 +47,7 @@ class CostModel:
     link_bw: dict[str, float] = field(init=False)
     _restore_memo: dict = field(init=False, default_factory=dict, repr=False)
     _flops_memo: dict = field(init=False, default_factory=dict, repr=False)
+    _hbm_memo: dict = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self):
         bw: dict[str, float] = {}
@@ -139,18 +140,26 @@ class CostModel:
             return model.dense_bytes + model.moe.active * model.moe.layers * model.moe.expert_gb * GB
         return model.dense_bytes
 
+    def _hbm_bps(self, group: tuple[int, ...]) -> float:
+        """The group's HBM bandwidth in bytes/s, its slowest GPU's times its size (fixed; asked for
+        every call's expected end at every placement and planning step)."""
+        bps = self._hbm_memo.get(group)
+        if bps is None:
+            bps = self._hbm_memo[group] = min(self.gpu_kind(i).hbm_gbps for i in group) * GB * len(group)
+        return bps
+
     def decode_s(self, model: ModelSpec, output_tokens: float, kv_tokens: float, group: tuple[int, ...]) -> float:
         """Roofline decode: each step reads the active weights and the KV once, split over the group."""
         if output_tokens <= 0:
             return 0.0
-        hbm = min(self.gpu_kind(i).hbm_gbps for i in group) * GB * len(group)
+        hbm = self._hbm_bps(group)
         mean_kv = (kv_tokens + output_tokens / 2) * model.kv_bytes_per_token
         return output_tokens * (self.active_bytes(model) + mean_kv) / hbm
 
     def decode_step_s(self, model: ModelSpec, batch: int, kv_tokens: float, group: tuple[int, ...]) -> float:
         """One decode step of `batch` sequences of `kv_tokens` each, the roofline of `decode_s`:
         the active weights once, each sequence's KV once, split over the group."""
-        hbm = min(self.gpu_kind(i).hbm_gbps for i in group) * GB * len(group)
+        hbm = self._hbm_bps(group)
         return (self.active_bytes(model) + batch * kv_tokens * model.kv_bytes_per_token) / hbm
 
     def hop_s(self, nbytes: float, src_gpu: int, dst_gpu: int, link: tuple[float, float] | None = None) -> float:

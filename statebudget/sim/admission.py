@@ -48,19 +48,20 @@ class AdmissionMixin:
         the slowest tier, NVMe), prefill and decode of `tokens`, by default the output it is
         expected to write (`output_estimate`: its true output is not known before it ends)."""
         base = c.start if c.state == "running" else self.now
+        out = self.expected_output(c) if tokens is None else tokens
         plain = tokens is None and new_per_gpu == 0.0
         if plain:  # asked of every active call at every placement: kept per call while its inputs hold
-            e = self.expected_output(c)
             last = c.est_run
-            if last and last[0] == e and last[1] == c.kv_reused_tokens and last[2] == c.group:
+            if last and last[0] == out and last[1] == c.kv_reused_tokens and last[2] == c.group:
                 return base + last[3]
         m = self.catalog.by_name[c.model]
-        g0 = self.gpus[c.group[0]]
         run = self.cost.prefill_s(m, max(0, c.context_tokens - c.kv_reused_tokens), c.group) + \
-            self.cost.decode_s(m, self.expected_output(c) if tokens is None else tokens, c.context_tokens, c.group) + \
-            self.cost.transfer_s(new_per_gpu, f"nvme:{g0.node}", f"gpu:{g0.index}")
+            self.cost.decode_s(m, out, c.context_tokens, c.group)
+        if new_per_gpu > 0:
+            g0 = self.gpus[c.group[0]]
+            run += self.cost.transfer_s(new_per_gpu, f"nvme:{g0.node}", f"gpu:{g0.index}")
         if plain:
-            c.est_run = (e, c.kv_reused_tokens, c.group, run)
+            c.est_run = (out, c.kv_reused_tokens, c.group, run)
         return base + run
 
     def _drain_end(self, group) -> float:

@@ -116,22 +116,29 @@ def real_data_dir():
     return here if here.is_dir() else Path("/work/shared/data/real")
 
 
-def presets_here() -> list:
-    """Every trace preset, for `parametrize`; `real-sessions` marked skip where its real data is not
-    found (a checkout without shared/ beside it), with the error that says where it was looked for."""
-    import pytest
-
+def real_data_missing() -> str | None:
+    """None where `real-sessions` finds its real data (`traces/real_sessions.py:rounds_path`), else
+    the error that says where it was looked for."""
     from statebudget.models.errors import InputError
-    from statebudget.traces.generators import PRESETS
     from statebudget.traces.real_sessions import rounds_path
 
     try:
         rounds_path()
-        missing = None
     except InputError as e:
-        missing = str(e)
+        return str(e)
+    return None
+
+
+def presets_here(exclude=()) -> list:
+    """Every trace preset but `exclude`, for `parametrize`; `real-sessions` marked skip where its real
+    data is not found (a checkout without shared/ beside it)."""
+    import pytest
+
+    from statebudget.traces.generators import PRESETS
+
+    missing = real_data_missing()
     return [pytest.param(p, marks=pytest.mark.skip(reason=missing)) if p == "real-sessions" and missing else p
-            for p in PRESETS]
+            for p in PRESETS if p not in exclude]
 
 
 def free_port() -> int:

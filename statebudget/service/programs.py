@@ -236,6 +236,7 @@ class ProgramEvents:
             return CallAck(ev["call"], CallStatus.CANCELLED)  # a repeated event
         self._unpin(rec, call, accrue=False)  # an abandoned run is no service (as in the simulator)
         call["status"] = CallStatus.CANCELLED
+        self._left(rec, ev["call"])
         self._apply(self.policy.on_call_cancelled(self, HookCall(rec.program, ev["call"], call["model"])))
         self._save_program(rec)
         return CallAck(ev["call"], CallStatus.CANCELLED)
@@ -274,6 +275,7 @@ class ProgramEvents:
         stall = self.now - call["arrived_s"]
         self.telemetry.stall(stall, call["handoff"])
         call.update(status=CallStatus.STARTED, group=list(group) if group else None, stall_s=stall, started_s=self.now)
+        self._left(rec, ev["call"])
         rec.last_model = model
         if group is not None:
             self.running_models[(model, group)] += 1
@@ -320,6 +322,7 @@ class ProgramEvents:
         group = self._unpin(rec, call)
         call.setdefault("path_s", call.get("path_in_s", 0.0) + call.get("service_s", 0.0))
         call["status"] = CallStatus.FINISHED
+        self._left(rec, ev["call"])
         model = call["model"]
         if ev.get("output_tokens") is not None:  # what it wrote: known now that it has ended
             self.output_estimate.observe(model, ev["output_tokens"])
@@ -452,8 +455,9 @@ class ProgramEvents:
             if lease.request.program == rec.program and lease.state.live:
                 stopped.append((lease.lease_id, self.ledger.cancel(lease.lease_id, self.now, f"program {status}")))
         decisions = self.policy.stop_leases(self, stopped)
-        for call in rec.calls.values():
+        for cid, call in rec.calls.items():
             self._unpin(rec, call)
+            self._left(rec, cid)
             if call["status"] in (CallStatus.ARRIVED, CallStatus.STARTED):
                 call["status"] = CallStatus.CANCELLED  # it never finished: the program's end abandons it
         for thread in rec.tools:

@@ -78,9 +78,14 @@ class QueueOrder:
     def _arrived(self, rec: ProgramRec, cid: str) -> None:
         """Index a call that arrived (`_call_arrived`, and `_restore` for a ledger's waiting
         calls): the admission queue is read at every planning step and lease, so it reads this
-        index, not every call of every running program. An entry whose call has moved on is
-        dropped when the queue is next read."""
+        index, not every call of every running program. An entry whose call has moved on leaves at
+        once (`_left`); the read drops any that did not."""
         self.arrivals[(rec.program, cid)] = (rec, rec.calls[cid])
+
+    def _left(self, rec: ProgramRec, cid: str) -> None:
+        """A call started, finished or was cancelled, or its program ended: out of the index (read
+        or not: with the overload mode off nothing reads it)."""
+        self.arrivals.pop((rec.program, cid), None)
 
     def admission_queue(self) -> list[tuple[str, tuple[int, ...], float, float]]:
         """(model, group, expected run seconds, seconds waited) of each call that arrived and has

@@ -29,8 +29,9 @@ Synthetic, because the data cannot give it:
 - `max_tokens`: 4096 for every call, the trace format's default (the importers' choice too).
 
 Hints, held to the other presets' rule (DESIGN.md §5, `generators.py`): when a round's tools start,
-the runtime announces the next call. It knows the role of the round just run and the program's
-coder, not the program's future: it names a model drawn from the next role's distribution given
+the runtime announces the next call. It knows the role of the round just run and, once one of
+its coding rounds has run, the program's coder (before, only the coin's odds, `P_DENSE_CODER`, as
+swe-team's runtime), not the program's future: it names a model drawn from the next role's distribution given
 the current role, the frequencies of those transitions over every program the preset can draw
 (weighted by how likely each is drawn; `_hint_table`), with that probability as the confidence,
 so confidences are calibrated. No hint is issued during a human's think time: whether the human
@@ -53,8 +54,8 @@ DATA_ENV = "STATEBUDGET_REAL_DATA"  # a folder holding tracelab/round_trace.json
 ROUNDS_FILE = Path("tracelab") / "round_trace.jsonl"
 DEVELOPERS = 10
 # Per developer: the gap that makes the calls' nominal time an hour swe-team's (docs/traces.md).
-# Derived as 10 x 3600 x 67.4 / 5632 = 431 s; checked on tuning seeds 1-10, where this preset's
-# nominal work is 1.005x swe-team's (1.056x on evaluation seeds 100-109, not used to choose it).
+# First derived from figures of seeds 100-109 (10 x 3600 x 67.4 / 5632 = 431 s); on tuning seeds
+# 1-10 this preset's nominal work is 1.005x swe-team's with it, so it stands (1.056x on 100-109).
 MEAN_GAP_S = 430.0
 P_DENSE_CODER = 0.5
 ROLE_MODELS = {"plan": "planner", "research": "reasoner", "check": "reviewer", "answer": "summarizer"}
@@ -167,6 +168,7 @@ def _program(g, src: Source, table, pid: str, tenant: str, start: float) -> Prog
     after: list[str] = []
     pending: dict[str, float] | None = None  # the runtime's distribution for the next call
     issued_at = ""  # the node it was announced at
+    coded = False   # a round of the program's coder has run
 
     def add(**kw) -> str:
         nid = f"n{len(nodes) + 1}"
@@ -177,6 +179,7 @@ def _program(g, src: Source, table, pid: str, tenant: str, start: float) -> Prog
         out = min(r.output, DEFAULT_MAX_TOKENS)
         cid = add(kind="call", model=_model(r.role, coder), context_tokens=min(r.context, MAX_CONTEXT),
                   output_tokens=out, max_tokens=DEFAULT_MAX_TOKENS, after=after)
+        coded = coded or r.role == CODE
         if pending is not None:
             model = g.hint_model(pending)
             hints.append(Hint.model_validate({"issued_at": issued_at, "for": cid, "model": model,
@@ -188,9 +191,13 @@ def _program(g, src: Source, table, pid: str, tenant: str, start: float) -> Prog
         tools = [add(kind="tool", tool=name, duration=d, after=[cid]) for name, d in r.tools]
         if tools:
             after = tools
+            # Which coder the program has is known once a coding round has run; before, the runtime
+            # knows only the coin's odds (as swe-team's runtime, `generators.py`).
+            odds = {coder: 1.0} if coded else {"coder": P_DENSE_CODER, "fast-coder": 1.0 - P_DENSE_CODER}
             probs: dict[str, float] = {}
             for role, p in table[r.role].items():
-                probs[_model(role, coder)] = probs.get(_model(role, coder), 0.0) + p
+                for m, q in (odds.items() if role == CODE else ((ROLE_MODELS[role], 1.0),)):
+                    probs[m] = probs.get(m, 0.0) + p * q
             pending, issued_at = probs, tools[0]
         if r.user_s > 0:
             after = [add(kind="tool", tool=USER_TOOL, duration=r.user_s, after=after)]

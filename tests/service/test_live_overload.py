@@ -143,3 +143,20 @@ def test_a_retried_call_waits_once_from_its_new_arrival_and_an_ended_program_wai
     p.event("a", {"type": "program_cancelled", "program": "x1"})
     p.event("a", {"type": "call_started", "program": "r1", "call": "c", "attempt": 1})
     assert p.admission_queue() == [] and p.running_on == [1, 0]
+
+
+def test_calls_leave_the_index_as_they_move_on_even_with_nothing_reading_it():
+    # overload off: nothing reads the queue, so only the events themselves can empty the index
+    p = make_live_planner(clock=Clock(T0), config=lease_config(overload_wait_s=None))
+    weights_ready(p)
+    for i in range(4):
+        arrive(p, f"s{i}")
+        p.event("a", {"type": "call_started", "program": f"s{i}", "call": "c"})
+    p.event("a", {"type": "call_finished", "program": "s0", "call": "c", "output_tokens": 10})
+    arrive(p, "x", call="c1")
+    p.event("a", {"type": "call_cancelled", "program": "x", "call": "c1"})
+    arrive(p, "f", call="c2")
+    p.event("a", {"type": "call_finished", "program": "f", "call": "c2", "output_tokens": 10})  # never started
+    arrive(p, "e", call="c3")
+    p.event("a", {"type": "program_cancelled", "program": "e"})
+    assert p.arrivals == {}

@@ -1,52 +1,83 @@
 """The simulator's admission queue and call-end estimates are kept between planning steps
 (`AdmissionMixin.admission_queue`, `_est_end`): what a policy reads from them must be what a fresh
-computation gives at that instant, through joins, admissions, retries and estimate changes."""
+computation gives at that instant, through joins, admissions, retries after failed attempts (a
+retried call is placed anew), queue reorders and estimate changes."""
 
 import math
 
-from tests.helpers import call, catalog, cluster, program, trace
+import pytest
+
+from tests.helpers import call, catalog, program, trace
+from statebudget.models.cluster import Cluster
 from statebudget.planner.core import PlannerConfig
 from statebudget.policies.ours import StateBudget
 from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 
+GROUPS = ((0,), (1,), (2,))
+
+
+def _cluster() -> Cluster:
+    # three single-GPU groups of two kinds: the same call runs 3x longer on the slow ones
+    kind = {"hbm_gb": 40.0, "h2d_gbps": 25.0, "d2h_gbps": 25.0, "wake_s": 0.5, "cold_start_s": 10.0,
+            "engine_overhead_gb": 0.0}
+    return Cluster.model_validate({
+        "name": "test", "hbm_reserve_frac": 0.0,
+        "gpu_kinds": {"fast": {**kind, "hbm_gbps": 1555, "tflops": 312.0},
+                      "slow": {**kind, "hbm_gbps": 500, "tflops": 100.0}},
+        "nodes": [{"name": "n0", "host_dram_gb": 256, "nvme_gb": 4000, "nvme_read_gbps": 7, "nvme_write_gbps": 5,
+                   "root_gbps": 50, "gpus": {"fast": 1, "slow": 2}}]})
+
 
 class _Checking(StateBudget):
-    """At every hook, the kept queue and call ends against fresh ones."""
+    """At every planning step, the kept queue and call ends against fresh ones (everything kept
+    forgotten, the memo of runs too), then everything kept put back, so that the check does not
+    change the replay."""
 
     def __init__(self):
         super().__init__(PlannerConfig(overload_wait_s=30.0))
-        self.checked = self.queued_seen = 0
+        self.checked = self.queued_seen = self.moved = 0
 
     def replan(self, sim):
         kept = sim.admission_queue()
-        kept_waits = [sim.expected_wait_s(g) for g in ((0,), (1,))]
-        sim._queue_key = None                      # what was kept, forgotten
-        for c in list(sim.waiting) + list(sim.active.values()):
+        kept_waits = [sim.expected_wait_s(g) for g in GROUPS]
+        calls = list(sim.waiting) + list(sim.active.values())
+        saved = ([(c.queue_run, c.est_run) for c in calls], sim._queue_key, sim._queue, sim.__dict__.get("_run_memo"))
+        sim._queue_key, sim._run_memo = None, {}
+        for c in calls:
             c.queue_run, c.est_run = (), ()
         fresh = sim.admission_queue()
+        fresh_waits = [sim.expected_wait_s(g) for g in GROUPS]
+        for c, (q, e) in zip(calls, saved[0]):
+            c.queue_run, c.est_run = q, e
+        sim._queue_key, sim._queue, sim._run_memo = saved[1:]
         assert [(m, g, w) for m, g, _, w in kept] == [(m, g, w) for m, g, _, w in fresh]
-        # the run of a waiting call is memoised per (model, group, context, reused KV, output
-        # estimate) across calls, so a fresh list may round it differently in the last bits
+        # a run the memo kept was computed at another instant: (now + run) - now may round apart
         assert all(math.isclose(a[2], b[2], rel_tol=1e-12) for a, b in zip(kept, fresh))
-        assert kept_waits == [sim.expected_wait_s(g) for g in ((0,), (1,))]
+        assert kept_waits == fresh_waits
         self.checked += 1
         self.queued_seen += bool(kept)
         if kept and self.checked % 7 == 0:
             # a moved output estimate, at the same instant, moves every waiting call's run
             sim.output_estimate.observe("m", sim.output_estimate.expected("m", 1500) + 500)
             assert all(b[2] > a[2] for a, b in zip(fresh, sim.admission_queue()))
+            self.moved += 1
         return super().replan(sim)
 
 
-def test_the_kept_admission_queue_is_the_fresh_one_at_every_step():
-    # two 40 GB GPUs, a 30 GB model, a call every 2 s of ~11 s each: the queue grows, calls are
-    # admitted several at an instant, and every call's end moves the output estimate
-    cl, cat = cluster(gpus=2, hbm_gb=40.0, cold=10.0, wake=0.5), catalog(("m", 30.0, 3_000_000))
+@pytest.mark.parametrize("queue,failures", [("fcfs", 0.0), ("atlas", 0.3)])
+def test_the_kept_admission_queue_is_the_fresh_one_at_every_step(queue, failures):
+    # a 30 GB model, one call a GPU; pairs of programs arrive at the same instant every 2 s, each
+    # call ~11 s: the queue grows, calls are admitted several at an instant, every call's end
+    # moves the output estimate, and failed attempts are placed again, maybe on another kind
+    cat = catalog(("m", 30.0, 3_000_000))
     tr = trace(*(program(f"p{i:02d}", [call("a", "m", ctx=1000, out=200 + 40 * i, max_tokens=1500),
                                        call("b", "m", ctx=1100, out=300, max_tokens=1500, after=["a"])],
-                         start=2.0 * i) for i in range(24)))
+                         start=2.0 * (i // 2)) for i in range(32)))
     pol = _Checking()
-    res = Simulator(cl, cat, tr, pol, config=SimConfig(check_invariants=True, start="warm")).run()
+    res = Simulator(_cluster(), cat, tr, pol, config=SimConfig(check_invariants=True, start="warm", seed=3,
+                                                               queue=queue, call_failure_rate=failures)).run()
     assert all(c.state == "done" for c in res.calls)
-    assert pol.checked > 50 and pol.queued_seen > 20
+    assert pol.checked > 50 and pol.queued_seen > 20 and pol.moved > 3
+    if failures:
+        assert res.failed_attempts > 5

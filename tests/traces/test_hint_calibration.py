@@ -32,7 +32,7 @@ def _mean_conf(hints) -> float:
     return sum(c for c, _ in hints) / len(hints)
 
 
-@pytest.mark.parametrize("preset", [p for p in presets_here() if p not in NO_HINTS])
+@pytest.mark.parametrize("preset", presets_here(exclude=NO_HINTS))
 def test_confidences_are_calibrated(preset):
     hints = _hints(preset)
     assert len(hints) >= 200

@@ -7,7 +7,6 @@ from __future__ import annotations
 from ..core.programs import AGING, arrival_priority, queue_key, tenant_excess
 from ..models.state import kv_key
 from ..models.trace import DEFAULT_MAX_TOKENS
-from ..policies.baselines import place_model
 from .errors import Invalid
 from .programs import CallRow, CallStatus, ProgramRec, ProgramStatus, unscoped
 from .results import QueueView, WaitingCall
@@ -99,8 +98,8 @@ class QueueOrder:
         of the output estimate (what finished calls wrote, never this call's output: it is not
         known before it ends), as the simulator's; a call that fits no group is left out."""
         now, out, gone = self.now, [], []
-        ready: dict[str, tuple | None] = {}  # model -> its most recently used ready group (None: no ready copy)
-        spare: dict[str, tuple | None] = {}  # model -> where `place_model` puts it for a program with no KV in HBM
+        # `start_group` depends on the program only where its KV is in HBM: asked once per model else
+        where: dict[tuple, tuple | None] = {}
         memo = self._run_memo
         if len(memo) > 10_000:  # the output estimate drifts, so keys accumulate: bound the memory
             memo.clear()
@@ -109,19 +108,12 @@ class QueueOrder:
                 gone.append(k)
                 continue
             model = call["model"]
-            if model not in ready:
-                held = [c for c in self.copies_of(model) if c.ready]
-                ready[model] = max(held, key=lambda c: c.last_use).group if held else None
-            group = ready[model]
-            if group is None:  # `start_group`, with the part that does not depend on the program found once
-                if kv_key(rec.program, model) in self.tiers.groups_of:
-                    group = self.start_group(model, rec.program)
-                else:
-                    if model not in spare:
-                        spare[model] = place_model(self, model)
-                    group = spare[model]
-                if group is None:
-                    continue
+            at = (model, rec.program if kv_key(rec.program, model) in self.tiers.groups_of else None)
+            if at not in where:
+                where[at] = self.start_group(model, rec.program)
+            group = where[at]
+            if group is None:
+                continue
             key = (model, group, call.get("context_tokens", 0),
                    self.output_estimate.expected(model, call.get("max_tokens", DEFAULT_MAX_TOKENS)))
             run = memo.get(key)

@@ -95,21 +95,13 @@ class AdmissionMixin:
         memo = self.__dict__.setdefault("_run_memo", {})
         if len(memo) > 100_000:  # the output estimate drifts, so keys accumulate: bound the memory
             memo.clear()
-            self._run_memo_gen = self.__dict__.get("_run_memo_gen", 0) + 1  # and what calls kept of it
-        gen = self.__dict__.get("_run_memo_gen", 0)
         expected = est.expected
         out = []
         for c in self.waiting:
-            e, r = expected(c.model, c.max_tokens), c.kv_reused_tokens
-            last = c.queue_run  # the memo's entry, kept on the call; a retried call is placed anew
-            if last and last[0] == e and last[1] == r and last[2] == c.group and last[3] == gen:
-                run = last[4]
-            else:
-                key_c = (c.model, c.group, c.context_tokens, r, e)
-                run = memo.get(key_c)
-                if run is None:
-                    run = memo[key_c] = self._est_end(c) - now
-                c.queue_run = (e, r, c.group, gen, run)
+            key_c = (c.model, c.group, c.context_tokens, c.kv_reused_tokens, expected(c.model, c.max_tokens))
+            run = memo.get(key_c)
+            if run is None:
+                run = memo[key_c] = self._est_end(c) - now
             out.append((c.model, c.group, (now + run) - now, now - c.arrive))
         self._queue_key, self._queue = key, out
         return out

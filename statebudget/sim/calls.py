@@ -49,7 +49,6 @@ class CallRec:
     prefilling: bool = False   # holds a prefill slot on its GPUs
     attempt: int = 0           # retries after a failed attempt (`call_failure_rate`) count up
     seq: int = 0               # when it joined the list it waits in (admission or compute): FCFS's order
-    queue_run: tuple = ()      # (expected output, reused KV, group, memo generation, run s): `admission_queue`
     est_run: tuple = ()        # (expected output, reused KV, group, run s) of its last plain `_est_end`
 
 

@@ -77,3 +77,26 @@ def gateway_stack(tmp, wake_s: float = 0.3, tokens_per_s: float = 200.0, engines
         yield {"url": url, "planner": planner_url, "engines": engines, "live": live, "gateway": app.state.gateway,
                "loop": app.state.loop, "supervisor": sup, "adapter": ad if adapter else None}
 
+
+
+def ready_refusal(planner, program: str, call: str, timeout_s: float):
+    """The `Refused` a gateway for `coder` raises while it waits for a call's state to be ready, its
+    planner `planner` (an httpx mock handler): how a lease's answer reaches the agent."""
+    import asyncio
+    import time
+
+    import httpx
+    import pytest
+
+    from statebudget.gateway.app import Gateway, Program
+    from statebudget.gateway.config import GatewayConfig
+    from statebudget.gateway.wire import Refused
+
+    async def ask():
+        gw = Gateway(GatewayConfig(engines=[{"model": "coder", "url": "http://127.0.0.1:9"}]),
+                     httpx.AsyncClient(transport=httpx.MockTransport(planner), base_url="http://planner"))
+        with pytest.raises(Refused) as e:
+            await gw._ready(Program(program, single=False), call, "coder", time.monotonic() + timeout_s)
+        return e.value
+
+    return asyncio.run(ask())

@@ -158,14 +158,9 @@ def test_bad_requests_and_an_unreachable_planner_are_answered_in_openai_shape():
 
 
 def test_a_lease_rejected_past_capacity_is_a_503_with_the_planners_retry_after():
-    import asyncio
-    import time
-
     import httpx
 
-    from statebudget.gateway.app import Gateway, Program
-    from statebudget.gateway.config import GatewayConfig
-    from statebudget.gateway.wire import Refused
+    from tests.gateway.stack import ready_refusal
 
     posted = []
 
@@ -175,14 +170,7 @@ def test_a_lease_rejected_past_capacity_is_a_503_with_the_planners_retry_after()
                                          "reason": "overloaded: 9 calls wait for HBM on gpu:0, about 42 s of work; "
                                                    "retry after 42 s", "retry_after_s": 42.0})
 
-    async def ask():
-        gw = Gateway(GatewayConfig(engines=[{"model": "coder", "url": "http://127.0.0.1:9"}]),
-                     httpx.AsyncClient(transport=httpx.MockTransport(planner), base_url="http://planner"))
-        with pytest.raises(Refused) as e:
-            await gw._ready(Program("p1", single=False), "c1", "coder", time.monotonic() + 60.0)
-        return e.value
-
-    err = asyncio.run(ask())
+    err = ready_refusal(planner, "p1", "c1", 60.0)
     # the quote (2 s) is within the timeout: only the planner's word stops the gateway asking again
     assert err.status == 503 and err.retry_after_s == 42.0 and "overloaded: 9 calls" in str(err)
     assert posted == ["/v1/leases"]

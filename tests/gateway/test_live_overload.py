@@ -3,9 +3,7 @@ admission queue of calls waiting for a model's weights) becomes a 503 with its R
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
 
 import httpx
 import pytest
@@ -13,10 +11,7 @@ from fastapi.testclient import TestClient
 
 from statebudget.api.app import create_app
 from statebudget.api.auth import Auth, TokenEntry
-from statebudget.gateway.app import Gateway, Program
-from statebudget.gateway.config import GatewayConfig
-from statebudget.gateway.wire import Refused
-
+from tests.gateway.stack import ready_refusal
 from tests.helpers import Clock, make_live_planner
 
 TOKEN = "runtime-gw-0123456789"
@@ -42,14 +37,7 @@ def test_a_request_onto_a_group_past_capacity_is_a_503_with_the_planners_retry_a
                                     headers={"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
             return httpx.Response(r.status_code, content=r.content, headers={"content-type": "application/json"})
 
-        async def ask():
-            gw = Gateway(GatewayConfig(engines=[{"model": "coder", "url": "http://127.0.0.1:9"}]),
-                         httpx.AsyncClient(transport=httpx.MockTransport(forward), base_url="http://planner"))
-            with pytest.raises(Refused) as e:
-                await gw._ready(Program("px", single=False), "cx", "coder", time.monotonic() + 5.0)
-            return e.value
-
-        err = asyncio.run(ask())
+        err = ready_refusal(forward, "px", "cx", 5.0)
     (lease,) = p.ledger.leases.values()
     assert lease.decision == "rejected" and lease.retry_after_s == pytest.approx(work + p.admission_queue()[-1][2])
     assert err.status == 503 and err.code == "not_ready" and "overloaded: 9 calls wait for HBM on gpu:0" in str(err)

@@ -42,14 +42,14 @@ class _Checking(StateBudget):
         kept = sim.admission_queue()
         kept_waits = [sim.expected_wait_s(g) for g in GROUPS]
         calls = list(sim.waiting) + list(sim.active.values())
-        saved = ([(c.queue_run, c.est_run) for c in calls], sim._queue_key, sim._queue, sim.__dict__.get("_run_memo"))
+        saved = ([c.est_run for c in calls], sim._queue_key, sim._queue, sim.__dict__.get("_run_memo"))
         sim._queue_key, sim._run_memo = None, {}
         for c in calls:
-            c.queue_run, c.est_run = (), ()
+            c.est_run = ()
         fresh = sim.admission_queue()
         fresh_waits = [sim.expected_wait_s(g) for g in GROUPS]
-        for c, (q, e) in zip(calls, saved[0]):
-            c.queue_run, c.est_run = q, e
+        for c, e in zip(calls, saved[0]):
+            c.est_run = e
         sim._queue_key, sim._queue, sim._run_memo = saved[1:]
         assert [(m, g, w) for m, g, _, w in kept] == [(m, g, w) for m, g, _, w in fresh]
         # a run the memo kept was computed at another instant: (now + run) - now may round apart

@@ -19,7 +19,7 @@ class OutputEstimate:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
         self.alpha, self.prior_share = alpha, prior_share
         self.mean: dict[str, float] = {}
-        self.count: dict[str, int] = {}
+        self.count: dict[str, int] = {}  # per model, moves at each of its observations: its version
         self.version = 0  # moves at every observation: what a cache of estimates is keyed by
 
     def observe(self, model: str, output_tokens: float) -> None:

@@ -303,21 +303,34 @@ class PlannerCore:
     def pressure(self, view) -> Pressure | None:
         """The admission queue now (`overload.py`); None when overload handling is off or no call
         waits for HBM (then nothing past capacity changes any decision)."""
-        if self.cfg.overload_wait_s is None:
+        threshold = self.cfg.overload_wait_s
+        if threshold is None:
             return None
+        kept = getattr(view, "queue_load", None)
+        if kept is not None:  # the simulator keeps the queue summed per GPU while it holds
+            load = kept()
+            if load is None:
+                return None
+            key = (load, view.now, tuple(view.running_on), threshold)
+            last = self._pressure
+            if last is not None and last[0][0] is load and last[0][1:] == key[1:]:
+                return last[1]
+            out = Pressure.at(load, key[2], key[1], threshold)
+            self._pressure = (key, out)
+            return out
         queue = view.admission_queue()
         if not queue:
             return None
-        # A view hands back the same list while its queue is unchanged (the simulator's does):
-        # then only the calls running per GPU can have moved since the last step.
+        # A view hands back the same list while its queue is unchanged: then only the calls
+        # running per GPU can have moved since the last step.
         last = self._pressure
         running = getattr(view, "running_on", None)
-        if last is not None and last[0] is queue and last[1].threshold_s == self.cfg.overload_wait_s \
+        if last is not None and last[0] is queue and last[1].threshold_s == threshold \
                 and (running is None or last[1].running == tuple(running)):
             return last[1]
-        load = Pressure.of(view, self.cfg.overload_wait_s, queue)
-        self._pressure = (queue, load)
-        return load
+        out = Pressure.of(view, threshold, queue)
+        self._pressure = (queue, out)
+        return out
 
     def _link_window(self) -> dict[str, float]:
         """Each link's promotion budget over the window before what is queued on it (the links'

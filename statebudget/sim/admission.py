@@ -8,6 +8,7 @@ from __future__ import annotations
 from operator import is_
 
 from ..models.state import expert_key, kv_key, weights_key
+from ..planner.overload import QueueLoad
 from .calls import CallRec
 
 
@@ -81,30 +82,65 @@ class AdmissionMixin:
     def admission_queue(self) -> list[tuple[str, tuple[int, ...], float, float]]:
         """(model, group, expected run seconds, seconds waited) of each call waiting for HBM
         (`ResidencyView`); the run is `_est_end`'s, from the output estimate, never a call's true
-        output. Asked at every planning step and placement past capacity, over queues hundreds
-        long, so the list is kept while nothing it reads has changed: the clock, the waiting
-        calls and their order (a join moves `_joined`, a leave shortens the list, an admission or
-        a retry moves `_queue_moves`) and the output estimate; and a run is computed once per
-        (model, group, context, reused KV, expected output). The list is the caller's to read, not
-        to change: the next step may be handed the same one."""
-        now = self.now
+        output. The planner reads the same queue summed per GPU (`queue_load`). The list is kept
+        while nothing it reads has changed (`_queue_state`) and the clock holds; it is the
+        caller's to read, not to change: the next step may be handed the same one."""
+        key = (self.now,) + self._queue_state()
+        if self.__dict__.get("_queue_key") != key:
+            now, run = self.now, self._queued_run
+            self._queue_key = key
+            self._queue = [(c.model, c.group, run(c), now - c.arrive) for c in self.waiting]
+        return self._queue
+
+    def queue_load(self):
+        """`admission_queue` summed per GPU (`planner/overload.py:QueueLoad`), or None when no call
+        waits. It does not read the clock, so it is kept across steps while the queue holds: the
+        planner asks at every step and placement, over queues hundreds long."""
+        if not self.waiting:
+            return None
+        key = self._queue_state()
+        if self.__dict__.get("_load_key") != key:
+            run, ver = self._queued_run, self.output_estimate.count.get
+            by_group: dict[tuple, list] = {}  # a queue holds few distinct groups
+            for c in self.waiting:
+                last = c.queued_run  # `_queued_run`'s test, inline: this loop is the cost
+                r = last[3] if last and last[0] == ver(c.model, 0) and last[1] == c.kv_reused_tokens \
+                    and last[2] == c.group else run(c)
+                agg = by_group.get(c.group)
+                if agg is None:
+                    by_group[c.group] = [1, r, c.arrive]
+                else:
+                    agg[0] += 1
+                    agg[1] += r
+                    if c.arrive < agg[2]:
+                        agg[2] = c.arrive
+            self._load_key = key
+            self._load = QueueLoad.of(len(self.gpus), by_group)
+        return self._load
+
+    def _queue_state(self) -> tuple:
+        """What the queue's runs and order depend on: the waiting calls and their order (a join
+        moves `_joined`, a leave shortens the list, an admission or a retry moves `_queue_moves`)
+        and the output estimate."""
+        return len(self.waiting), self._joined, self._queue_moves, self.output_estimate.version
+
+    def _queued_run(self, c: CallRec) -> float:
+        """A waiting call's expected run (`_est_end`), computed once per (model, group, context,
+        reused KV, expected output), queues hold many calls alike, and kept on the call while its
+        model's output estimate (its count of observations), its reused KV and its group hold."""
         est = self.output_estimate
-        key = (now, len(self.waiting), self._joined, self._queue_moves, est.version)
-        if self.__dict__.get("_queue_key") == key:
-            return self._queue
+        last, ver = c.queued_run, est.count.get(c.model, 0)
+        if last and last[0] == ver and last[1] == c.kv_reused_tokens and last[2] == c.group:
+            return last[3]
         memo = self.__dict__.setdefault("_run_memo", {})
-        if len(memo) > 100_000:  # the output estimate drifts, so keys accumulate: bound the memory
-            memo.clear()
-        expected = est.expected
-        out = []
-        for c in self.waiting:
-            key_c = (c.model, c.group, c.context_tokens, c.kv_reused_tokens, expected(c.model, c.max_tokens))
-            run = memo.get(key_c)
-            if run is None:
-                run = memo[key_c] = self._est_end(c) - now
-            out.append((c.model, c.group, (now + run) - now, now - c.arrive))
-        self._queue_key, self._queue = key, out
-        return out
+        key = (c.model, c.group, c.context_tokens, c.kv_reused_tokens, est.expected(c.model, c.max_tokens))
+        run = memo.get(key)
+        if run is None:
+            if len(memo) > 100_000:  # the output estimate drifts, so keys accumulate: bound the memory
+                memo.clear()
+            run = memo[key] = self._est_end(c) - self.now
+        c.queued_run = (ver, c.kv_reused_tokens, c.group, run)
+        return run
 
     def _held_for_another(self, group) -> bool:
         r = self.reserved

@@ -6,7 +6,7 @@ import pytest
 from tests.helpers import call, catalog, cluster, program, trace
 from statebudget.planner.core import PlannerConfig
 from statebudget.planner.leases import LeaseRequest, LeaseState
-from statebudget.planner.overload import Pressure
+from statebudget.planner.overload import Pressure, QueueLoad
 from statebudget.policies.ours import StateBudgetLease
 from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
@@ -40,6 +40,17 @@ def _sim(n_gpu=2):
     return sim, pol._core(sim)
 
 
+def _queued(sim, queue):
+    """The simulator reports `queue` [(model, group, run s, waited s)] as its admission queue, and
+    the same summed per GPU (what the planner reads of it)."""
+    by_group = {}
+    for _, g, run, waited in queue:
+        n, r, first = by_group.get(g, (0, 0.0, float("inf")))
+        by_group[g] = (n + 1, r + run, min(first, sim.now - waited))
+    sim.admission_queue = lambda: queue
+    sim.queue_load = lambda: QueueLoad.of(len(sim.gpus), by_group) if queue else None
+
+
 def _req(deadline_s=60.0):
     return LeaseRequest(program="p", tenant="t0", model="m", version="v1", deadline_s=deadline_s, confidence=0.9,
                         cancel_token="p/a", for_call="a")
@@ -47,7 +58,7 @@ def _req(deadline_s=60.0):
 
 def test_a_lease_onto_a_group_past_capacity_is_rejected_with_when_to_retry():
     sim, core = _sim()
-    sim.admission_queue = lambda: [("m", (0,), 50.0, 100.0), ("m", (0,), 40.0, 5.0)]  # 90 s of work, nothing running
+    _queued(sim, [("m", (0,), 50.0, 100.0), ("m", (0,), 40.0, 5.0)])  # 90 s of work, nothing running
     (lease, group), = core.admit(sim, [(_req(), (0,))], 0.0)
     assert lease.state == LeaseState.REJECTED and group == (0,)
     assert lease.reason.startswith("overloaded: 2 calls wait for HBM on gpu:0") and "retry after 90 s" in lease.reason
@@ -60,9 +71,9 @@ def test_a_lease_onto_a_group_past_capacity_is_rejected_with_when_to_retry():
 
 def test_below_the_threshold_and_with_overload_off_leases_are_admitted_as_before():
     sim, core = _sim()
-    sim.admission_queue = lambda: [("m", (0,), 20.0, 100.0)]  # a queue, but 20 s < the 90 s threshold
+    _queued(sim, [("m", (0,), 20.0, 100.0)])  # a queue, but 20 s < the 90 s threshold
     assert core.admit(sim, [(_req(), (0,))], 0.0)[0][0].state == LeaseState.ACCEPTED
-    sim.admission_queue = lambda: [("m", (0,), 500.0, 100.0)]
+    _queued(sim, [("m", (0,), 500.0, 100.0)])
     core.cfg = PlannerConfig(overload_wait_s=None)
     assert core.pressure(sim) is None
     assert core.admit(sim, [(_req(), (0,))], 0.0)[0][0].state == LeaseState.ACCEPTED
@@ -73,5 +84,5 @@ def test_speculation_onto_a_group_past_capacity_yields():
     core.target, core.target_p = {"m": (0,)}, 1.0  # a target the planner keeps for sure
     promotes = [d for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote"]
     assert [(d.key, d.group) for d in promotes] == [(("w", "m"), (0,))], "below capacity it is promoted"
-    sim.admission_queue = lambda: [("m", (0,), 100.0, 100.0)]
+    _queued(sim, [("m", (0,), 100.0, 100.0)])
     assert not [d for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote"]

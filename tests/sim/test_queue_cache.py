@@ -1,5 +1,5 @@
 """The simulator's admission queue and call-end estimates are kept between planning steps
-(`AdmissionMixin.admission_queue`, `_est_end`): what a policy reads from them must be what a fresh
+(`AdmissionMixin.admission_queue`, `queue_load`, `_est_end`): what a policy reads from them must be what a fresh
 computation gives at that instant, through joins, admissions, retries after failed attempts (a
 retried call is placed anew), queue reorders and estimate changes."""
 
@@ -10,6 +10,7 @@ import pytest
 from tests.helpers import call, catalog, program, trace
 from statebudget.models.cluster import Cluster
 from statebudget.planner.core import PlannerConfig
+from statebudget.planner.overload import Pressure
 from statebudget.policies.ours import StateBudget
 from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
@@ -40,27 +41,39 @@ class _Checking(StateBudget):
 
     def replan(self, sim):
         kept = sim.admission_queue()
+        kept_load = sim.queue_load()
         kept_waits = [sim.expected_wait_s(g) for g in GROUPS]
         calls = list(sim.waiting) + list(sim.active.values())
-        saved = ([c.est_run for c in calls], sim._queue_key, sim._queue, sim.__dict__.get("_run_memo"))
-        sim._queue_key, sim._run_memo = None, {}
+        saved = ([(c.est_run, c.queued_run) for c in calls], sim._queue_key, sim._queue,
+                 sim.__dict__.get("_load_key"), sim.__dict__.get("_load"), sim.__dict__.get("_run_memo", {}))
+        sim._queue_key, sim._load_key, sim._run_memo = None, None, {}
         for c in calls:
-            c.est_run = ()
+            c.est_run = c.queued_run = ()
         fresh = sim.admission_queue()
+        fresh_load = sim.queue_load()
         fresh_waits = [sim.expected_wait_s(g) for g in GROUPS]
-        for c, e in zip(calls, saved[0]):
-            c.est_run = e
-        sim._queue_key, sim._queue, sim._run_memo = saved[1:]
+        for c, (e, q) in zip(calls, saved[0]):
+            c.est_run, c.queued_run = e, q
+        sim._queue_key, sim._queue, sim._load_key, sim._load, sim._run_memo = saved[1:]
         assert [(m, g, w) for m, g, _, w in kept] == [(m, g, w) for m, g, _, w in fresh]
         # a run the memo kept was computed at another instant: (now + run) - now may round apart
         assert all(math.isclose(a[2], b[2], rel_tol=1e-12) for a, b in zip(kept, fresh))
         assert kept_waits == fresh_waits
+        # the planner's pressure from the kept sums is the one the fresh queue gives
+        assert (kept_load is None) == (not fresh)
+        if fresh:
+            a = Pressure.at(kept_load, sim.running_on, sim.now, 30.0)
+            b = Pressure.of(sim, 30.0, fresh)
+            assert (a.waiting, a.oldest_s, a.running) == (b.waiting, b.oldest_s, b.running)
+            assert all(math.isclose(x, y, rel_tol=1e-9) for x, y in zip(a.queued_s, b.queued_s))
+            assert kept_load.waiting == fresh_load.waiting and kept_load.first_s == fresh_load.first_s
         self.checked += 1
         self.queued_seen += bool(kept)
         if kept and self.checked % 7 == 0:
             # a moved output estimate, at the same instant, moves every waiting call's run
             sim.output_estimate.observe("m", sim.output_estimate.expected("m", 1500) + 500)
             assert all(b[2] > a[2] for a, b in zip(fresh, sim.admission_queue()))
+            assert sum(sim.queue_load().queued_s) > sum(kept_load.queued_s)
             self.moved += 1
         return super().replan(sim)
 

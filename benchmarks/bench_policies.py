@@ -69,6 +69,9 @@ METRICS = {
     "warm_tax": ("warm tax", "lower"),
     "stall_total_s": ("total stall (s)", "lower"),
     "decision_p99_ms": ("decision p99 (ms)", "lower"),
+    # a call no group can hold is dropped with the rest of its program: a policy that drops work
+    # shortens its latencies, so the count stands beside them
+    "unplaceable_calls": ("unplaceable calls", "lower"),
 }
 
 

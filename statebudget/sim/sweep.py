@@ -25,7 +25,7 @@ COLUMNS = ("handoff_p95_s", "handoff_p99_s", "ttft_p95_s", "slo_at5", "program_p
 METRICS = ("handoff_p50_s", "handoff_p95_s", "handoff_p99_s", "stall_mean_s", "stall_total_s", "ttft_p95_s",
            "ttft_p99_s", "ttft_slowdown_p95", "slo_at2", "slo_at5", "slo_at10", "program_p95_s", "lease_late_p99_s",
            "nonlease_ttft_p99_s", "warm_tax", "wasted_tb", "moved_tb", "slo_violations", "decision_p50_ms",
-           "decision_p99_ms", "calls_completed")
+           "decision_p99_ms", "calls_completed", "unplaceable_calls")
 WALL_CLOCK = ("decision_p50_ms", "decision_p99_ms")  # the only figures that are not a function of the job
 
 
@@ -64,7 +64,7 @@ def figures(r) -> dict:
         "wasted_tb": round(r.wasted_bytes / 1e12, 9), "moved_tb": round(r.bytes_moved / 1e12, 9),
         "slo_violations": r.slo_violations,
         "decision_p50_ms": round(r.decision_ms.p50, 4), "decision_p99_ms": round(r.decision_ms.p99, 4),
-        "calls_completed": r.calls_completed,
+        "calls_completed": r.calls_completed, "unplaceable_calls": r.unplaceable_calls,
     }
 
 

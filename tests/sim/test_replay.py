@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from statebudget.models.cluster import Cluster
+
 from typer.testing import CliRunner
 
 from tests.helpers import GB, call, catalog, cluster, program, tool, trace
@@ -113,6 +115,25 @@ def test_ray_multiplex_caps_models_per_replica():
     sim = Simulator(cl, cat, trace(program("p", nodes)), make_policy("ondemand"))
     sim.run()
     assert len([k for k in sim.tiers.gpu if k[0][0] == "w"]) == 5
+
+
+def test_ray_multiplex_routes_a_context_too_long_for_the_replica_elsewhere():
+    # the model's replica is the small GPU (it loads fastest); a call whose KV fits only the big
+    # one goes there instead of being dropped with the rest of its program
+    kind = {"hbm_gbps": 1555, "d2h_gbps": 25.0, "tflops": 312.0, "wake_s": 0.5, "cold_start_s": 1.0,
+            "engine_overhead_gb": 0.0}
+    cl = Cluster.model_validate({
+        "name": "test", "hbm_reserve_frac": 0.0,
+        "gpu_kinds": {"small": {**kind, "hbm_gb": 24.0, "h2d_gbps": 50.0}, "big": {**kind, "hbm_gb": 80.0, "h2d_gbps": 25.0}},
+        "nodes": [{"name": "n0", "host_dram_gb": 256, "nvme_gb": 4000, "nvme_read_gbps": 50, "nvme_write_gbps": 5,
+                   "root_gbps": 100, "gpus": {"small": 1, "big": 1}}]})
+    cat = catalog(("m", 10.0, 1_000_000))
+    nodes = [call("a", "m", ctx=1000, out=10), tool("t", ["a"]), call("b", "m", ["t"], ctx=20_000, out=10), tool("u", ["b"]),
+             call("c", "m", ["u"], ctx=1000, out=10)]
+    res = Simulator(cl, cat, trace(program("p", nodes)), make_policy("ray-multiplex")).run()
+    assert [c.state for c in res.calls] == ["done"] * 3
+    small, big = (g.index for g in cl.gpus)
+    assert [c.group for c in res.calls[:2]] == [(small,), (big,)]
 
 
 def test_prefetch_all_promotes_on_hints_and_wrong_hints_waste_bytes():

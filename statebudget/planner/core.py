@@ -40,6 +40,9 @@ class PlannerConfig:
     warm_budget: float = 0.45        # share of cluster HBM that idle weights and pages may hold
     min_dwell_s: float = 0.0        # a promoted copy stays at least this long (no promote/demote ping-pong)
     promote_min_p: float = 0.35      # promote only what is at least this likely within the horizon
+    # A promotion's value less (1 - P(needed)) x its GB x this: what a wasted byte costs, in stall
+    # seconds. 0.04: a byte's time over a 25 GB/s link (tuning seeds 1-10, BENCHMARKS.md "Knobs").
+    waste_price_s_per_gb: float = 0.04
     hysteresis: float = 0.3          # residents' density bonus against thrashing
     gpu_headroom: float = 0.05       # fraction of each GPU left for on-demand loads
     link_headroom: float = 0.3       # fraction of each link left for on-demand traffic
@@ -119,12 +122,18 @@ class PlannerCore:
         gpu_copies = tiers.gpu
         keys, groups, per_gpu, values, copies, paths, probs = [], [], [], [], [], [], []
 
+        waste_price = cfg.waste_price_s_per_gb / 1e9  # seconds per byte
+
         def push(key, group, c, p, value, new_per_gpu, path):
-            """One candidate: a resident copy `c` brings its own bytes and needs no path."""
+            """One candidate: a resident copy `c` brings its own bytes and needs no path. A copy to
+            be moved pays for the bytes it wastes if it is not needed (`waste_price_s_per_gb`);
+            one resident has paid already."""
             keys.append(key)
             groups.append(group)
             copies.append(c)
             probs.append(p)
+            if c is None and waste_price:
+                value -= (1.0 - p) * new_per_gpu * len(group) * waste_price
             values.append(value)
             per_gpu.append(c.per_gpu if c is not None else new_per_gpu)
             paths.append({} if c is not None else path)
@@ -208,7 +217,11 @@ class PlannerCore:
             rates = np.asarray(kv_rates)
             nbytes = np.asarray(kv_T)
             restore = np.minimum(nbytes / rates[:, 0], nbytes * rates[:, 1])
-            values.extend((np.asarray(probs[n_state:]) * restore).tolist())
+            p_kv = np.asarray(probs[n_state:])
+            value = p_kv * restore
+            if waste_price:
+                value = value - (1.0 - p_kv) * nbytes * waste_price
+            values.extend(value.tolist())
         if not keys:
             return []
         n_gpu = len(tiers.hbm_cap)

@@ -253,3 +253,17 @@ def test_prefill_weight_places_a_long_prompt_on_the_faster_gpu():
     # restore plus prefill takes the GPU with 10x the FLOP/s
     assert slow == 0 and placed[0.0] == (slow,)
     assert cl.gpus[placed[1.0][0]].kind == "Fast"
+
+
+@pytest.mark.parametrize("p,price,promoted", [(0.5, 0.0, True), (0.5, 1.0, False), (1.0, 1.0, True)])
+def test_a_promotion_pays_for_the_bytes_it_would_waste(p, price, promoted):
+    # a 20 GB model needed with probability p: its value is p x restore (~11 s from host, with the
+    # cold start); at 1 s/GB, the (1 - p) x 20 GB it may waste outweighs it unless it is sure
+    from statebudget.policies.ours import StateBudget
+    cl, cat = cluster(gpus=1, hbm_gb=80.0), catalog(("m", 20.0))  # within the warm budget's share
+    pol = StateBudget(PlannerConfig(waste_price_s_per_gb=price, promote_min_p=0.1))
+    sim = Simulator(cl, cat, trace(program("p", [call("a", "m")])), pol, config=SimConfig(start="warm"))
+    core = pol._core(sim)
+    core.predictor.model_need_within = lambda now, horizon_s, use_hints=True: np.array([p])
+    promotes = [(d.key, d.group) for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote"]
+    assert (promotes == [(("w", "m"), (0,))]) == promoted

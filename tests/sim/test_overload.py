@@ -51,7 +51,8 @@ def test_at_3x_the_swe_team_load_the_overload_mode_cuts_the_stall():
     tr = generate("swe-team", 1, 2.0, load=3)
     stall, handoff = {}, {}
     for w in (90.0, None):
-        res = Simulator(cl, cat, tr, StateBudget(PlannerConfig(overload_wait_s=w)),
+        # without the price of wasted bytes, which on its own keeps this queue from forming
+        res = Simulator(cl, cat, tr, StateBudget(PlannerConfig(overload_wait_s=w, waste_price_s_per_gb=0.0)),
                         config=SimConfig(seed=1, start="warm")).run()
         done = [c for c in res.calls if c.ready >= 0]
         stall[w] = sum(c.ready - c.arrive for c in done)

@@ -9,7 +9,8 @@ One planning step (`plan`), at every event that changes what is likely next:
 
     predictor ─▶ P(model m needed within h), P(program k needs its KV of m within h)
               ─▶ candidates: each model's weights (+ hot expert pages) on the group it is on or
-                 would go to, each live program's KV — value = P(need) x restore seconds
+                 would go to, each live program's KV — value = P(need) x restore seconds,
+                 less (1 - P(need)) x the bytes a promotion would waste x their price
               ─▶ greedy.solve: target HBM set by stall saved per byte, promotions within the
                  per-link budget
               ─▶ decisions: promote targets, demote idle residents to host (warm tax)
@@ -34,7 +35,7 @@ from ..core.decisions import Demote, Promote, PromoteHost
 
 @dataclass
 class PlannerConfig:
-    horizon_s: float = 30.0          # value = P(needed within this) x restore seconds
+    horizon_s: float = 30.0          # value = P(needed within this) x restore seconds (less the waste price)
     idle_horizon_s: float = 90.0     # idle residents are ranked by P(needed within this)
     idle_threshold: float = 0.08     # models less likely than this within it are not staged in host
     warm_budget: float = 0.45        # share of cluster HBM that idle weights and pages may hold
@@ -109,7 +110,7 @@ class PlannerCore:
         self._link_key: tuple | None = None             # `_link_window`
         self._link_base: dict[str, float] = {}
         self._link_gbps: float | None = None            # `admit`: mean link bandwidth, GB/s
-        self._pressure: tuple | None = None             # (queue, its Pressure): `pressure`
+        self._pressure: tuple | None = None             # (what it was read from, its Pressure): `pressure`
 
     # ---- the greedy step ------------------------------------------------------------------------
     def plan(self, view, now: float) -> list:
@@ -132,7 +133,7 @@ class PlannerCore:
             groups.append(group)
             copies.append(c)
             probs.append(p)
-            if c is None and waste_price:
+            if c is None and waste_price and not self._leased(key):  # a lease's state is asked for
                 value -= (1.0 - p) * new_per_gpu * len(group) * waste_price
             values.append(value)
             per_gpu.append(c.per_gpu if c is not None else new_per_gpu)
@@ -220,7 +221,8 @@ class PlannerCore:
             p_kv = np.asarray(probs[n_state:])
             value = p_kv * restore
             if waste_price:
-                value = value - (1.0 - p_kv) * nbytes * waste_price
+                priced = np.array([not self._leased(k) for k in keys[n_state:]])
+                value = value - priced * (1.0 - p_kv) * nbytes * waste_price
             values.extend(value.tolist())
         if not keys:
             return []

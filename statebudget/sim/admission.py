@@ -121,7 +121,9 @@ class AdmissionMixin:
     def _queue_state(self) -> tuple:
         """What the queue's runs and order depend on: the waiting calls and their order (a join
         moves `_joined`, a leave shortens the list, an admission or a retry moves `_queue_moves`)
-        and the output estimate."""
+        and the output estimate. Every change to `waiting` must move one of these (it is only
+        appended to by `_join`, shortened or replaced by a retry pass): `queue_load` and
+        `admission_queue` are kept while they hold."""
         return len(self.waiting), self._joined, self._queue_moves, self.output_estimate.version
 
     def _queued_run(self, c: CallRec) -> float:

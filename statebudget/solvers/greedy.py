@@ -3,6 +3,7 @@ Residency Vector): every candidate object, whatever its kind, competes for HBM b
 expected to save per byte.
 
     value(o)   = P(o is needed within the horizon) x restore_s(o from its best lower tier)
+                 - (1 - P) x bytes(o) x the price of a wasted byte, for o not yet in HBM
     density(o) = value(o) / bytes(o)          (x (1 + hysteresis) if o is already in HBM)
 
 Objects are taken in density order while every GPU of their group has room (capacity less what
@@ -28,7 +29,7 @@ class Candidates:
     groups: list               # GPU group (tuple of indices) per candidate
     member: np.ndarray         # [n x G] bool: GPU g is in the candidate's group
     per_gpu: np.ndarray        # bytes on each GPU of the group
-    value_s: np.ndarray        # P(use within horizon) x restore seconds saved
+    value_s: np.ndarray        # P(use within horizon) x restore seconds saved, less the waste price
     resident: np.ndarray       # bool: a ready copy is on that group now
     paths: list                # {link: bytes} a promotion would put on each link, or {} if resident
 

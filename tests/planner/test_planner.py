@@ -267,3 +267,21 @@ def test_a_promotion_pays_for_the_bytes_it_would_waste(p, price, promoted):
     core.predictor.model_need_within = lambda now, horizon_s, use_hints=True: np.array([p])
     promotes = [(d.key, d.group) for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote"]
     assert (promotes == [(("w", "m"), (0,))]) == promoted
+
+
+def test_at_the_default_price_pages_need_higher_odds_than_weights():
+    # the reasoner (MoE) needed with P 0.6: its weights are promoted either way (their restore
+    # includes an engine start); its hot expert pages, worth only their transfer, only unpriced
+    from statebudget.models.load import load_catalog, load_cluster
+    from statebudget.policies.ours import StateBudget
+    cl, cat = load_cluster("hetero16"), load_catalog("agent-team")
+    promoted = {}
+    for price in (0.0, PlannerConfig().waste_price_s_per_gb):
+        pol = StateBudget(PlannerConfig(waste_price_s_per_gb=price))
+        sim = Simulator(cl, cat, trace(program("p", [call("a", "reasoner")])), pol, config=SimConfig(start="cold"))
+        core = pol._core(sim)
+        p = np.array([0.6 if m.name == "reasoner" else 0.0 for m in cat.models])
+        core.predictor.model_need_within = lambda now, horizon_s, use_hints=True: p
+        promoted[price] = {d.key[0] for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote"}
+    assert promoted[0.0] == {"w", "e"}
+    assert promoted[PlannerConfig().waste_price_s_per_gb] == {"w"}

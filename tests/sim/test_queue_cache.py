@@ -37,7 +37,7 @@ class _Checking(StateBudget):
 
     def __init__(self):
         super().__init__(PlannerConfig(overload_wait_s=30.0))
-        self.checked = self.queued_seen = self.moved = 0
+        self.checked = self.queued_seen = self.moved = self.other_kept = 0
 
     def replan(self, sim):
         kept = sim.admission_queue()
@@ -70,9 +70,12 @@ class _Checking(StateBudget):
         self.checked += 1
         self.queued_seen += bool(kept)
         if kept and self.checked % 7 == 0:
-            # a moved output estimate, at the same instant, moves every waiting call's run
             sim.output_estimate.observe("m", sim.output_estimate.expected("m", 1500) + 500)
-            assert all(b[2] > a[2] for a, b in zip(fresh, sim.admission_queue()))
+            # a moved estimate of one model moves the runs of its calls, and of no other model's
+            after = sim.admission_queue()
+            assert all(b[2] > a[2] if a[0] == "m" else math.isclose(b[2], a[2], rel_tol=1e-12)
+                       for a, b in zip(fresh, after))
+            self.other_kept += any(a[0] == "n" for a in fresh)
             assert sum(sim.queue_load().queued_s) > sum(kept_load.queued_s)
             self.moved += 1
         return super().replan(sim)
@@ -83,14 +86,16 @@ def test_the_kept_admission_queue_is_the_fresh_one_at_every_step(queue, failures
     # a 30 GB model, one call a GPU; pairs of programs arrive at the same instant every 2 s, each
     # call ~11 s: the queue grows, calls are admitted several at an instant, every call's end
     # moves the output estimate, and failed attempts are placed again, maybe on another kind
-    cat = catalog(("m", 30.0, 3_000_000))
+    # two models, so that a moved estimate of one leaves the other's kept runs as they are
+    cat = catalog(("m", 30.0, 3_000_000), ("n", 30.0, 3_000_000))
     tr = trace(*(program(f"p{i:02d}", [call("a", "m", ctx=1000, out=200 + 40 * i, max_tokens=1500),
-                                       call("b", "m", ctx=1100, out=300, max_tokens=1500, after=["a"])],
+                                       call("b", "m" if i % 4 else "n", ctx=1100, out=300, max_tokens=1500,
+                                            after=["a"])],
                          start=2.0 * (i // 2)) for i in range(32)))
     pol = _Checking()
     res = Simulator(_cluster(), cat, tr, pol, config=SimConfig(check_invariants=True, start="warm", seed=3,
                                                                queue=queue, call_failure_rate=failures)).run()
     assert all(c.state == "done" for c in res.calls)
-    assert pol.checked > 50 and pol.queued_seen > 20 and pol.moved > 3
+    assert pol.checked > 50 and pol.queued_seen > 20 and pol.moved > 3 and pol.other_kept > 0
     if failures:
         assert res.failed_attempts > 5

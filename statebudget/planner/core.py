@@ -375,7 +375,7 @@ class PlannerCore:
         return r
 
     def _leased(self, key) -> bool:
-        return any(l.state.live for l in self.ledger.live_for(key))
+        return self.ledger.held(key)
 
     def _path_bytes(self, src: str | None, group, per_gpu: float, shared: bool = False) -> dict:
         """Bytes a transfer of `per_gpu` onto each GPU of `group` puts on every link it crosses.

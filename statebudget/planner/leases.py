@@ -312,6 +312,12 @@ class LeaseLedger:
     def live_for(self, key) -> list[Lease]:
         return [self.leases[i] for i in sorted(self._by_object.get(key, ()))]
 
+    def held(self, key) -> bool:
+        """A live lease holds `key` (asked at every planning step of every candidate: most keys
+        have no lease at all)."""
+        ids = self._by_object.get(key)
+        return bool(ids) and any(self.leases[i].state.live for i in ids)
+
     def covers_kv(self, program: str, model: str) -> bool:
         """A live lease asks for this program's KV of `model` (with_kv), whether or not the KV is
         one of the objects it moves (it is not when the KV was already in HBM at the quote)."""

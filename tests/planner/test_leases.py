@@ -129,14 +129,17 @@ def test_rejected_lease_holds_nothing():
     lease = ledger.submit(req(), quote(), LeaseState.REJECTED, now=0.0)
     assert lease.decision == "rejected" and lease.objects == {}
     assert not ledger.begin(lease.lease_id, W)
-    assert ledger.live_for(W) == []
+    assert ledger.live_for(W) == [] and not ledger.held(W)
 
 
 def test_ended_leases_release_their_index_entries():
     ledger, a = accepted(token="t1")
     _, b = accepted(ledger, token="t2")
     assert {l.lease_id for l in ledger.live_for(W)} == {a.lease_id, b.lease_id}
+    assert ledger.held(W) and ledger.held(KV)
     ledger.cancel(a.lease_id, 1.0)
+    assert ledger.held(W)  # b still holds it
     ledger.version_changed(KV, 7, 1.0)
     assert ledger.live_for(W) == [] and ledger.live_for(KV) == []
+    assert not ledger.held(W) and not ledger.held(KV)
     assert ledger.counts() == {"cancelled": 1, "stale": 1}

@@ -60,3 +60,7 @@ def test_at_3x_the_swe_team_load_the_overload_mode_cuts_the_stall():
     # off, a queue of reviewer calls waits on one A100 for ~10 minutes while three others idle
     assert stall[90.0] < 0.25 * stall[None]
     assert handoff[90.0] < 0.25 * handoff[None]
+    # the shipped configuration (the mode on, wasted bytes priced) does not collapse either
+    res = Simulator(cl, cat, tr, StateBudget(), config=SimConfig(seed=1, start="warm")).run()
+    done = [c for c in res.calls if c.ready >= 0]
+    assert sum(c.ready - c.arrive for c in done) < 0.25 * stall[None]

@@ -19,9 +19,10 @@ Ours against the best baseline. Baselines = every registered policy that is neit
 (`statebudget`, `statebudget-lease`, `statebudget-track`) nor the oracle, prefetch-all included. For each metric
 separately the best baseline is the one with the best mean over the seeds (lower is better,
 except SLO attainment), among the baselines that drop no more calls than the policy that drops
-fewest (a dropped call ends its program early, which flatters latencies). The comparison is the PAIRED DIFFERENCE ours - best, seed by seed on the
-same traces, with its 95 % t interval (`paired.paired_diff`); it is defined when the baseline's
-value is 0 (wasted bytes of ondemand), where a per-seed ratio is not. For reading, it is also shown
+fewest (a dropped call ends its program early, which flatters latencies). The comparison is the
+PAIRED DIFFERENCE ours - best, seed by seed on the same traces, with its 95 % t interval
+(`paired.paired_diff`); it is defined when the baseline's value is 0 (wasted bytes of ondemand),
+where a per-seed ratio is not. For reading, it is also shown
 as a ratio of means, ours/best = 1 + diff/mean(best), whose interval is the difference's interval
 divided by mean(best) (the best baseline's mean taken as fixed); there is no ratio when that mean
 is 0. Verdict per metric: `wins` when the difference's interval lies wholly on the better side of

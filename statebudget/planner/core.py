@@ -110,7 +110,6 @@ class PlannerCore:
         self._link_key: tuple | None = None             # `_link_window`
         self._link_base: dict[str, float] = {}
         self._link_gbps: float | None = None            # `admit`: mean link bandwidth, GB/s
-        self._pressure: tuple | None = None             # (what it was read from, its Pressure): `pressure`
 
     # ---- the greedy step ------------------------------------------------------------------------
     def plan(self, view, now: float) -> list:
@@ -317,35 +316,17 @@ class PlannerCore:
 
     def pressure(self, view) -> Pressure | None:
         """The admission queue now (`overload.py`); None when overload handling is off or no call
-        waits for HBM (then nothing past capacity changes any decision)."""
+        waits for HBM (then nothing past capacity changes any decision). A view that keeps the
+        queue summed per GPU (`queue_load`, the simulator's) is read in O(GPUs)."""
         threshold = self.cfg.overload_wait_s
         if threshold is None:
             return None
         kept = getattr(view, "queue_load", None)
-        if kept is not None:  # the simulator keeps the queue summed per GPU while it holds
+        if kept is not None:
             load = kept()
-            if load is None:
-                return None
-            key = (load, view.now, tuple(view.running_on), threshold)
-            last = self._pressure
-            if last is not None and last[0][0] is load and last[0][1:] == key[1:]:
-                return last[1]
-            out = Pressure.at(load, key[2], key[1], threshold)
-            self._pressure = (key, out)
-            return out
+            return None if load is None else Pressure.at(load, view.running_on, view.now, threshold)
         queue = view.admission_queue()
-        if not queue:
-            return None
-        # A view hands back the same list while its queue is unchanged: then only the calls
-        # running per GPU can have moved since the last step.
-        last = self._pressure
-        running = getattr(view, "running_on", None)
-        if last is not None and last[0] is queue and last[1].threshold_s == threshold \
-                and (running is None or last[1].running == tuple(running)):
-            return last[1]
-        out = Pressure.of(view, threshold, queue)
-        self._pressure = (queue, out)
-        return out
+        return Pressure.of(view, threshold, queue) if queue else None
 
     def _link_window(self) -> dict[str, float]:
         """Each link's promotion budget over the window before what is queued on it (the links'

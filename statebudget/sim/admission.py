@@ -82,15 +82,9 @@ class AdmissionMixin:
     def admission_queue(self) -> list[tuple[str, tuple[int, ...], float, float]]:
         """(model, group, expected run seconds, seconds waited) of each call waiting for HBM
         (`ResidencyView`); the run is `_est_end`'s, from the output estimate, never a call's true
-        output. The planner reads the same queue summed per GPU (`queue_load`). The list is kept
-        while nothing it reads has changed (`_queue_state`) and the clock holds; it is the
-        caller's to read, not to change: the next step may be handed the same one."""
-        key = (self.now,) + self._queue_state()
-        if self.__dict__.get("_queue_key") != key:
-            now, run = self.now, self._queued_run
-            self._queue_key = key
-            self._queue = [(c.model, c.group, run(c), now - c.arrive) for c in self.waiting]
-        return self._queue
+        output. The planner reads the same queue summed per GPU (`queue_load`), which is kept."""
+        now, run = self.now, self._queued_run
+        return [(c.model, c.group, run(c), now - c.arrive) for c in self.waiting]
 
     def queue_load(self):
         """`admission_queue` summed per GPU (`planner/overload.py:QueueLoad`), or None when no call
@@ -100,12 +94,10 @@ class AdmissionMixin:
             return None
         key = self._queue_state()
         if self.__dict__.get("_load_key") != key:
-            run, ver = self._queued_run, self.output_estimate.count.get
+            run = self._queued_run
             by_group: dict[tuple, list] = {}  # a queue holds few distinct groups
             for c in self.waiting:
-                last = c.queued_run  # `_queued_run`'s test, inline: this loop is the cost
-                r = last[3] if last and last[0] == ver(c.model, 0) and last[1] == c.kv_reused_tokens \
-                    and last[2] == c.group else run(c)
+                r = run(c)
                 agg = by_group.get(c.group)
                 if agg is None:
                     by_group[c.group] = [1, r, c.arrive]
@@ -122,8 +114,8 @@ class AdmissionMixin:
         """What the queue's runs and order depend on: the waiting calls and their order (a join
         moves `_joined`, a leave shortens the list, an admission or a retry moves `_queue_moves`)
         and the output estimate. Every change to `waiting` must move one of these (it is only
-        appended to by `_join`, shortened or replaced by a retry pass): `queue_load` and
-        `admission_queue` are kept while they hold."""
+        appended to by `_join`, shortened or replaced by a retry pass): `queue_load` is kept while
+        they hold."""
         return len(self.waiting), self._joined, self._queue_moves, self.output_estimate.version
 
     def _queued_run(self, c: CallRec) -> float:

@@ -1,6 +1,6 @@
 """The simulator's admission queue and call-end estimates are kept between planning steps
-(`AdmissionMixin.admission_queue`, `queue_load`, `_est_end`): what a policy reads from them must be what a fresh
-computation gives at that instant, through joins, admissions, retries after failed attempts (a
+(`AdmissionMixin.queue_load`, the runs `_queued_run` keeps on each call, `_est_end`): what a
+policy reads from them must be what a fresh computation gives at that instant, through joins, admissions, retries after failed attempts (a
 retried call is placed anew), queue reorders and estimate changes."""
 
 import math
@@ -44,9 +44,9 @@ class _Checking(StateBudget):
         kept_load = sim.queue_load()
         kept_waits = [sim.expected_wait_s(g) for g in GROUPS]
         calls = list(sim.waiting) + list(sim.active.values())
-        saved = ([(c.est_run, c.queued_run) for c in calls], sim._queue_key, sim._queue,
+        saved = ([(c.est_run, c.queued_run) for c in calls],
                  sim.__dict__.get("_load_key"), sim.__dict__.get("_load"), sim.__dict__.get("_run_memo", {}))
-        sim._queue_key, sim._load_key, sim._run_memo = None, None, {}
+        sim._load_key, sim._run_memo = None, {}
         for c in calls:
             c.est_run = c.queued_run = ()
         fresh = sim.admission_queue()
@@ -54,7 +54,7 @@ class _Checking(StateBudget):
         fresh_waits = [sim.expected_wait_s(g) for g in GROUPS]
         for c, (e, q) in zip(calls, saved[0]):
             c.est_run, c.queued_run = e, q
-        sim._queue_key, sim._queue, sim._load_key, sim._load, sim._run_memo = saved[1:]
+        sim._load_key, sim._load, sim._run_memo = saved[1:]
         assert [(m, g, w) for m, g, _, w in kept] == [(m, g, w) for m, g, _, w in fresh]
         # a run the memo kept was computed at another instant: (now + run) - now may round apart
         assert all(math.isclose(a[2], b[2], rel_tol=1e-12) for a, b in zip(kept, fresh))

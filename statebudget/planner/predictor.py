@@ -45,16 +45,20 @@ def _lognorm_cdf(t: np.ndarray, mu: np.ndarray, sig: np.ndarray) -> np.ndarray:
 
 
 class DecayedCounts:
-    """A matrix of counts that halves every `half_life_s` of (simulated or wall) time."""
+    """An array of counts that halves every `half_life_s` of (simulated or wall) time."""
 
-    def __init__(self, shape: tuple[int, int], half_life_s: float):
+    def __init__(self, shape: tuple[int, ...], half_life_s: float):
         self.c = np.zeros(shape)
         self.t = 0.0
         self.half_life_s = half_life_s
 
-    def add(self, i: int, j: int, now: float, w: float = 1.0) -> None:
+    def add(self, index: tuple, now: float, w: float = 1.0) -> None:
         self._decay(now)
-        self.c[i, j] += w
+        self.c[index] += w
+
+    def grow(self, n: int) -> None:
+        """`n` more zero entries along the first axis."""
+        self.c = np.concatenate((self.c, np.zeros((n,) + self.c.shape[1:])))
 
     def _decay(self, now: float) -> None:
         if now > self.t:
@@ -93,7 +97,8 @@ class Predictor:
         self.global_switch = DecayedCounts((n + 1, n + 1), half_life_s)
         self.cycle_s = 20.0  # EWMA of the time between a program's successive call arrivals
         self.lookahead = 3
-        self.tenant_switch: dict[str, DecayedCounts] = {}
+        # every tenant's counts stacked by tenant index (`_tenants`): one decay for all of them
+        self.tenant_switch = DecayedCounts((0, n + 1, n + 1), half_life_s)
         self.tools = ToolWaitModel.from_fit()
         self.live: dict[str, LiveProgram] = {}
         self.program_starts = DecayedCounts((1, 1), half_life_s)  # [0,0]: decayed count of starts
@@ -116,7 +121,7 @@ class Predictor:
     def program_started(self, program: str, tenant: str, now: float) -> None:
         self._version += 1
         self.live[program] = LiveProgram(program, tenant, since=now)
-        self.program_starts.add(0, 0, now)
+        self.program_starts.add((0, 0), now)
 
     def call_arrived(self, program: str, model: str, now: float, expected_s: float = 0.0) -> None:
         self._version += 1
@@ -125,12 +130,8 @@ class Predictor:
             return
         row = self.idx[lp.last_model] if lp.last_model in self.idx else len(self.models)
         self._counts_version += 1
-        self.global_switch.add(row, self.idx[model], now)
-        ts = self.tenant_switch.get(lp.tenant)
-        if ts is None:
-            ts = self.tenant_switch[lp.tenant] = DecayedCounts((len(self.models) + 1, len(self.models) + 1),
-                                                                self.half_life_s)
-        ts.add(row, self.idx[model], now)
+        self.global_switch.add((row, self.idx[model]), now)
+        self.tenant_switch.add((self._tenant(lp.tenant), row, self.idx[model]), now)
         if lp.last_arrival is not None:
             self.cycle_s = 0.9 * self.cycle_s + 0.1 * (now - lp.last_arrival)
         lp.last_arrival = now
@@ -180,10 +181,8 @@ class Predictor:
         if lp is not None and lp.last_model in self.idx:
             n = len(self.models)
             self._counts_version += 1
-            self.global_switch.add(self.idx[lp.last_model], n, now)
-            ts = self.tenant_switch.get(lp.tenant)
-            if ts is not None:
-                ts.add(self.idx[lp.last_model], n, now)
+            self.global_switch.add((self.idx[lp.last_model], n), now)
+            self.tenant_switch.add((self._tenant(lp.tenant), self.idx[lp.last_model], n), now)
 
     # ---- estimates ----------------------------------------------------------------------------
     def switch_matrix(self, now: float, tenant: str | None = None) -> np.ndarray:
@@ -197,8 +196,8 @@ class Predictor:
 
     def _switch_matrix(self, now: float, tenant: str | None) -> np.ndarray:
         c = self.global_switch.rows(now).copy()
-        if tenant is not None and tenant in self.tenant_switch:
-            c += self.tenant_weight * self.tenant_switch[tenant].rows(now)
+        if tenant is not None and tenant in self._tenants:
+            c += self.tenant_weight * self.tenant_switch.rows(now)[self._tenants[tenant]]
         c += self.prior / c.shape[1]
         return c / c.sum(axis=1, keepdims=True)
 
@@ -218,12 +217,7 @@ class Predictor:
         in_call = a[:, 2] > 0
         no_tool = ~in_call & (cls < 0)
         cls = np.maximum(cls, 0)
-        if len(progs):
-            present = np.flatnonzero(np.bincount(tenant))
-            mats = self._tenant_matrices(now, present)
-            q = mats[tenant, rows, :n]
-        else:
-            q = np.zeros((0, n))
+        q = self._tenant_matrices(now)[tenant, rows, :n] if len(progs) else np.zeros((0, n))
         h = np.nonzero(hinted >= 0)[0] if use_hints else ()
         if len(h):
             conf = a[h, 7]
@@ -252,22 +246,22 @@ class Predictor:
         self._rows_array, self._rows_progs = a, progs
         return a
 
-    def _tenant_matrices(self, now: float, present: np.ndarray) -> np.ndarray:
-        """`switch_matrix(now, tenant)` of each tenant index in `present`, stacked and indexed by
-        tenant index (rows of absent tenants are zeros), in one numpy pass: the same elementwise
-        sums and row normalisation as one tenant at a time, so the same numbers. Only the present
-        tenants' counts are read, and so decayed to `now`, as one at a time would."""
-        key = (now, self._counts_version, present.tobytes(), len(self._tenants))
+    def _tenant(self, tenant: str) -> int:
+        """The tenant's index in the per-program rows and the stacked counts."""
+        t = self._tenants.get(tenant)
+        if t is None:
+            t = self._tenants[tenant] = len(self._tenants)
+            self.tenant_switch.grow(1)
+        return t
+
+    def _tenant_matrices(self, now: float) -> np.ndarray:
+        """`switch_matrix(now, tenant)` of every tenant, stacked by tenant index, in one numpy pass:
+        the same elementwise sums and row normalisation as one tenant at a time (a tenant with no
+        counts adds exact zeros to the global ones)."""
+        key = (now, self._counts_version, len(self._tenants))
         if self._tenant_key == key:  # same counts at the same clock: the same matrices
             return self._tenant_mats
-        names = list(self._tenants)
-        g = self.global_switch.rows(now)
-        counts = np.zeros((len(names),) + g.shape)
-        for t in present.tolist():
-            ts = self.tenant_switch.get(names[t])
-            if ts is not None:
-                counts[t] = ts.rows(now)
-        c = g + self.tenant_weight * counts  # a tenant with no counts adds exact zeros
+        c = self.global_switch.rows(now) + self.tenant_weight * self.tenant_switch.rows(now)
         c += self.prior / c.shape[2]
         self._tenant_key, self._tenant_mats = key, c / c.sum(axis=2, keepdims=True)
         return self._tenant_mats
@@ -284,7 +278,7 @@ class Predictor:
         (-1: between a call and the next event), since, call end, hinted model (-1: none), hint
         confidence."""
         tool = lp.phase == "tool"
-        tenant = self._tenants.setdefault(lp.tenant, len(self._tenants))
+        tenant = self._tenant(lp.tenant)
         cls = 0
         if tool:
             cls = -1 if lp.tool is None else self._classes.setdefault(lp.tool, len(self._classes))

@@ -5,10 +5,7 @@ only calls that end before the drain backfill there."""
 
 from __future__ import annotations
 
-from operator import is_
-
 from ..models.state import expert_key, kv_key, weights_key
-from ..planner.overload import QueueLoad
 from .calls import CallRec
 
 
@@ -29,6 +26,7 @@ class AdmissionMixin:
         self._reserve()
         if not self._admit(c):
             self._join(self.waiting, c)
+            self.waiting_sums.add(c, self._queued_run(c))
         return None
 
     def _reserve(self) -> None:
@@ -84,39 +82,13 @@ class AdmissionMixin:
         (`ResidencyView`); the run is `_est_end`'s, from the output estimate, never a call's true
         output. The planner reads the same queue summed per GPU (`queue_load`), which is kept."""
         now, run = self.now, self._queued_run
-        return [(c.model, c.group, run(c), now - c.arrive) for c in self.waiting]
+        return [(c.model, c.group, run(c), now - c.arrive) for c in self.waiting if c.state == "waiting"]
 
     def queue_load(self):
         """`admission_queue` summed per GPU (`planner/overload.py:QueueLoad`), or None when no call
-        waits. It does not read the clock, so it is kept across steps while the queue holds: the
+        waits. It does not read the clock and is kept as calls join and leave (`waiting.py`): the
         planner asks at every step and placement, over queues hundreds long."""
-        if not self.waiting:
-            return None
-        key = self._queue_state()
-        if self.__dict__.get("_load_key") != key:
-            run = self._queued_run
-            by_group: dict[tuple, list] = {}  # a queue holds few distinct groups
-            for c in self.waiting:
-                r = run(c)
-                agg = by_group.get(c.group)
-                if agg is None:
-                    by_group[c.group] = [1, r, c.arrive]
-                else:
-                    agg[0] += 1
-                    agg[1] += r
-                    if c.arrive < agg[2]:
-                        agg[2] = c.arrive
-            self._load_key = key
-            self._load = QueueLoad.of(len(self.gpus), by_group)
-        return self._load
-
-    def _queue_state(self) -> tuple:
-        """What the queue's runs and order depend on: the waiting calls and their order (a join
-        moves `_joined`, a leave shortens the list, an admission or a retry moves `_queue_moves`)
-        and the output estimate. Every change to `waiting` must move one of these (it is only
-        appended to by `_join`, shortened or replaced by a retry pass): `queue_load` is kept while
-        they hold."""
-        return len(self.waiting), self._joined, self._queue_moves, self.output_estimate.version
+        return self.waiting_sums.load(self.output_estimate.count, self._queued_run)
 
     def _queued_run(self, c: CallRec) -> float:
         """A waiting call's expected run (`_est_end`), computed once per (model, group, context,
@@ -222,7 +194,7 @@ class AdmissionMixin:
         self.active[id(c)] = c
         kvk = kv_key(c.program, c.model)
         c.kv_reused_tokens = self.kv_tokens.get(kvk, 0)
-        self._queue_moves += 1  # still in `waiting` until the retry ends, changed: `admission_queue`
+        self.waiting_sums.discard(c)  # in `waiting` until the retry pass ends, no longer summed
         self.recorder.dirty = True
         self._apply(self._hook("on_call_admitted", c))
         if loads:
@@ -257,6 +229,7 @@ class AdmissionMixin:
         idle = not self.flows.flows and not self.queued and not any(self.running_on)
         if self.waiting and (force or idle):
             c = self.waiting.pop(0)
+            self.waiting_sums.discard(c)
             return self._unplaceable(c) or []
         return []
 
@@ -277,8 +250,6 @@ class AdmissionMixin:
             for c in self._order(self.waiting):
                 if not self._admit(c):
                     still.append(c)
-            if len(still) != len(self.waiting) or not all(map(is_, still, self.waiting)):
-                self._queue_moves += 1
             self.waiting = still
             if held is None or held.state == "waiting" or not self.waiting:
                 return

@@ -263,6 +263,7 @@ class CallsMixin:
     def _cancel_call(self, c: CallRec) -> list:
         if c.state == "waiting":
             self.waiting.remove(c)
+            self.waiting_sums.discard(c)
         elif c.state == "queued":
             self.queued.remove(c)
         events = self._stop_run(c)

@@ -39,6 +39,7 @@ from .loop import PRIO_PROGRAM, PRIO_TICK, EventLoop
 from .programs import ProgRun, ProgramsMixin
 from .recorder import Recorder, SimResult
 from .transfers import TransfersMixin
+from .waiting import WaitingSums
 
 __all__ = ["SimResult", "Simulator"]
 
@@ -73,10 +74,10 @@ class Simulator(ProgramsMixin, AdmissionMixin, CallsMixin, TransfersMixin, Event
         self.flows = FairShare(cap)
         self._init_loop()
         self._joined = 0  # counts the calls that joined a waiting list (`CallRec.seq`)
-        self._queue_moves = 0  # counts admissions and retries of the waiting list (`admission_queue`)
         self.programs: dict[str, ProgRun] = {}
         self.calls: list[CallRec] = []
         self.waiting: list[CallRec] = []  # admitted nowhere yet, FCFS
+        self.waiting_sums = WaitingSums(len(self.gpus))  # the same calls summed per group (`queue_load`)
         self.reserved: CallRec | None = None  # the starving call that holds its GPUs (`_reserve`)
         self._draining: dict[int, list] = {}  # GPU -> host copies a policy's demotion still writes out of it
         self._reserve_deadline = 0.0  # backfill on its GPUs must end by then

@@ -1,0 +1,85 @@
+"""The calls waiting for HBM, summed per group as they join and leave (`AdmissionMixin.queue_load`).
+
+The planner reads the admission queue at every planning step and placement, and past capacity
+the queue is hundreds of calls long (the decision-time bench keeps ~175 waiting). Summing it anew
+whenever a call joined, left or its model's output estimate moved cost a third of a step; kept
+here, a join or a leave touches one group, and a moved estimate re-reads that model's calls only.
+
+Runs are summed in whole nanoseconds: integer sums are exact, so adding and removing calls in any
+order gives the sums a fresh pass would (to the nanosecond of each run)."""
+
+from __future__ import annotations
+
+import heapq
+from typing import Callable
+
+from ..planner.overload import QueueLoad
+from .calls import CallRec
+
+NS = 1e9
+
+
+class WaitingSums:
+    """Per group: how many calls wait, their expected run (ns) and the first one's arrival."""
+
+    def __init__(self, n_gpu: int):
+        self.n_gpu = n_gpu
+        self.calls: dict[int, tuple[CallRec, int]] = {}  # id -> (call, its run ns as summed)
+        self.of_model: dict[str, dict[int, CallRec]] = {}
+        self.count_at: dict[str, int] = {}              # model -> estimate count its runs were taken at
+        self.n: dict[tuple, int] = {}
+        self.ns: dict[tuple, int] = {}
+        self.arrivals: dict[tuple, list] = {}            # group -> heap of (arrive, seq, id), lazily pruned
+        self._load: QueueLoad | None = None              # None: changed since built
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def add(self, c: CallRec, run_s: float) -> None:
+        ns, g = round(run_s * NS), c.group
+        self.calls[id(c)] = (c, ns)
+        self.of_model.setdefault(c.model, {})[id(c)] = c
+        self.n[g] = self.n.get(g, 0) + 1
+        self.ns[g] = self.ns.get(g, 0) + ns
+        heapq.heappush(self.arrivals.setdefault(g, []), (c.arrive, c.seq, id(c)))
+        self._load = None
+
+    def discard(self, c: CallRec) -> None:
+        got = self.calls.pop(id(c), None)
+        if got is None:
+            return
+        g = c.group
+        del self.of_model[c.model][id(c)]
+        self.n[g] -= 1
+        self.ns[g] -= got[1]
+        if not self.n[g]:
+            self.arrivals[g] = []
+        self._load = None
+
+    def load(self, counts: dict[str, int], run: Callable[[CallRec], float]) -> QueueLoad | None:
+        """The sums as a `QueueLoad`, None when no call waits; `counts`: each model's output
+        estimate count now (its version), `run`: a waiting call's expected run seconds."""
+        if not self.calls:
+            return None
+        for model, calls in self.of_model.items():
+            now = counts.get(model, 0)
+            if self.count_at.get(model) == now:
+                continue
+            self.count_at[model] = now
+            for key, c in calls.items():
+                ns = round(run(c) * NS)
+                old = self.calls[key][1]
+                if ns != old:
+                    self.calls[key] = (c, ns)
+                    self.ns[c.group] += ns - old
+                    self._load = None
+        if self._load is None:
+            by_group = {}
+            for g, n in self.n.items():
+                if n:
+                    heap = self.arrivals[g]
+                    while heap[0][2] not in self.calls or self.calls[heap[0][2]][0].seq != heap[0][1]:
+                        heapq.heappop(heap)  # left since, or joined again later
+                    by_group[g] = (n, self.ns[g] / NS, heap[0][0])
+            self._load = QueueLoad.of(self.n_gpu, by_group)
+        return self._load

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class QueueLoad:
-    """The admission queue summed per GPU, without the clock: what a view can keep between
-    planning steps while no call joins, leaves or moves and the output estimate holds (the
-    simulator's `queue_load`), so that a step reads 16 numbers instead of a queue hundreds long."""
+    """The admission queue summed per GPU, without the clock: what a view can keep up to date as
+    calls join and leave and output estimates move (the simulator's `queue_load`, `sim/waiting.py`),
+    so that a step reads 16 numbers instead of a queue hundreds long."""
     waiting: tuple[int, ...]     # per GPU: calls waiting for HBM on a group that holds it
     queued_s: tuple[float, ...]  # per GPU: their expected run seconds
     first_s: tuple[float, ...]   # per GPU: when its longest-waiting call arrived (inf: none waits)

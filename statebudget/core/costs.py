@@ -123,9 +123,13 @@ class CostModel:
         kinds = [self.gpu_kind(i) for i in group]
         return max(k.wake_s if wake and src_kind == "host" else k.cold_start_s for k in kinds)
 
-    def prefill_s(self, model: ModelSpec, tokens: float, group: tuple[int, ...]) -> float:
-        if tokens <= 0:
-            return 0.0
+    def prefill_s(self, model: ModelSpec, tokens, group: tuple[int, ...]):
+        """Prefill of `tokens` (a number, or an array of them: the same arithmetic per element)."""
+        if isinstance(tokens, np.ndarray):
+            return np.where(tokens > 0, self._prefill_s(model, np.maximum(tokens, 0), group), 0.0)
+        return self._prefill_s(model, tokens, group) if tokens > 0 else 0.0
+
+    def _prefill_s(self, model: ModelSpec, tokens, group: tuple[int, ...]):
         if self.profile and model.name in self.profile.get("prefill_tok_s", {}):
             return tokens / self.profile["prefill_tok_s"][model.name]
         key = (group, self.mfu)  # asked for every KV candidate and call: the group's rate is fixed
@@ -148,13 +152,15 @@ class CostModel:
             bps = self._hbm_memo[group] = min(self.gpu_kind(i).hbm_gbps for i in group) * GB * len(group)
         return bps
 
-    def decode_s(self, model: ModelSpec, output_tokens: float, kv_tokens: float, group: tuple[int, ...]) -> float:
-        """Roofline decode: each step reads the active weights and the KV once, split over the group."""
-        if output_tokens <= 0:
+    def decode_s(self, model: ModelSpec, output_tokens, kv_tokens, group: tuple[int, ...]):
+        """Roofline decode: each step reads the active weights and the KV once, split over the group.
+        Numbers or arrays (the same arithmetic per element)."""
+        if not isinstance(output_tokens, np.ndarray) and output_tokens <= 0:
             return 0.0
         hbm = self._hbm_bps(group)
         mean_kv = (kv_tokens + output_tokens / 2) * model.kv_bytes_per_token
-        return output_tokens * (self.active_bytes(model) + mean_kv) / hbm
+        s = output_tokens * (self.active_bytes(model) + mean_kv) / hbm
+        return np.where(output_tokens > 0, s, 0.0) if isinstance(output_tokens, np.ndarray) else s
 
     def decode_step_s(self, model: ModelSpec, batch: int, kv_tokens: float, group: tuple[int, ...]) -> float:
         """One decode step of `batch` sequences of `kv_tokens` each, the roofline of `decode_s`:

@@ -5,6 +5,8 @@ only calls that end before the drain backfill there."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..models.state import expert_key, kv_key, weights_key
 from .calls import CallRec
 
@@ -88,7 +90,20 @@ class AdmissionMixin:
         """`admission_queue` summed per GPU (`planner/overload.py:QueueLoad`), or None when no call
         waits. It does not read the clock and is kept as calls join and leave (`waiting.py`): the
         planner asks at every step and placement, over queues hundreds long."""
-        return self.waiting_sums.load(self.output_estimate.count, self._queued_run)
+        return self.waiting_sums.load(self.output_estimate.count, self._queued_runs)
+
+    def _queued_runs(self, model: str, group, calls: list[CallRec]):
+        """`_queued_run` of waiting calls of one model on one group, in one numpy pass: a moved
+        output estimate changes every one of their runs (`sim/waiting.py`)."""
+        m, est, n = self.catalog.by_name[model], self.output_estimate, len(calls)
+        ctx = np.fromiter((c.context_tokens for c in calls), float, n)
+        new = ctx - np.fromiter((c.kv_reused_tokens for c in calls), float, n)
+        asked = {}
+        for c in calls:  # calls ask for few distinct max_tokens (one per role)
+            if c.max_tokens not in asked:
+                asked[c.max_tokens] = est.expected(model, c.max_tokens)
+        out = np.fromiter((asked[c.max_tokens] for c in calls), float, n)
+        return self.cost.prefill_s(m, new, group) + self.cost.decode_s(m, out, ctx, group)
 
     def _queued_run(self, c: CallRec) -> float:
         """A waiting call's expected run (`_est_end`), computed once per (model, group, context,

@@ -3,7 +3,8 @@
 The planner reads the admission queue at every planning step and placement, and past capacity
 the queue is hundreds of calls long (the decision-time bench keeps ~175 waiting). Summing it anew
 whenever a call joined, left or its model's output estimate moved cost a third of a step; kept
-here, a join or a leave touches one group, and a moved estimate re-reads that model's calls only.
+here, a join or a leave touches one group, and a moved estimate re-reads that model's calls only,
+a group at a time in one numpy pass (`AdmissionMixin._queued_runs`).
 
 Runs are summed in whole nanoseconds: integer sums are exact, so adding and removing calls in any
 order gives the sums a fresh pass would (to the nanosecond of each run)."""
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import heapq
 from typing import Callable
+
+import numpy as np
 
 from ..planner.overload import QueueLoad
 from .calls import CallRec
@@ -25,7 +28,7 @@ class WaitingSums:
     def __init__(self, n_gpu: int):
         self.n_gpu = n_gpu
         self.calls: dict[int, tuple[CallRec, int]] = {}  # id -> (call, its run ns as summed)
-        self.of_model: dict[str, dict[int, CallRec]] = {}
+        self.of_model: dict[str, dict[tuple, dict[int, CallRec]]] = {}  # model -> group -> id -> call
         self.count_at: dict[str, int] = {}              # model -> estimate count its runs were taken at
         self.n: dict[tuple, int] = {}
         self.ns: dict[tuple, int] = {}
@@ -38,7 +41,7 @@ class WaitingSums:
     def add(self, c: CallRec, run_s: float) -> None:
         ns, g = round(run_s * NS), c.group
         self.calls[id(c)] = (c, ns)
-        self.of_model.setdefault(c.model, {})[id(c)] = c
+        self.of_model.setdefault(c.model, {}).setdefault(g, {})[id(c)] = c
         self.n[g] = self.n.get(g, 0) + 1
         self.ns[g] = self.ns.get(g, 0) + ns
         heapq.heappush(self.arrivals.setdefault(g, []), (c.arrive, c.seq, id(c)))
@@ -49,30 +52,33 @@ class WaitingSums:
         if got is None:
             return
         g = c.group
-        del self.of_model[c.model][id(c)]
+        del self.of_model[c.model][g][id(c)]
         self.n[g] -= 1
         self.ns[g] -= got[1]
         if not self.n[g]:
             self.arrivals[g] = []
         self._load = None
 
-    def load(self, counts: dict[str, int], run: Callable[[CallRec], float]) -> QueueLoad | None:
+    def load(self, counts: dict[str, int], runs: Callable[[str, tuple, list], np.ndarray]) -> QueueLoad | None:
         """The sums as a `QueueLoad`, None when no call waits; `counts`: each model's output
-        estimate count now (its version), `run`: a waiting call's expected run seconds."""
+        estimate count now (its version), `runs(model, group, calls)`: their expected run seconds."""
         if not self.calls:
             return None
-        for model, calls in self.of_model.items():
+        for model, of_group in self.of_model.items():
             now = counts.get(model, 0)
             if self.count_at.get(model) == now:
                 continue
             self.count_at[model] = now
-            for key, c in calls.items():
-                ns = round(run(c) * NS)
-                old = self.calls[key][1]
-                if ns != old:
-                    self.calls[key] = (c, ns)
-                    self.ns[c.group] += ns - old
-                    self._load = None
+            for g, calls in of_group.items():
+                if not calls:
+                    continue
+                got = list(calls.values())
+                new = np.rint(runs(model, g, got) * NS).astype(np.int64).tolist()
+                old = [self.calls[id(c)][1] for c in got]
+                for c, ns in zip(got, new):
+                    self.calls[id(c)] = (c, ns)
+                self.ns[g] += sum(new) - sum(old)
+                self._load = None
         if self._load is None:
             by_group = {}
             for g, n in self.n.items():

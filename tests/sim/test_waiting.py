@@ -3,6 +3,7 @@ queue summed afresh, whatever the order of the changes (calls rejoining after th
 
 import math
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +29,10 @@ def test_kept_sums_are_the_fresh_sums(steps):
     calls = [_call(i, MODELS[i % 2], GROUPS[i % len(GROUPS)]) for i in range(12)]
     counts = {m: 0 for m in MODELS}
     run = lambda c: c.context_tokens / 7.0 * (1 + counts[c.model])  # noqa: E731, moves with the estimate
+
+    def runs(model, group, got):
+        assert all(c.model == model and c.group == group for c in got)
+        return np.array([run(c) for c in got])
     sums, waiting, seq, now = WaitingSums(4), [], 0, 0.0
     for op, i in steps:
         c, now = calls[i], now + 1.0
@@ -41,7 +46,7 @@ def test_kept_sums_are_the_fresh_sums(steps):
             sums.discard(c)
         elif op == "estimate":
             counts[c.model] += 1
-        kept = sums.load(counts, run)
+        kept = sums.load(counts, runs)
         if not waiting:
             assert kept is None
             continue

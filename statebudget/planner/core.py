@@ -97,6 +97,7 @@ class PlannerCore:
         self.lease_of_call: dict[tuple, str] = {}  # (program, call) -> lease id
         self._kv_rate_cache: dict[tuple, tuple[float, float]] = {}
         self._group_rows: dict[tuple, np.ndarray] = {}
+        self._kv_sources: dict[tuple, str] = {}  # `_kv_source`
         self._kv_view = None
         self.target: dict[str, tuple] = {}  # model -> group the tracked MILP wants it on (`target.py`)
         self.target_p = 0.0                 # a target model counts as needed at least this likely (1: kept for sure)
@@ -209,7 +210,7 @@ class PlannerCore:
             copies.append(None)
             per_gpu.append(nbytes / len(group))
             probs.append(p_prog[k, mi])
-            src = view.best_source(kvk, group)
+            src = self._kv_source(view, kvk, group, T)
             paths.append(self._path_bytes(src, group, per_gpu[-1]))
             kv_T.append(nbytes)
             kv_rates.append(self._kv_rates(m, group))
@@ -344,6 +345,19 @@ class PlannerCore:
             row = self._group_rows[group] = np.zeros(n_gpu, bool)
             row[list(group)] = True
         return row
+
+    def _kv_source(self, view, kvk, group, tokens: int) -> str:
+        """`view.best_source` of KV with no copy in HBM: a function of its model, length, group and
+        whether host DRAM and NVMe hold it, so kept per those (asked for every KV candidate)."""
+        node = view.gpus[group[0]].node
+        hc = view.tiers.host.get((kvk, node))
+        key = (kvk[2], tokens, group, hc is not None and hc.ready, (kvk, node) in view.tiers.nvme)
+        src = self._kv_sources.get(key)
+        if src is None:
+            if len(self._kv_sources) > 100_000:  # lengths keep growing: bound the memory
+                self._kv_sources.clear()
+            src = self._kv_sources[key] = view.best_source(kvk, group)
+        return src
 
     def _kv_rates(self, m, group) -> tuple[float, float]:
         """(bytes/s onboarding KV from host DRAM onto `group`, seconds per token recomputing it)."""

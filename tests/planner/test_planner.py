@@ -285,3 +285,28 @@ def test_at_the_default_price_pages_need_higher_odds_than_weights():
         promoted[price] = {d.key[0] for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote"}
     assert promoted[0.0] == {"w", "e"}
     assert promoted[PlannerConfig().waste_price_s_per_gb] == {"w"}
+
+
+def test_the_kept_kv_sources_are_the_views_at_every_step():
+    # swe-team on the shared cluster: KV goes to host DRAM and NVMe and comes back while the step
+    # keeps sources per (model, length, group, host, NVMe); each must be the view's own answer
+    from statebudget.models.load import load_catalog, load_cluster
+    from statebudget.traces.generators import generate
+    pol = make_policy("statebudget-lease")
+    asked = []
+
+    def checked(core):
+        keep = core._kv_source
+
+        def source(view, kvk, group, tokens):
+            got = keep(view, kvk, group, tokens)
+            assert got == view.best_source(kvk, group)
+            asked.append(got.split(":")[0])
+            return got
+        core._kv_source = source
+        return core
+    make = pol._core
+    pol._core = lambda sim: pol.core or checked(make(sim))
+    Simulator(load_cluster("hetero16"), load_catalog("agent-team"), generate("swe-team", 4, 0.6, load=3.0), pol,
+              config=SimConfig(start="warm", seed=4)).run()
+    assert len(asked) > 200 and {"host", "none"} <= set(asked), (len(asked), set(asked))

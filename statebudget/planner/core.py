@@ -101,6 +101,7 @@ class PlannerCore:
         self._kv_view = None
         self.target: dict[str, tuple] = {}  # model -> group the tracked MILP wants it on (`target.py`)
         self.target_p = 0.0                 # a target model counts as needed at least this likely (1: kept for sure)
+        self.target_homes = False           # the target's group homes a target model that has no copy
         self._hot_pages = {m.name: touched_pages(m, self.cfg.page_min_touch) for m in catalog.models}
         self._lease_pages = {m.name: touched_pages(m, self.cfg.lease_page_min_touch) for m in catalog.models}
         self._model_index = {name: i for i, name in enumerate(self.models)}
@@ -146,12 +147,15 @@ class PlannerCore:
             st = self._static[mi]
             wk = st.wk
             held = sorted(tiers.groups_of.get(wk, ()), key=lambda g: (-gpu_copies[(wk, g)].last_use, g))
-            # The target homes a model that has no copy; one held stays where its calls run.
-            home = held[0] if held else (self.target.get(m.name) or self._home(view, m))
+            # One held stays where its calls run. One with no copy goes where its engine sleeps, else
+            # to the group with the most free HBM (`_home`), or, with `target_homes`, to its target
+            # group: the MILP sees only the models its share holds, not the GPUs the others need.
+            target_home = self.target.get(m.name) if self.target_homes else None
+            home = held[0] if held else (target_home or self._home(view, m))
             if home is None:
                 continue
-            # A model the target places is needed for sure on its target group: it is promoted and
-            # kept there whatever the short-horizon forecast says.
+            # A model in the target is needed for sure on its home: it is promoted and kept there
+            # whatever the short-horizon forecast says.
             p_m = max(p_model[mi], self.target_p) if m.name in self.target else p_model[mi]
             homes[m.name] = home
             node = view.gpus[home[0]].node

@@ -9,12 +9,13 @@ arrived, what live programs are doing, and their hints where the policy takes hi
 
 The one objective, per second of the horizon, of model m ready on group g:
 
-    value(m, g) = λ_m x ( restore_s(m, g) - ttft_weight x (prefill_s(m, ctx_m, g) - best prefill_s) )
+    value(m, g) = λ_m x ( min over g' of restore_s(m, g') - ttft_weight x (prefill_s(m, ctx_m, g) - best prefill_s) )
                   - (m not on g now) x move_price x restore_s(m, g) / replan_s
 
-a call's expected TTFT saved on the group it would run on (the restore it would wait for, less the
-prefill it loses on a slower group, at the model's mean context so far), less a move's cost spread
-over the interval. A solve is charged `charge_s` of simulated time (at least its time limit) before
+a call's expected TTFT saved on the group it would run on (the restore it would otherwise wait
+for, on the group where that is cheapest: a wake where its engine is held or sleeps, else a cold
+start; less the prefill it loses on a slower group, at the model's mean context so far), less a
+move's cost spread over the interval. A solve is charged `charge_s` of simulated time (at least its time limit) before
 its target takes effect: it runs off the event path, on the state of the moment it started.
 """
 
@@ -42,6 +43,11 @@ class TrackConfig:
     gpu_share: float = 0.45      # share of each GPU's HBM (less the KV on it) the target may hold
     page_min_touch: float = 0.2  # expert pages that travel with a model's weights
     target_p: float = 1.0        # a target model counts as needed at least this likely (1: kept for sure)
+    # The target's group homes a target model with no copy. Off: the target says which models to
+    # keep ready, the greedy step where (held copy, asleep engine, most free HBM). On hetero16 the
+    # share holds only the 7-8B models, and only on the L40/A100 GPUs that coder, reviewer and the
+    # MoE models (which the MILP does not see) need: homed there they evict those (seeds 1-10).
+    target_homes: bool = False
 
 
 class TargetTracker:
@@ -128,12 +134,21 @@ class TargetTracker:
             prefill = {g: cost.prefill_s(m, ctx, g) for g in opts}
             best = min(prefill.values())
             held = tiers.groups_of.get(wk, ())
-            for g in opts:
+
+            def restore_s(g, on):
                 node = view.gpus[g[0]].node
+                return cost.weights_restore_s(m, "host", node, g, extra_bytes=pages,
+                                              wake=on or tiers.asleep_on(wk, g))
+
+            # What being ready saves a call: the restore it would otherwise wait for, where it
+            # would go without the target (a wake where its engine is held or sleeps, else a cold
+            # start), whichever group the target picks. Not the restore onto g: that would value
+            # most the groups where the model is cold, and a move there is what the target pays.
+            saved = min(restore_s(g, g in held) for g in view.model_groups(m))
+            for g in opts:
                 on = g in held or self.active.get(m.name) == g
-                restore = cost.weights_restore_s(m, "host", node, g, extra_bytes=pages,
-                                                 wake=on or tiers.asleep_on(wk, g))
-                v = lam * (restore - cfg.ttft_weight * (prefill[g] - best))
+                restore = restore_s(g, on)
+                v = lam * (saved - cfg.ttft_weight * (prefill[g] - best))
                 if not on:
                     v -= cfg.move_price * restore / cfg.replan_s
                 model.append(mi)

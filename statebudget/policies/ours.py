@@ -236,6 +236,7 @@ class StateBudgetTrack(StateBudgetLease):
         core = self._core(sim)
         core.target = self._tracker(sim).target(sim.now)
         core.target_p = self.track_cfg.target_p
+        core.target_homes = self.track_cfg.target_homes
 
     def replan(self, sim) -> list:
         self._retarget(sim)

@@ -56,3 +56,20 @@ def test_tracking_keeps_the_most_used_model_ready():
             times = [r["t"] for r in pol.tracker.solves]
             assert times[:3] == [0.0, 60.0, 120.0]  # every R seconds, off the decision path
     assert stall["track"] < 0.5 * stall["lease"]
+
+
+def test_the_target_keeps_a_model_where_its_engine_is_rather_than_move_it_to_a_cold_group():
+    # a's engine runs on one of two equal GPUs. Being ready saves a call the restore it would pay
+    # without the target (a wake there), wherever the target puts it: a cold GPU is worth no
+    # more, and moving there costs a cold start, so the target is a's own GPU.
+    cl = cluster(gpus=2, hbm_gb=40.0, cold=30.0)
+    sim = _sim(trace(program("p", [call("x", "a")])), StateBudgetLease(), cl=cl)
+    sim.run()
+    held = list(sim.tiers.groups_of.get(("w", "a"), ())) or [g for g in sim.model_groups(sim.catalog.by_name["a"])
+                                                       if sim.tiers.asleep_on(("w", "a"), g)]
+    assert len(held) == 1
+    t = TargetTracker(sim.catalog, sim.cost, TrackConfig(replan_s=60.0))
+    for _ in range(60):  # one call a second: a move's cold start is small against the rate
+        t.call_arrived("a", 100)
+    t.replan(sim, np.zeros(3), 30.0, now=sim.now)
+    assert t.target(sim.now + 1.0) == {"a": held[0]}

@@ -102,10 +102,10 @@ def test_a_job_can_set_the_re_plan_period_of_statebudget_track_and_only_of_it():
     from statebudget.sim.sweep import jobs, run_job
 
     (job,) = jobs(["hetero16"], ["swe-team"], [100], ["statebudget-track"], "agent-team", 0.25, warmup_s=300.0)
-    rows = [run_job(job), run_job(dict(job, replan_s=300.0)), run_job(dict(job, replan_s=60.0))]
+    rows = [run_job(job), run_job(dict(job, replan_s=20.0)), run_job(dict(job, replan_s=60.0))]
     assert rows[0]["stall_total_s"] == rows[2]["stall_total_s"]  # 60 s is the default
-    assert rows[1]["stall_total_s"] != rows[0]["stall_total_s"]  # a stale target plans otherwise
-    assert series(rows, [100], "stall_total_s", replan_s=300.0) == [rows[1]["stall_total_s"]]
+    assert rows[1]["stall_total_s"] != rows[0]["stall_total_s"]  # a fresher target plans otherwise
+    assert series(rows, [100], "stall_total_s", replan_s=20.0) == [rows[1]["stall_total_s"]]
     with pytest.raises(ValueError, match="two rows match"):  # the default and R = 60 s: not pinned down
         series(rows[:1] + rows[2:], [100], "stall_total_s", policy="statebudget-track")
     (other,) = jobs(["hetero16"], ["swe-team"], [3], ["frequency"], "agent-team", 0.25)

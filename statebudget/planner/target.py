@@ -10,7 +10,7 @@ arrived, what live programs are doing, and their hints where the policy takes hi
 The one objective, per second of the horizon, of model m ready on group g:
 
     value(m, g) = λ_m x ( min over g' of restore_s(m, g') - ttft_weight x (prefill_s(m, ctx_m, g) - best prefill_s) )
-                  - (m not on g now) x move_price x restore_s(m, g) / replan_s
+                  - (m not on g now, nor its target) x move_price x restore_s(m, g) / replan_s
 
 a call's expected TTFT saved on the group it would run on (the restore it would otherwise wait
 for, on the group where that is cheapest: a wake where its engine is held or sleeps, else a cold

@@ -18,6 +18,7 @@ The parts: `loop.py` (clock, heap, the loop), `programs.py` (program DAGs, tool 
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 
@@ -30,6 +31,7 @@ from ..core.view import ResidencyView
 from ..models.catalog import Catalog
 from ..models.cluster import Cluster
 from ..models.trace import Trace
+from ..planner.overload import QueueLoad
 from .admission import AdmissionMixin
 from ..policies.base import Policy
 from .calls import CallRec, CallsMixin
@@ -116,6 +118,25 @@ class Simulator(ProgramsMixin, AdmissionMixin, CallsMixin, TransfersMixin, Event
         if self.check_invariants:
             self.tiers.check()
         return self.recorder.result(self.calls, self.programs, self.flows, self.kvw, self.sizes)
+
+    def _check_books(self, dirty: bool) -> None:
+        """`check_invariants`: the tiers' books when an event changed them, and the admission queue's
+        kept sums (`waiting.py`) against the waiting calls summed afresh, after every event."""
+        if dirty:
+            self.tiers.check()
+        waiting = [c for c in self.waiting if c.state == "waiting"]
+        assert {id(c) for c in waiting} == set(self.waiting_sums.calls), "the queue's sums hold other calls"
+        by_group: dict[tuple, tuple] = {}
+        for c in waiting:
+            n, run, first = by_group.get(c.group, (0, 0.0, math.inf))
+            by_group[c.group] = (n + 1, run + self._queued_run(c), min(first, c.arrive))
+        kept = self.queue_load()
+        if kept is None:
+            assert not waiting, "calls wait but the queue's sums are empty"
+            return
+        fresh = QueueLoad.of(len(self.gpus), by_group)
+        assert kept.waiting == fresh.waiting and kept.first_s == fresh.first_s, "the queue's sums drifted"
+        assert all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6) for a, b in zip(kept.queued_s, fresh.queued_s))
 
     def _hook(self, name: str, *args):
         """A policy hook, timed as a decision; hooks the policy does not override cost nothing."""

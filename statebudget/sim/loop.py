@@ -11,8 +11,8 @@ PRIO_FLOW, PRIO_TIMER, PRIO_NODE, PRIO_PROGRAM, PRIO_TICK, PRIO_QUEUE = range(6)
 
 class EventLoop:
     """The clock and the heap of a simulator. A subclass provides `recorder` (`Recorder`),
-    `check_invariants`, `tiers`, `_open_programs` and `_when_idle()`: what to do when the heap is
-    empty (True if it pushed something)."""
+    `check_invariants`, `_check_books(dirty)`, `_open_programs` and `_when_idle()`: what to do when
+    the heap is empty (True if it pushed something)."""
 
     def _init_loop(self) -> None:
         self.now = 0.0
@@ -40,8 +40,8 @@ class EventLoop:
                 self.now = t
             rec.events += 1
             self._push_all(fn(*args))
-            if self.check_invariants and rec.dirty:
-                self.tiers.check()
+            if self.check_invariants:
+                self._check_books(rec.dirty)
             if rec.end is None and self._open_programs == 0:
                 rec.end = self.now  # later events only finish transfers
             if progress is not None and t >= next_report:

@@ -49,6 +49,34 @@ def test_tenant_rows_blend_with_the_team():
     assert p.switch_matrix(1.0, "alice")[0, 1] > 0.6 > p.switch_matrix(1.0)[0, 1] > p.switch_matrix(1.0, "bob")[0, 1]
 
 
+def test_stacked_tenant_matrices_are_each_tenants_own_switch_matrix():
+    # tenants counted at different instants (the stack decays as one), one seen only in a
+    # program's row (no counts: the team's matrix), read later than every count
+    p = Predictor(["a", "b", "c"], half_life_s=600.0)
+    for t, (tenant, models) in enumerate([("x", "ab"), ("y", "bcc"), ("x", "ca"), ("z", "")]):
+        p.program_started(f"{tenant}{t}", tenant, 300.0 * t)
+        for m in models:
+            p.call_arrived(f"{tenant}{t}", m, 300.0 * t + 1)
+    p.p_next_within(1000.0, 30.0)  # builds every program's row: z gets its index there
+    mats = p._tenant_matrices(1000.0)
+    for tenant, i in p._tenants.items():
+        assert np.array_equal(mats[i], p.switch_matrix(1000.0, tenant))
+    assert np.array_equal(mats[p._tenants["z"]], p.switch_matrix(1000.0))
+    # from first principles: each count halves every 600 s until 1000 s
+    n, idx = 3, {"a": 0, "b": 1, "c": 2, None: 3}
+    adds = {"x": [(1, None, "a"), (1, "a", "b"), (601, None, "c"), (601, "c", "a")],
+            "y": [(301, None, "b"), (301, "b", "c"), (301, "c", "c")]}
+    team = np.zeros((n + 1, n + 1))
+    own = {t: np.zeros((n + 1, n + 1)) for t in adds}
+    for tenant, rows in adds.items():
+        for t, last, nxt in rows:
+            team[idx[last], idx[nxt]] += 0.5 ** ((1000 - t) / 600.0)
+            own[tenant][idx[last], idx[nxt]] += 0.5 ** ((1000 - t) / 600.0)
+    for tenant in adds:
+        c = team + p.tenant_weight * own[tenant] + p.prior / (n + 1)
+        assert np.allclose(mats[p._tenants[tenant]], c / c.sum(axis=1, keepdims=True), rtol=1e-12)
+
+
 def test_tool_waits_condition_on_elapsed_time():
     t = ToolWaitModel({"test": (10.0, 0.5)})
     fresh = t.p_end_within("test", 0.0, 10.0)

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from tests.helpers import call, catalog, program, trace
+from tests.helpers import call, catalog, program, tool, trace
 from statebudget.models.cluster import Cluster
 from statebudget.planner.core import PlannerConfig
 from statebudget.planner.overload import Pressure, QueueLoad
@@ -108,3 +108,17 @@ def test_the_kept_admission_queue_is_the_fresh_one_at_every_step(queue, failures
     assert pol.checked > 50 and pol.queued_seen > 20 and pol.moved > 3
     if failures:
         assert res.failed_attempts > 5
+
+
+def test_a_call_cancelled_while_it_waits_leaves_the_kept_queue():
+    # three calls of m, one a GPU at a time (weights and KV take 37.5 of 40 GB): two wait, and q's
+    # waits behind them until its branch is cancelled when q's tool ends. The engine's check
+    # (`_check_books`) holds the kept sums to the calls still waiting after every event
+    cat = catalog(("m", 30.0, 3_000_000))
+    busy = [program(f"p{i}", [call("a", "m", ctx=1000, out=1500, max_tokens=1500)]) for i in range(3)]
+    q = program("q", [tool("t", [], duration=5.0), call("x", "m", ctx=1000, out=1500, max_tokens=1500)], start=1.0,
+                cancel=[{"node": "x", "at_after": "t"}])
+    res = Simulator(_cluster(), cat, trace(*busy, q), StateBudget(PlannerConfig(overload_wait_s=30.0)),
+                    config=SimConfig(check_invariants=True, start="warm", seed=1)).run()
+    x = next(c for c in res.calls if c.program == "q")
+    assert x.state == "cancelled" and x.start < 0  # cancelled before it was ever admitted

@@ -102,6 +102,7 @@ def test_a_job_can_set_the_re_plan_period_of_statebudget_track_and_only_of_it():
     from statebudget.sim.sweep import jobs, run_job
 
     (job,) = jobs(["hetero16"], ["swe-team"], [100], ["statebudget-track"], "agent-team", 0.25, warmup_s=300.0)
+    # R = 20 s: on this short job the target at 300 s ends up the default's, at 20 s it does not
     rows = [run_job(job), run_job(dict(job, replan_s=20.0)), run_job(dict(job, replan_s=60.0))]
     assert rows[0]["stall_total_s"] == rows[2]["stall_total_s"]  # 60 s is the default
     assert rows[1]["stall_total_s"] != rows[0]["stall_total_s"]  # a fresher target plans otherwise

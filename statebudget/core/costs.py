@@ -124,19 +124,19 @@ class CostModel:
         return max(k.wake_s if wake and src_kind == "host" else k.cold_start_s for k in kinds)
 
     def prefill_s(self, model: ModelSpec, tokens, group: tuple[int, ...]):
-        """Prefill of `tokens` (a number, or an array of them: the same arithmetic per element)."""
-        if isinstance(tokens, np.ndarray):
-            return np.where(tokens > 0, self._prefill_s(model, np.maximum(tokens, 0), group), 0.0)
-        return self._prefill_s(model, tokens, group) if tokens > 0 else 0.0
-
-    def _prefill_s(self, model: ModelSpec, tokens, group: tuple[int, ...]):
+        """Prefill of `tokens`. Numbers or arrays (the same arithmetic per element)."""
+        array = isinstance(tokens, np.ndarray)
+        if not array and tokens <= 0:
+            return 0.0
         if self.profile and model.name in self.profile.get("prefill_tok_s", {}):
-            return tokens / self.profile["prefill_tok_s"][model.name]
-        key = (group, self.mfu)  # asked for every KV candidate and call: the group's rate is fixed
-        flops = self._flops_memo.get(key)
-        if flops is None:
-            flops = self._flops_memo[key] = min(self.gpu_kind(i).tflops for i in group) * 1e12 * self.mfu * len(group)
-        return tokens * 2 * model.active_params_b * 1e9 / flops
+            s = tokens / self.profile["prefill_tok_s"][model.name]
+        else:
+            key = (group, self.mfu)  # asked for every KV candidate and call: the group's rate is fixed
+            flops = self._flops_memo.get(key)
+            if flops is None:
+                flops = self._flops_memo[key] = min(self.gpu_kind(i).tflops for i in group) * 1e12 * self.mfu * len(group)
+            s = tokens * 2 * model.active_params_b * 1e9 / flops
+        return np.where(tokens > 0, s, 0.0) if array else s
 
     def active_bytes(self, model: ModelSpec) -> float:
         """Weight bytes one decode step reads (dense part + the active experts)."""
@@ -155,12 +155,13 @@ class CostModel:
     def decode_s(self, model: ModelSpec, output_tokens, kv_tokens, group: tuple[int, ...]):
         """Roofline decode: each step reads the active weights and the KV once, split over the group.
         Numbers or arrays (the same arithmetic per element)."""
-        if not isinstance(output_tokens, np.ndarray) and output_tokens <= 0:
+        array = isinstance(output_tokens, np.ndarray)
+        if not array and output_tokens <= 0:
             return 0.0
         hbm = self._hbm_bps(group)
         mean_kv = (kv_tokens + output_tokens / 2) * model.kv_bytes_per_token
         s = output_tokens * (self.active_bytes(model) + mean_kv) / hbm
-        return np.where(output_tokens > 0, s, 0.0) if isinstance(output_tokens, np.ndarray) else s
+        return np.where(output_tokens > 0, s, 0.0) if array else s
 
     def decode_step_s(self, model: ModelSpec, batch: int, kv_tokens: float, group: tuple[int, ...]) -> float:
         """One decode step of `batch` sequences of `kv_tokens` each, the roofline of `decode_s`:

@@ -195,11 +195,14 @@ class Predictor:
         return hit
 
     def _switch_matrix(self, now: float, tenant: str | None) -> np.ndarray:
-        c = self.global_switch.rows(now).copy()
         if tenant is not None and tenant in self._tenants:
-            c += self.tenant_weight * self.tenant_switch.rows(now)[self._tenants[tenant]]
-        c += self.prior / c.shape[1]
-        return c / c.sum(axis=1, keepdims=True)
+            return self._tenant_matrices(now)[self._tenants[tenant]]
+        return self._stochastic(self.global_switch.rows(now))
+
+    def _stochastic(self, counts: np.ndarray) -> np.ndarray:
+        """Counts plus the uniform prior, each row (the last axis) normalised to sum to 1."""
+        c = counts + self.prior / counts.shape[-1]
+        return c / c.sum(axis=-1, keepdims=True)
 
     def _state(self, now: float, use_hints: bool):
         """Per-live-program arrays, rebuilt only when an event changed something (or the clock
@@ -255,15 +258,13 @@ class Predictor:
         return t
 
     def _tenant_matrices(self, now: float) -> np.ndarray:
-        """`switch_matrix(now, tenant)` of every tenant, stacked by tenant index, in one numpy pass:
-        the same elementwise sums and row normalisation as one tenant at a time (a tenant with no
-        counts adds exact zeros to the global ones)."""
+        """`switch_matrix(now, tenant)` of every tenant, stacked by tenant index, in one numpy pass
+        (a tenant with no counts adds exact zeros to the global ones)."""
         key = (now, self._counts_version, len(self._tenants))
         if self._tenant_key == key:  # same counts at the same clock: the same matrices
             return self._tenant_mats
         c = self.global_switch.rows(now) + self.tenant_weight * self.tenant_switch.rows(now)
-        c += self.prior / c.shape[2]
-        self._tenant_key, self._tenant_mats = key, c / c.sum(axis=2, keepdims=True)
+        self._tenant_key, self._tenant_mats = key, self._stochastic(c)
         return self._tenant_mats
 
     def _tool_params(self) -> np.ndarray:

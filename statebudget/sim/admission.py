@@ -95,33 +95,16 @@ class AdmissionMixin:
     def _queued_runs(self, model: str, group, calls: list[CallRec]):
         """`_queued_run` of waiting calls of one model on one group, in one numpy pass: a moved
         output estimate changes every one of their runs (`sim/waiting.py`)."""
-        m, est, n = self.catalog.by_name[model], self.output_estimate, len(calls)
+        m, expected, n = self.catalog.by_name[model], self.output_estimate.expected, len(calls)
         ctx = np.fromiter((c.context_tokens for c in calls), float, n)
         new = ctx - np.fromiter((c.kv_reused_tokens for c in calls), float, n)
-        asked = {}
-        for c in calls:  # calls ask for few distinct max_tokens (one per role)
-            if c.max_tokens not in asked:
-                asked[c.max_tokens] = est.expected(model, c.max_tokens)
-        out = np.fromiter((asked[c.max_tokens] for c in calls), float, n)
+        out = np.fromiter((expected(model, c.max_tokens) for c in calls), float, n)
         return self.cost.prefill_s(m, new, group) + self.cost.decode_s(m, out, ctx, group)
 
     def _queued_run(self, c: CallRec) -> float:
-        """A waiting call's expected run (`_est_end`), computed once per (model, group, context,
-        reused KV, expected output), queues hold many calls alike, and kept on the call while its
-        model's output estimate (its count of observations), its reused KV and its group hold."""
-        est = self.output_estimate
-        last, ver = c.queued_run, est.count.get(c.model, 0)
-        if last and last[0] == ver and last[1] == c.kv_reused_tokens and last[2] == c.group:
-            return last[3]
-        memo = self.__dict__.setdefault("_run_memo", {})
-        key = (c.model, c.group, c.context_tokens, c.kv_reused_tokens, est.expected(c.model, c.max_tokens))
-        run = memo.get(key)
-        if run is None:
-            if len(memo) > 100_000:  # the output estimate drifts, so keys accumulate: bound the memory
-                memo.clear()
-            run = memo[key] = self._est_end(c) - self.now
-        c.queued_run = (ver, c.kv_reused_tokens, c.group, run)
-        return run
+        """A waiting call's expected run (`_est_end`, which keeps it on the call while its inputs
+        hold)."""
+        return self._est_end(c) - self.now
 
     def _held_for_another(self, group) -> bool:
         r = self.reserved

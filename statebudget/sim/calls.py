@@ -50,7 +50,6 @@ class CallRec:
     attempt: int = 0           # retries after a failed attempt (`call_failure_rate`) count up
     seq: int = 0               # when it joined the list it waits in (admission or compute): FCFS's order
     est_run: tuple = ()        # (expected output, reused KV, group, run s) of its last plain `_est_end`
-    queued_run: tuple = ()     # (its model's estimate count, reused KV, group, run s): `_queued_run`
 
 
 class CallsMixin:

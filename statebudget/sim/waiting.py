@@ -11,7 +11,6 @@ order gives the sums a fresh pass would (to the nanosecond of each run)."""
 
 from __future__ import annotations
 
-import heapq
 from typing import Callable
 
 import numpy as np
@@ -23,28 +22,24 @@ NS = 1e9
 
 
 class WaitingSums:
-    """Per group: how many calls wait, their expected run (ns) and the first one's arrival."""
+    """Per group: the calls that wait there, in the order they joined (which is their order of
+    arrival: a call joins at the instant it arrives), and their expected runs summed in ns."""
 
     def __init__(self, n_gpu: int):
         self.n_gpu = n_gpu
         self.calls: dict[int, tuple[CallRec, int]] = {}  # id -> (call, its run ns as summed)
+        self.at: dict[tuple, dict[int, CallRec]] = {}    # group -> id -> call, first arrived first
         self.of_model: dict[str, dict[tuple, dict[int, CallRec]]] = {}  # model -> group -> id -> call
         self.count_at: dict[str, int] = {}              # model -> estimate count its runs were taken at
-        self.n: dict[tuple, int] = {}
         self.ns: dict[tuple, int] = {}
-        self.arrivals: dict[tuple, list] = {}            # group -> heap of (arrive, seq, id), lazily pruned
         self._load: QueueLoad | None = None              # None: changed since built
-
-    def __len__(self) -> int:
-        return len(self.calls)
 
     def add(self, c: CallRec, run_s: float) -> None:
         ns, g = round(run_s * NS), c.group
         self.calls[id(c)] = (c, ns)
+        self.at.setdefault(g, {})[id(c)] = c
         self.of_model.setdefault(c.model, {}).setdefault(g, {})[id(c)] = c
-        self.n[g] = self.n.get(g, 0) + 1
         self.ns[g] = self.ns.get(g, 0) + ns
-        heapq.heappush(self.arrivals.setdefault(g, []), (c.arrive, c.seq, id(c)))
         self._load = None
 
     def discard(self, c: CallRec) -> None:
@@ -52,11 +47,9 @@ class WaitingSums:
         if got is None:
             return
         g = c.group
+        del self.at[g][id(c)]
         del self.of_model[c.model][g][id(c)]
-        self.n[g] -= 1
         self.ns[g] -= got[1]
-        if not self.n[g]:
-            self.arrivals[g] = []
         self._load = None
 
     def load(self, counts: dict[str, int], runs: Callable[[str, tuple, list], np.ndarray]) -> QueueLoad | None:
@@ -80,12 +73,6 @@ class WaitingSums:
                 self.ns[g] += sum(new) - sum(old)
                 self._load = None
         if self._load is None:
-            by_group = {}
-            for g, n in self.n.items():
-                if n:
-                    heap = self.arrivals[g]
-                    while heap[0][2] not in self.calls or self.calls[heap[0][2]][0].seq != heap[0][1]:
-                        heapq.heappop(heap)  # left since, or joined again later
-                    by_group[g] = (n, self.ns[g] / NS, heap[0][0])
-            self._load = QueueLoad.of(self.n_gpu, by_group)
+            self._load = QueueLoad.of(self.n_gpu, {g: (len(calls), self.ns[g] / NS, next(iter(calls.values())).arrive)
+                                                   for g, calls in self.at.items() if calls})
         return self._load

@@ -1,6 +1,6 @@
 """The simulator's admission queue and call-end estimates are kept between planning steps
-(`AdmissionMixin.queue_load`, summed as calls join and leave in `sim/waiting.py`; the runs
-`_queued_run` keeps on each call, `_est_end`): what a policy reads from them must be what a fresh
+(`AdmissionMixin.queue_load`, summed as calls join and leave in `sim/waiting.py`; the run
+`_est_end` keeps on each call): what a policy reads from them must be what a fresh
 computation gives at that instant, through joins, admissions, retries after failed attempts (a
 retried call is placed anew), queue reorders and estimate changes."""
 
@@ -45,18 +45,16 @@ class _Checking(StateBudget):
         kept_load = sim.queue_load()
         kept_waits = [sim.expected_wait_s(g) for g in GROUPS]
         calls = list(sim.waiting) + list(sim.active.values())
-        saved = ([(c.est_run, c.queued_run) for c in calls], sim.__dict__.get("_run_memo", {}))
-        sim._run_memo = {}
+        saved = [c.est_run for c in calls]
         for c in calls:
-            c.est_run = c.queued_run = ()
+            c.est_run = ()
         fresh = sim.admission_queue()
         fresh_load = _summed(sim, fresh)
         fresh_waits = [sim.expected_wait_s(g) for g in GROUPS]
-        for c, (e, q) in zip(calls, saved[0]):
-            c.est_run, c.queued_run = e, q
-        sim._run_memo = saved[1]
+        for c, e in zip(calls, saved):
+            c.est_run = e
         assert [(m, g, w) for m, g, _, w in kept] == [(m, g, w) for m, g, _, w in fresh]
-        # a run the memo kept was computed at another instant: (now + run) - now may round apart
+        # a kept run was computed at another instant: (now + run) - now may round apart
         assert all(math.isclose(a[2], b[2], rel_tol=1e-12) for a, b in zip(kept, fresh))
         assert kept_waits == fresh_waits
         # the planner's pressure from the kept sums is the one the fresh queue gives

@@ -38,7 +38,7 @@ class PlannerConfig:
     horizon_s: float = 30.0          # value = P(needed within this) x restore seconds (less the waste price)
     idle_horizon_s: float = 90.0     # idle residents are ranked by P(needed within this)
     idle_threshold: float = 0.08     # models less likely than this within it are not staged in host
-    warm_budget: float = 0.45        # share of cluster HBM that idle weights and pages may hold
+    warm_budget: float = 0.6         # share of cluster HBM that idle weights and pages may hold
     min_dwell_s: float = 0.0        # a promoted copy stays at least this long (no promote/demote ping-pong)
     promote_min_p: float = 0.35      # promote only what is at least this likely within the horizon
     # A promotion's value less (1 - P(needed)) x its GB x this: what a wasted byte costs, in stall

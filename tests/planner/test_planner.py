@@ -297,6 +297,20 @@ def test_a_promotion_pays_for_the_bytes_it_would_waste(p, price, promoted):
     assert (promotes == [(("w", "m"), (0,))]) == promoted
 
 
+@pytest.mark.parametrize("budget,promoted", [(0.2, set()), (0.3, {"a"}), (0.6, {"a", "b"})])
+def test_idle_weights_are_promoted_only_within_the_warm_budget(budget, promoted):
+    # two idle 20 GB models, both sure to be needed, on one 80 GB GPU: the warm budget's share of
+    # HBM (x 80 GB) holds none, one (the likelier) or both; without it the target set takes both
+    from statebudget.policies.ours import StateBudget
+    cl, cat = cluster(gpus=1, hbm_gb=80.0), catalog(("a", 20.0), ("b", 20.0))
+    pol = StateBudget(PlannerConfig(warm_budget=budget, waste_price_s_per_gb=0.0, promote_min_p=0.1))
+    sim = Simulator(cl, cat, trace(program("p", [call("x", "a")])), pol, config=SimConfig(start="warm"))
+    core = pol._core(sim)
+    core.predictor.model_need_within = lambda now, horizon_s, use_hints=True: np.array([1.0, 0.9])
+    got = {d.key[1] for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote" and d.key[0] == "w"}
+    assert got == promoted
+
+
 def test_at_the_default_price_pages_need_higher_odds_than_weights():
     # the reasoner (MoE) needed with P 0.6: its weights are promoted either way (their restore
     # includes an engine start); its hot expert pages, worth only their transfer, only unpriced

@@ -218,7 +218,8 @@ class Journal:
             self.telemetry.moved(link, moved * b / op.bytes if op.bytes else 0.0)
         rec.status, rec.result = OpStatus.DONE, result
         self.fail_backoff.pop((key, op.dst), None)
-        self.fail_backoff.pop((key, op.src), None)
+        if op.kind != "drop":  # a drop sets no back-off (`_failed`), and frees no failing move
+            self.fail_backoff.pop((key, op.src), None)
         self._finish(rec)
 
     def _close(self, rec: OpRec, status: OpStatus, reason: str, result: dict | None = None,

@@ -96,7 +96,8 @@ class PlannerCore:
         self.density: dict[tuple, float] = {}  # (key, group) -> last computed density
         self.lease_of_call: dict[tuple, str] = {}  # (program, call) -> lease id
         self._kv_rate_cache: dict[tuple, tuple[float, float]] = {}
-        self._group_rows: dict[tuple, np.ndarray] = {}
+        self._group_ids: dict[tuple, int] = {}      # group -> its row of `_group_rows`
+        self._group_rows = np.zeros((0, 0), bool)    # [groups seen x GPUs]: membership
         self._kv_sources: dict[tuple, str] = {}  # `_kv_source`
         self._kv_view = None
         self.target: dict[str, tuple] = {}  # model -> group the tracked MILP wants it on (`target.py`)
@@ -231,7 +232,7 @@ class PlannerCore:
         if not keys:
             return []
         n_gpu = len(tiers.hbm_cap)
-        member = np.array([self._group_row(g, n_gpu) for g in groups])
+        member = self._membership(groups, n_gpu)
         pinned = [0.0] * n_gpu
         cand = set(zip(keys, groups))
         for kg, c in gpu_copies.items():
@@ -343,12 +344,18 @@ class PlannerCore:
                                for l, bw in self.cost.link_bw.items()}
         return self._link_base
 
-    def _group_row(self, group, n_gpu: int) -> np.ndarray:
-        row = self._group_rows.get(group)
-        if row is None:
-            row = self._group_rows[group] = np.zeros(n_gpu, bool)
-            row[list(group)] = True
-        return row
+    def _membership(self, groups: list, n_gpu: int) -> np.ndarray:
+        """[len(groups) x GPUs] bool: GPU i is in groups[k] (one gather from the groups seen)."""
+        if self._group_rows.shape[1] != n_gpu:
+            self._group_ids, self._group_rows = {}, np.zeros((0, n_gpu), bool)
+        ids = self._group_ids
+        for g in groups:
+            if g not in ids:
+                row = np.zeros((1, n_gpu), bool)
+                row[0, list(g)] = True
+                ids[g] = len(self._group_rows)
+                self._group_rows = np.concatenate((self._group_rows, row))
+        return self._group_rows[list(map(ids.__getitem__, groups))]
 
     def _kv_source(self, view, kvk, group, tokens: int) -> str:
         """`view.best_source` of KV with no copy in HBM: a function of its model, length, group and

@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from itertools import chain, compress, repeat
-from operator import attrgetter, is_
+from itertools import chain, compress
 
 import numpy as np
 
 from ..core.waits import ANY, SQRT2, ToolWaitModel
 
-
-_REC = attrgetter("rec")
 
 
 def _norm_cdf(x: np.ndarray) -> np.ndarray:
@@ -84,6 +81,7 @@ class LiveProgram:
     running_calls: int = 0
     hint: tuple[str, float, str | None] | None = None  # (model, confidence, call) announced for the next call
     rec: tuple | None = field(default=None, repr=False, compare=False)  # its row of `Predictor._state`; None when changed
+    row: int = field(default=-1, repr=False, compare=False)  # where `rec` is in `Predictor._rows`; -1: not yet, -2: ended
 
 
 class Predictor:
@@ -111,6 +109,9 @@ class Predictor:
         self._params: np.ndarray | None = None        # `_tool_params`, until a wait is observed
         self._rows_array: np.ndarray | None = None    # `_rows`: the last rows, for `_rows_progs`
         self._rows_progs: list[LiveProgram] = []
+        self._born: list[LiveProgram] = []            # started since the last `_rows`
+        self._gone = False                            # a program in `_rows_progs` has ended since then
+        self._dirty: list[LiveProgram] = []           # programs whose row an event dropped
         self._ids_of: list[LiveProgram] | None = None  # `next_model_probs`: `_ids` are of these
         self._ids: list[str] = []
         self._counts_version = 0                      # bumped by every switch count added
@@ -120,7 +121,11 @@ class Predictor:
     # ---- events -------------------------------------------------------------------------------
     def program_started(self, program: str, tenant: str, now: float) -> None:
         self._version += 1
-        self.live[program] = LiveProgram(program, tenant, since=now)
+        old = self.live.get(program)
+        if old is not None:  # the same id again: it keeps its place in `live`, so rows are rebuilt
+            self._rows_array = None
+        lp = self.live[program] = LiveProgram(program, tenant, since=now)
+        self._born.append(lp)
         self.program_starts.add((0, 0), now)
 
     def call_arrived(self, program: str, model: str, now: float, expected_s: float = 0.0) -> None:
@@ -138,7 +143,7 @@ class Predictor:
         lp.last_model, lp.phase, lp.since, lp.hint = model, "call", now, None
         lp.call_end_s = max(lp.call_end_s if lp.running_calls else 0.0, now + expected_s)
         lp.running_calls += 1
-        lp.rec = None
+        self._drop_row(lp)
 
     def call_finished(self, program: str, now: float) -> None:
         self._version += 1
@@ -146,13 +151,15 @@ class Predictor:
         if lp is not None:
             lp.running_calls = max(0, lp.running_calls - 1)
             if lp.running_calls == 0 and lp.phase == "call":
-                lp.phase, lp.tool, lp.since, lp.rec = "tool", None, now, None
+                lp.phase, lp.tool, lp.since = "tool", None, now
+                self._drop_row(lp)
 
     def tool_started(self, program: str, tool: str, now: float) -> None:
         self._version += 1
         lp = self.live.get(program)
         if lp is not None and lp.running_calls == 0:
-            lp.phase, lp.tool, lp.since, lp.rec = "tool", tool, now, None
+            lp.phase, lp.tool, lp.since = "tool", tool, now
+            self._drop_row(lp)
 
     def tool_finished(self, program: str, tool: str, duration_s: float, now: float) -> None:
         self._version += 1
@@ -163,7 +170,8 @@ class Predictor:
         self._version += 1
         lp = self.live.get(program)
         if lp is not None:
-            lp.hint, lp.rec = (model, confidence, call), None
+            lp.hint = (model, confidence, call)
+            self._drop_row(lp)
 
     def call_cancelled(self, program: str, call: str, arrived: bool = True, now: float = 0.0) -> None:
         """A branch was abandoned, or a call attempt failed: a hint announced for it no longer
@@ -171,13 +179,16 @@ class Predictor:
         self._version += 1
         lp = self.live.get(program)
         if lp is not None and lp.hint is not None and lp.hint[2] == call:
-            lp.hint, lp.rec = None, None
+            lp.hint = None
+            self._drop_row(lp)
         if arrived:
             self.call_finished(program, now)
 
     def program_finished(self, program: str, now: float = 0.0) -> None:
         self._version += 1
         lp = self.live.pop(program, None)
+        if lp is not None:
+            lp.row, self._gone = -2, True
         if lp is not None and lp.last_model in self.idx:
             n = len(self.models)
             self._counts_version += 1
@@ -212,11 +223,10 @@ class Predictor:
         if self._cache_key == key:
             return self._cache
         self._memo.clear()  # every memo is keyed by the same version and clock
-        progs = list(self.live.values())
         n = len(self.models)
-        a = self._rows(progs)
-        progs = self._rows_progs  # the same programs; kept, so are their ids (`next_model_probs`)
-        rows, tenant, cls, hinted = (a[:, i].astype(int) for i in (0, 1, 3, 6))
+        a = self._rows()
+        progs = self._rows_progs  # kept while no program starts or ends, so are their ids (`next_model_probs`)
+        rows, tenant, cls, hinted = a[:, (0, 1, 3, 6)].T.astype(int)
         in_call = a[:, 2] > 0
         no_tool = ~in_call & (cls < 0)
         cls = np.maximum(cls, 0)
@@ -234,20 +244,47 @@ class Predictor:
         self._cache = (progs, q, in_call, no_tool, mu, sig, elapsed, call_left)
         return self._cache
 
-    def _rows(self, progs: list[LiveProgram]) -> np.ndarray:
-        """The programs' rows as an array, kept between rebuilds: while the live programs are the
-        same (same objects, same order) only the rows an event dropped are written again."""
-        a = self._rows_array
-        old = self._rows_progs
-        if a is not None and len(progs) == len(old) and all(map(is_, progs, old)):
-            for i in compress(range(len(progs)), map(is_, map(_REC, progs), repeat(None))):
-                a[i] = self._row(progs[i])
+    def _drop_row(self, lp: LiveProgram) -> None:
+        """An event changed what the program's row says: it is written again at the next `_rows`."""
+        if lp.rec is not None:
+            lp.rec = None
+            self._dirty.append(lp)
+
+    def _rows(self) -> np.ndarray:
+        """The live programs' rows as an array (in `live` order, in `_rows_progs`), kept between
+        steps: programs that ended are cut out, those that started are appended (as `live` orders
+        them) and only the rows an event dropped are written again, so a step costs what changed."""
+        a, progs, born, dirty = self._rows_array, self._rows_progs, self._born, self._dirty
+        if a is not None and not born and not self._gone:
+            for lp in dirty:
+                if lp.rec is None:  # not written again already
+                    a[lp.row] = self._row(lp)
+            dirty.clear()
             return a
+        if a is None:  # first step, or an id started again (`program_started`)
+            progs = list(self.live.values())
+            a = self._fresh(progs)
+        else:
+            if self._gone:
+                keep = [lp.row != -2 for lp in progs]
+                progs = list(compress(progs, keep))
+                a = a[np.fromiter(keep, bool, len(keep))]
+            born = [lp for lp in born if lp.row != -2]
+            progs = progs + born
+            a = np.concatenate((a, self._fresh(born))) if born else a
+        for i, lp in enumerate(progs):
+            lp.row = i
+        for lp in dirty:
+            if lp.row >= 0 and lp.rec is None:
+                a[lp.row] = self._row(lp)
+        self._rows_array, self._rows_progs = a, progs
+        self._born, self._gone, self._dirty = [], False, []
+        return a
+
+    def _fresh(self, progs: list[LiveProgram]) -> np.ndarray:
         # flattened rows: numpy reads a flat iterator several times faster than nested tuples
         flat = chain.from_iterable([lp.rec or self._row(lp) for lp in progs])
-        a = np.fromiter(flat, dtype=float, count=8 * len(progs)).reshape(len(progs), 8)
-        self._rows_array, self._rows_progs = a, progs
-        return a
+        return np.fromiter(flat, dtype=float, count=8 * len(progs)).reshape(len(progs), 8)
 
     def _tenant(self, tenant: str) -> int:
         """The tenant's index in the per-program rows and the stacked counts."""
@@ -307,11 +344,11 @@ class Predictor:
         # f0, P(the wait ended by now), is the same for every horizon
         n = len(elapsed)
         f = _lognorm_cdf(np.concatenate((elapsed, end.reshape(-1))).reshape(-1, n), mu, sig) if n else end[None]
-        f0 = np.where(~in_call & (elapsed > 0), f[0], 0.0)
+        f0 = np.where(elapsed > 0, f[0], 0.0)  # 0 in a call (`_state`)
         f1 = np.where(end > 0, f[1:].reshape(end.shape), 0.0)
         p = np.where(f0 < 1.0, (f1 - f0) / np.maximum(1.0 - f0, 1e-12), 1.0)
         p = np.where(no_tool, 0.9, p)  # between a call's end and the next event: soon
-        return np.clip(p, 0.0, 1.0)
+        return np.minimum(np.maximum(p, 0.0), 1.0)
 
     def need_within(self, now: float, horizon_s: float, use_hints: bool = True) -> tuple[list[str], np.ndarray]:
         """(programs, [programs x models]) of P(the program needs model m within the horizon),

@@ -150,6 +150,8 @@ def place_under_load(sim, call, load, compute: float = 0.0):
         if not sim.could_ever_fit(call, g, footprint):
             continue
         est = restore_estimate_s(sim, call, g) + (compute * sim.cost.prefill_s(m, new_tokens, g) if compute else 0.0)
+        if est >= best_s:  # a wait only adds: it cannot win (nor tie first)
+            continue
         keys, new, private = sim.call_need(call, g)
         victims = sim.plan_eviction(g, new + private, protect={(k, g) for k in keys})
         if victims is None or any(v.key[0] == "w" and v.key[1] != call.model for v in victims):

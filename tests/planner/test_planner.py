@@ -143,6 +143,7 @@ def test_cached_program_rows_match_a_rebuild_from_scratch(events):
         scratch = copy.deepcopy(pred)
         for lp in scratch.live.values():
             lp.rec = None
+        scratch._rows_array = None
         scratch._cache_key = None
         scratch._memo.clear()
         for hints in (True, False):

@@ -123,20 +123,26 @@ class CostModel:
         kinds = [self.gpu_kind(i) for i in group]
         return max(k.wake_s if wake and src_kind == "host" else k.cold_start_s for k in kinds)
 
-    def prefill_s(self, model: ModelSpec, tokens, group: tuple[int, ...]):
-        """Prefill of `tokens`. Numbers or arrays (the same arithmetic per element)."""
+    def prefill_s(self, model: ModelSpec, tokens, group):
+        """Prefill of `tokens`. Numbers or arrays (the same arithmetic per element); with an array,
+        `group` may be a list of groups, one per element (calls waiting on several groups)."""
         array = isinstance(tokens, np.ndarray)
         if not array and tokens <= 0:
             return 0.0
         if self.profile and model.name in self.profile.get("prefill_tok_s", {}):
             s = tokens / self.profile["prefill_tok_s"][model.name]
         else:
-            key = (group, self.mfu)  # asked for every KV candidate and call: the group's rate is fixed
-            flops = self._flops_memo.get(key)
-            if flops is None:
-                flops = self._flops_memo[key] = min(self.gpu_kind(i).tflops for i in group) * 1e12 * self.mfu * len(group)
+            flops = np.array([self._flops(g) for g in group]) if isinstance(group, list) else self._flops(group)
             s = tokens * 2 * model.active_params_b * 1e9 / flops
         return np.where(tokens > 0, s, 0.0) if array else s
+
+    def _flops(self, group: tuple[int, ...]) -> float:
+        """The group's prefill FLOP/s (fixed; asked for every KV candidate and call)."""
+        key = (group, self.mfu)
+        flops = self._flops_memo.get(key)
+        if flops is None:
+            flops = self._flops_memo[key] = min(self.gpu_kind(i).tflops for i in group) * 1e12 * self.mfu * len(group)
+        return flops
 
     def active_bytes(self, model: ModelSpec) -> float:
         """Weight bytes one decode step reads (dense part + the active experts)."""
@@ -152,13 +158,13 @@ class CostModel:
             bps = self._hbm_memo[group] = min(self.gpu_kind(i).hbm_gbps for i in group) * GB * len(group)
         return bps
 
-    def decode_s(self, model: ModelSpec, output_tokens, kv_tokens, group: tuple[int, ...]):
+    def decode_s(self, model: ModelSpec, output_tokens, kv_tokens, group):
         """Roofline decode: each step reads the active weights and the KV once, split over the group.
-        Numbers or arrays (the same arithmetic per element)."""
+        Numbers or arrays (the same arithmetic per element); `group` as in `prefill_s`."""
         array = isinstance(output_tokens, np.ndarray)
         if not array and output_tokens <= 0:
             return 0.0
-        hbm = self._hbm_bps(group)
+        hbm = np.array([self._hbm_bps(g) for g in group]) if isinstance(group, list) else self._hbm_bps(group)
         mean_kv = (kv_tokens + output_tokens / 2) * model.kv_bytes_per_token
         s = output_tokens * (self.active_bytes(model) + mean_kv) / hbm
         return np.where(output_tokens > 0, s, 0.0) if array else s

@@ -98,7 +98,7 @@ class PlannerCore:
         self._kv_rate_cache: dict[tuple, tuple[float, float]] = {}
         self._group_ids: dict[tuple, int] = {}      # group -> its row of `_group_rows`
         self._group_rows = np.zeros((0, 0), bool)    # [groups seen x GPUs]: membership
-        self._kv_sources: dict[tuple, str] = {}  # `_kv_source`
+        self._kv_sources: dict[tuple, tuple] = {}  # `_kv_source`
         self._kv_view = None
         self.target: dict[str, tuple] = {}  # model -> group the tracked MILP wants it on (`target.py`)
         self.target_p = 0.0                 # a target model counts as needed at least this likely (1: kept for sure)
@@ -215,10 +215,10 @@ class PlannerCore:
             copies.append(None)
             per_gpu.append(nbytes / len(group))
             probs.append(p_prog[k, mi])
-            src = self._kv_source(view, kvk, group, T)
-            paths.append(self._path_bytes(src, group, per_gpu[-1]))
+            path, rates = self._kv_source(view, kvk, m, group, T, per_gpu[-1])
+            paths.append(path)
             kv_T.append(nbytes)
-            kv_rates.append(self._kv_rates(m, group))
+            kv_rates.append(rates)
         if len(keys) > n_state:
             rates = np.asarray(kv_rates)
             nbytes = np.asarray(kv_T)
@@ -357,18 +357,21 @@ class PlannerCore:
                 self._group_rows = np.concatenate((self._group_rows, row))
         return self._group_rows[list(map(ids.__getitem__, groups))]
 
-    def _kv_source(self, view, kvk, group, tokens: int) -> str:
-        """`view.best_source` of KV with no copy in HBM: a function of its model, length, group and
-        whether host DRAM and NVMe hold it, so kept per those (asked for every KV candidate)."""
+    def _kv_source(self, view, kvk, m, group, tokens: int, per_gpu: float) -> tuple[dict, tuple]:
+        """(`_path_bytes` from `view.best_source`, `_kv_rates`) of KV with no copy in HBM: functions
+        of its model, length, group and whether host DRAM and NVMe hold it, so kept per those (asked
+        for every KV candidate at every step; a program's KV grows only when its calls end). The
+        path is shared: the solver only reads it."""
         node = view.gpus[group[0]].node
         hc = view.tiers.host.get((kvk, node))
         key = (kvk[2], tokens, group, hc is not None and hc.ready, (kvk, node) in view.tiers.nvme)
-        src = self._kv_sources.get(key)
-        if src is None:
+        hit = self._kv_sources.get(key)
+        if hit is None:
             if len(self._kv_sources) > 100_000:  # lengths keep growing: bound the memory
                 self._kv_sources.clear()
-            src = self._kv_sources[key] = view.best_source(kvk, group)
-        return src
+            src = view.best_source(kvk, group)
+            hit = self._kv_sources[key] = (self._path_bytes(src, group, per_gpu), self._kv_rates(m, group))
+        return hit
 
     def _kv_rates(self, m, group) -> tuple[float, float]:
         """(bytes/s onboarding KV from host DRAM onto `group`, seconds per token recomputing it)."""

@@ -230,7 +230,8 @@ class Predictor:
         in_call = a[:, 2] > 0
         no_tool = ~in_call & (cls < 0)
         cls = np.maximum(cls, 0)
-        q = self._tenant_matrices(now)[tenant, rows, :n] if len(progs) else np.zeros((0, n))
+        # row `rows` of tenant `tenant`'s matrix, gathered from the stack seen as one table of rows
+        q = self._tenant_matrices(now).reshape(-1, n + 1).take(tenant * (n + 1) + rows, axis=0)[:, :n]
         h = np.nonzero(hinted >= 0)[0] if use_hints else ()
         if len(h):
             conf = a[h, 7]
@@ -239,7 +240,7 @@ class Predictor:
         elapsed = np.where(in_call, 0.0, now - a[:, 4])
         call_left = np.where(in_call, np.maximum(0.0, a[:, 5] - now), 0.0)
         params = self._tool_params()
-        mu, sig = params[cls, 0], params[cls, 1]
+        mu, sig = params.take(cls, axis=0).T
         self._cache_key = key
         self._cache = (progs, q, in_call, no_tool, mu, sig, elapsed, call_left)
         return self._cache
@@ -387,7 +388,7 @@ class Predictor:
     def model_need_within(self, now: float, horizon_s: float, use_hints: bool = True) -> np.ndarray:
         """Per model: P(some program, live or new, calls it within the horizon)."""
         _, p = self.need_within(now, horizon_s, use_hints)
-        miss = np.prod(1.0 - p, axis=0) if len(p) else np.ones(len(self.models))
+        miss = np.multiply.reduce(1.0 - p, axis=0) if len(p) else np.ones(len(self.models))
         rate = self.program_starts.rows(now)[0, 0] * math.log(2) / self.half_life_s  # starts per second
         first = self.switch_matrix(now)[len(self.models), :len(self.models)]
         miss = miss * np.exp(-rate * horizon_s * first)

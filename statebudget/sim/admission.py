@@ -92,14 +92,14 @@ class AdmissionMixin:
         planner asks at every step and placement, over queues hundreds long."""
         return self.waiting_sums.load(self.output_estimate.count, self._queued_runs)
 
-    def _queued_runs(self, model: str, group, calls: list[CallRec]):
-        """`_queued_run` of waiting calls of one model on one group, in one numpy pass: a moved
-        output estimate changes every one of their runs (`sim/waiting.py`)."""
+    def _queued_runs(self, model: str, groups: list, calls: list[CallRec]):
+        """`_queued_run` of waiting calls of one model (`groups`: each one's), in one numpy pass: a
+        moved output estimate changes every one of their runs (`sim/waiting.py`)."""
         m, expected, n = self.catalog.by_name[model], self.output_estimate.expected, len(calls)
         ctx = np.fromiter((c.context_tokens for c in calls), float, n)
         new = ctx - np.fromiter((c.kv_reused_tokens for c in calls), float, n)
         out = np.fromiter((expected(model, c.max_tokens) for c in calls), float, n)
-        return self.cost.prefill_s(m, new, group) + self.cost.decode_s(m, out, ctx, group)
+        return self.cost.prefill_s(m, new, groups) + self.cost.decode_s(m, out, ctx, groups)
 
     def _queued_run(self, c: CallRec) -> float:
         """A waiting call's expected run (`_est_end`, which keeps it on the call while its inputs

@@ -4,7 +4,7 @@ The planner reads the admission queue at every planning step and placement, and 
 the queue is hundreds of calls long (the decision-time bench keeps ~175 waiting). Summing it anew
 whenever a call joined, left or its model's output estimate moved cost a third of a step; kept
 here, a join or a leave touches one group, and a moved estimate re-reads that model's calls only,
-a group at a time in one numpy pass (`AdmissionMixin._queued_runs`).
+on every group in one numpy pass (`AdmissionMixin._queued_runs`).
 
 Runs are summed in whole nanoseconds: integer sums are exact, so adding and removing calls in any
 order gives the sums a fresh pass would (to the nanosecond of each run)."""
@@ -52,9 +52,10 @@ class WaitingSums:
         self.ns[g] -= got[1]
         self._load = None
 
-    def load(self, counts: dict[str, int], runs: Callable[[str, tuple, list], np.ndarray]) -> QueueLoad | None:
+    def load(self, counts: dict[str, int], runs: Callable[[str, list, list], np.ndarray]) -> QueueLoad | None:
         """The sums as a `QueueLoad`, None when no call waits; `counts`: each model's output
-        estimate count now (its version), `runs(model, group, calls)`: their expected run seconds."""
+        estimate count now (its version), `runs(model, groups, calls)`: their expected run seconds
+        (`groups`: each call's group)."""
         if not self.calls:
             return None
         for model, of_group in self.of_model.items():
@@ -62,16 +63,20 @@ class WaitingSums:
             if self.count_at.get(model) == now:
                 continue
             self.count_at[model] = now
+            got, at = [], []
             for g, calls in of_group.items():
-                if not calls:
-                    continue
-                got = list(calls.values())
-                new = np.rint(runs(model, g, got) * NS).astype(np.int64).tolist()
-                old = [self.calls[id(c)][1] for c in got]
-                for c, ns in zip(got, new):
-                    self.calls[id(c)] = (c, ns)
-                self.ns[g] += sum(new) - sum(old)
-                self._load = None
+                got += calls.values()
+                at += [g] * len(calls)
+            if not got:
+                continue
+            new = np.rint(runs(model, at, got) * NS).astype(np.int64).tolist()
+            calls = self.calls
+            for c, g, ns in zip(got, at, new):
+                old = calls[id(c)][1]
+                if ns != old:
+                    calls[id(c)] = (c, ns)
+                    self.ns[g] += ns - old
+            self._load = None
         if self._load is None:
             self._load = QueueLoad.of(self.n_gpu, {g: (len(calls), self.ns[g] / NS, next(iter(calls.values())).arrive)
                                                    for g, calls in self.at.items() if calls})

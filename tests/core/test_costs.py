@@ -22,3 +22,9 @@ def test_array_prefill_and_decode_are_the_scalar_ones(measured):
         assert pre.tolist() == [cost.prefill_s(m, float(t), group) for t in tokens]
         assert dec.tolist() == [cost.decode_s(m, float(o), float(t), group) for o, t in zip(outs, tokens)]
         assert pre[0] == pre[1] == dec[0] == dec[1] == 0.0 and pre[-1] > pre[-2] > 0
+    # one group per element (a queue waiting on several groups): each element is its group's
+    groups = [(0,), tuple(range(4)), (12,), (0,), (8, 9), tuple(range(4))]
+    pre = cost.prefill_s(m, tokens, groups)
+    dec = cost.decode_s(m, outs, tokens, groups)
+    assert pre.tolist() == [cost.prefill_s(m, float(t), g) for t, g in zip(tokens, groups)]
+    assert dec.tolist() == [cost.decode_s(m, float(o), float(t), g) for o, t, g in zip(outs, tokens, groups)]

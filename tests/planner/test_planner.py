@@ -332,7 +332,8 @@ def test_at_the_default_price_pages_need_higher_odds_than_weights():
 
 def test_the_kept_kv_sources_are_the_views_at_every_step():
     # swe-team on the shared cluster: KV goes to host DRAM and NVMe and comes back while the step
-    # keeps sources per (model, length, group, host, NVMe); each must be the view's own answer
+    # keeps paths and rates per (model, length, group, host, NVMe); each must be what the view's
+    # own source gives
     from statebudget.models.load import load_catalog, load_cluster
     from statebudget.traces.generators import generate
     pol = make_policy("statebudget-lease")
@@ -341,10 +342,11 @@ def test_the_kept_kv_sources_are_the_views_at_every_step():
     def checked(core):
         keep = core._kv_source
 
-        def source(view, kvk, group, tokens):
-            got = keep(view, kvk, group, tokens)
-            assert got == view.best_source(kvk, group)
-            asked.append(got.split(":")[0])
+        def source(view, kvk, m, group, tokens, per_gpu):
+            got = keep(view, kvk, m, group, tokens, per_gpu)
+            src = view.best_source(kvk, group)
+            assert got == (core._path_bytes(src, group, per_gpu), core._kv_rates(m, group))
+            asked.append(src.split(":")[0])
             return got
         core._kv_source = source
         return core

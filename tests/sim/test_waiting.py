@@ -30,8 +30,8 @@ def test_kept_sums_are_the_fresh_sums(steps):
     counts = {m: 0 for m in MODELS}
     run = lambda c: c.context_tokens / 7.0 * (1 + counts[c.model])  # noqa: E731, moves with the estimate
 
-    def runs(model, group, got):
-        assert all(c.model == model and c.group == group for c in got)
+    def runs(model, groups, got):
+        assert len(groups) == len(got) and all(c.model == model and c.group == g for c, g in zip(got, groups))
         return np.array([run(c) for c in got])
     sums, waiting, seq, now = WaitingSums(4), [], 0, 0.0
     for op, i in steps:

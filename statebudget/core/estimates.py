@@ -5,6 +5,8 @@ call's end, and policies read it through their view (`output_estimate`)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 PRIOR_SHARE = 0.25  # before a model's first finished call: a quarter of what the call asked for
 EWMA_ALPHA = 0.05   # once a model has 1/alpha finished calls: an exponential average (the day drifts)
 
@@ -31,8 +33,11 @@ class OutputEstimate:
         old = self.mean.get(model, 0.0)
         self.mean[model] = old + w * (float(output_tokens) - old)
 
-    def expected(self, model: str, max_tokens: float) -> float:
-        """The output tokens to expect of a call of `model` that asked for `max_tokens`."""
+    def expected(self, model: str, max_tokens):
+        """The output tokens to expect of a call of `model` that asked for `max_tokens`. A number
+        or an array of them (calls waiting in a queue: the same arithmetic per element)."""
         m = self.mean.get(model)
         guess = self.prior_share * max_tokens if m is None else m
+        if isinstance(max_tokens, np.ndarray):
+            return np.minimum(np.maximum(guess, 0.0), max_tokens)
         return float(min(max(guess, 0.0), max_tokens))

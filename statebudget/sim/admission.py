@@ -98,7 +98,7 @@ class AdmissionMixin:
         m, expected, n = self.catalog.by_name[model], self.output_estimate.expected, len(calls)
         ctx = np.fromiter((c.context_tokens for c in calls), float, n)
         new = ctx - np.fromiter((c.kv_reused_tokens for c in calls), float, n)
-        out = np.fromiter((expected(model, c.max_tokens) for c in calls), float, n)
+        out = expected(model, np.fromiter((c.max_tokens for c in calls), float, n))
         return self.cost.prefill_s(m, new, groups) + self.cost.decode_s(m, out, ctx, groups)
 
     def _queued_run(self, c: CallRec) -> float:

@@ -1,0 +1,30 @@
+"""`OutputEstimate`: learnt from finished calls only, clipped to what a call asked for; an array of
+`max_tokens` (a queue re-read in one pass, `sim/waiting.py`) gives each element the scalar answer."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from statebudget.core.estimates import OutputEstimate
+
+asks = st.lists(st.floats(0.0, 1e5, allow_nan=False), min_size=1, max_size=20)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(0.0, 1e5, allow_nan=False), max_size=30), asks)
+def test_an_array_of_asks_is_the_scalar_answer_per_element(outputs, max_tokens):
+    est = OutputEstimate()
+    for o in outputs:
+        est.observe("m", o)
+    arr = est.expected("m", np.array(max_tokens))
+    assert arr.tolist() == [est.expected("m", t) for t in max_tokens]
+    assert all(0.0 <= e <= t for e, t in zip(arr.tolist(), max_tokens))
+
+
+def test_before_any_finished_call_the_prior_share_then_the_observed_mean():
+    est = OutputEstimate(prior_share=0.25)
+    assert est.expected("m", 400) == 100.0
+    est.observe("m", 50)
+    est.observe("m", 150)
+    assert est.expected("m", 400) == 100.0 and est.expected("m", 60) == 60.0
+    assert est.count == {"m": 2} and est.expected("other", 8) == 2.0

@@ -29,16 +29,35 @@ from ..core.waits import ANY, SQRT2, ToolWaitModel
 
 
 def _norm_cdf(x: np.ndarray) -> np.ndarray:
-    """Standard normal CDF, vectorised (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7)."""
-    z = np.abs(x) / SQRT2
-    t = 1.0 / (1.0 + 0.3275911 * z)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    erf = 1.0 - poly * np.exp(-z * z)
-    return 0.5 * (1.0 + np.sign(x) * erf)
+    """Standard normal CDF, vectorised (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7), in place
+    on a few arrays (the planner runs it at every step over every live program):
+        z = |x| / sqrt2,  t = 1 / (1 + 0.3275911 z),  erf = 1 - t (a1 + t (a2 + ...)) exp(-z^2)."""
+    z = np.abs(x)
+    z /= SQRT2
+    t = z * 0.3275911
+    t += 1.0
+    np.divide(1.0, t, out=t)
+    poly = t * 1.061405429
+    for a in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
+        poly += a
+        poly *= t
+    e = z * z
+    np.negative(e, out=e)
+    np.exp(e, out=e)
+    e *= poly
+    np.subtract(1.0, e, out=e)  # erf(z)
+    out = np.sign(x)
+    out *= e
+    out += 1.0
+    out *= 0.5
+    return out
 
 
 def _lognorm_cdf(t: np.ndarray, mu: np.ndarray, sig: np.ndarray) -> np.ndarray:
-    return _norm_cdf((np.log(np.maximum(t, 1e-9)) - mu) / sig)
+    x = np.log(np.maximum(t, 1e-9))
+    x -= mu
+    x /= sig
+    return _norm_cdf(x)
 
 
 class DecayedCounts:
@@ -339,17 +358,15 @@ class Predictor:
         the rest of its tool wait, or — while a call runs — the call's end plus a tool wait. With
         an array of horizons, one row per horizon."""
         _, _, in_call, no_tool, mu, sig, elapsed, call_left = self._state(now, use_hints)
-        h = np.asarray(horizon_s, dtype=float)[..., None]
+        # one CDF pass over horizon 0 and each horizon: row 0 is f0, P(the wait ended by now)
+        # (0 in a call, where it ends at or before now), the same for every horizon
+        h = np.append(0.0, horizon_s)[:, None]
         end = np.where(in_call, h - call_left, elapsed + h)
-        # one CDF pass over [elapsed; end at each horizon] (`_lognorm_cdf` floors both at 1e-9):
-        # f0, P(the wait ended by now), is the same for every horizon
-        n = len(elapsed)
-        f = _lognorm_cdf(np.concatenate((elapsed, end.reshape(-1))).reshape(-1, n), mu, sig) if n else end[None]
-        f0 = np.where(elapsed > 0, f[0], 0.0)  # 0 in a call (`_state`)
-        f1 = np.where(end > 0, f[1:].reshape(end.shape), 0.0)
+        f = np.where(end > 0, _lognorm_cdf(end, mu, sig), 0.0)
+        f0, f1 = f[0], f[1:]
         p = np.where(f0 < 1.0, (f1 - f0) / np.maximum(1.0 - f0, 1e-12), 1.0)
-        p = np.where(no_tool, 0.9, p)  # between a call's end and the next event: soon
-        return np.minimum(np.maximum(p, 0.0), 1.0)
+        p = np.minimum(np.maximum(np.where(no_tool, 0.9, p), 0.0), 1.0)  # no tool yet: soon
+        return p if np.ndim(horizon_s) else p[0]
 
     def need_within(self, now: float, horizon_s: float, use_hints: bool = True) -> tuple[list[str], np.ndarray]:
         """(programs, [programs x models]) of P(the program needs model m within the horizon),

@@ -355,3 +355,16 @@ def test_the_kept_kv_sources_are_the_views_at_every_step():
     Simulator(load_cluster("hetero16"), load_catalog("agent-team"), generate("swe-team", 4, 0.6, load=3.0), pol,
               config=SimConfig(start="warm", seed=4)).run()
     assert len(asked) > 200 and {"host", "none"} <= set(asked), (len(asked), set(asked))
+
+
+def test_the_vectorised_normal_cdf_is_within_its_stated_error():
+    # Abramowitz & Stegun 7.1.26 promises |error| < 1.5e-7 on erf: the CDF, computed in place,
+    # must be within that of math.erf's, symmetric, and leave its input as it was
+    import math
+    from statebudget.planner.predictor import _norm_cdf
+    x = np.concatenate((np.linspace(-9.0, 9.0, 2001), [0.0, -0.0, 1e-12, 40.0, -40.0]))
+    kept = x.copy()
+    got = _norm_cdf(x)
+    want = np.array([0.5 * (1.0 + math.erf(v / math.sqrt(2.0))) for v in x])
+    assert np.abs(got - want).max() < 1.5e-7 and np.array_equal(x, kept)
+    assert np.allclose(got + _norm_cdf(-x), 1.0, atol=3e-7) and got[-2] == 1.0 and got[-1] == 0.0

@@ -216,7 +216,7 @@ def bench_planner_cmd(
     seed: Annotated[int, typer.Option(help="trace and simulator seed")] = 0,
     repeat: Annotated[int, typer.Option(help="replays of the timed window (the same decisions each time): "
                                              "with more than one, each hook's least time is reported too, "
-                                             "the machine's noise taken out", min=1)] = 1,
+                                             "most of the machine's noise taken out", min=1)] = 1,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the results here")] = None,
 ):
     """Wall time of whole policy hooks during a replay with about N live programs (DESIGN.md §4)."""

@@ -142,7 +142,7 @@ class Predictor:
         self._version += 1
         old = self.live.get(program)
         if old is not None:  # the same id again: it keeps its place in `live`, so rows are rebuilt
-            self._rows_array = None
+            old.row, self._rows_array = -2, None
         lp = self.live[program] = LiveProgram(program, tenant, since=now)
         self._born.append(lp)
         self.program_starts.add((0, 0), now)
@@ -236,8 +236,7 @@ class Predictor:
 
     def _state(self, now: float, use_hints: bool):
         """Per-live-program arrays, rebuilt only when an event changed something (or the clock
-        moved). Each program keeps its row (`LiveProgram.rec`) until an event changes it, so a
-        rebuild reads one attribute per unchanged program; the rest is numpy."""
+        moved). The rows are kept between steps (`_rows`); the rest is numpy."""
         key = (self._version, now, use_hints)
         if self._cache_key == key:
             return self._cache
@@ -250,7 +249,9 @@ class Predictor:
         no_tool = ~in_call & (cls < 0)
         cls = np.maximum(cls, 0)
         # row `rows` of tenant `tenant`'s matrix, gathered from the stack seen as one table of rows
-        q = self._tenant_matrices(now).reshape(-1, n + 1).take(tenant * (n + 1) + rows, axis=0)[:, :n]
+        # (no live program: no matrices, whose decay would move the counts' rounding)
+        q = (self._tenant_matrices(now).reshape(-1, n + 1).take(tenant * (n + 1) + rows, axis=0)[:, :n]
+             if len(progs) else np.zeros((0, n)))
         h = np.nonzero(hinted >= 0)[0] if use_hints else ()
         if len(h):
             conf = a[h, 7]

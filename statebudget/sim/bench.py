@@ -14,13 +14,16 @@ The replay runs `fill_s` simulated seconds (the live count builds up, default: 2
 program duration) and then times every hook in the next `window_s` seconds; it is stopped there
 (the drain that follows measures nothing).
 
-A shared machine adds its own noise to a hook's wall time (the same code's p99 has spanned 1.3-2.3
-ms between runs). With `repeat` > 1 the final replay runs that many times: it makes the same
-decisions each time (same seed), so hook k is the same work in every run, and the least time each
-hook took over the runs is its cost with most of the machine's noise taken out. Both are reported:
+A shared machine adds its own noise to a hook's wall time, and a single run's p99 moves with it.
+With `repeat` > 1 the final replay runs that many times: it makes the same decisions each time
+(same seed; checked: every run's decisions hash the same), so hook k is the same work in every run,
+and the least time each hook took over the runs is its cost with most of the machine's noise
+taken out. Both are reported:
 each run's percentiles, and those of the per-hook least times (`decision_ms_least`)."""
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 
@@ -47,6 +50,7 @@ class _TimedSim(Simulator):
         self.window_from, self.window_to = window_from, window_to
         self.hook_ms: list[float] = []
         self.live_seen: list[int] = []
+        self.decisions = hashlib.sha256()  # what every timed hook decided, in order
 
     def live(self) -> int:
         # started (in `programs`) minus finished (counted down from the trace's total)
@@ -59,6 +63,7 @@ class _TimedSim(Simulator):
         if self.now >= self.window_from:
             self.hook_ms.append(self.recorder.decision_ms[-1])
             self.live_seen.append(self.live())
+            self.decisions.update(repr((self.now, getattr(fn, "__name__", ""), out)).encode())
         return out
 
 
@@ -84,6 +89,7 @@ def replayed_decisions(cluster: Cluster, catalog: Catalog, policy: str, preset: 
         pass
     a = np.asarray(sim.hook_ms) if sim.hook_ms else np.zeros(0)
     return {"decision_ms": _percentiles(a), "hooks": int(a.size), "hook_ms": a,
+            "decisions_sha256": sim.decisions.hexdigest(),
             "live_mean": round(float(np.mean(sim.live_seen)), 1) if sim.live_seen else 0.0,
             "live_max": int(max(sim.live_seen)) if sim.live_seen else 0, "load": round(load, 4),
             "programs_in_trace": len(tr.programs)}
@@ -116,8 +122,9 @@ def bench_planner(cluster: Cluster, catalog: Catalog, programs: int, policy: str
         load *= programs / res["live_mean"]
     runs = [res] + [replayed_decisions(cluster, catalog, policy, preset, seed, used, fill, window_s, start)
                     for _ in range(repeat - 1)]
-    if len({r["hooks"] for r in runs}) > 1:  # the same seed makes the same decisions: never expected
-        raise RuntimeError(f"repeated replays timed different hooks: {[r['hooks'] for r in runs]}")
+    if len({(r["hooks"], r["decisions_sha256"]) for r in runs}) > 1:  # same seed, same decisions: never expected
+        raise RuntimeError("repeated replays decided differently: "
+                           f"{[(r['hooks'], r['decisions_sha256'][:12]) for r in runs]}")
     least = np.min([r["hook_ms"] for r in runs], axis=0) if res["hooks"] else np.zeros(0)
     res = {k: v for k, v in res.items() if k != "hook_ms"}
     res["decision_ms_runs"] = [r["decision_ms"] for r in runs]

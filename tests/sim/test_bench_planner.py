@@ -7,6 +7,8 @@ but stops after `tries` replays and reports what it saw, and a small N on a shor
 
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from statebudget.cli import app
@@ -52,3 +54,27 @@ def test_repeated_runs_time_the_same_hooks_and_the_least_is_below_each_run():
     for run in res["decision_ms_runs"]:
         assert least["p50"] <= run["p50"] and least["p99"] <= run["p99"] and least["max"] <= run["max"]
     assert res["decision_ms_runs"][0] == res["decision_ms"]
+
+
+def test_repeated_runs_must_decide_the_same(monkeypatch):
+    # the decisions' hash tells replays apart: another seed decides differently, and a bench whose
+    # repeated runs would disagree refuses to report a least time over them
+    from statebudget.sim import bench
+
+    cl, cat = load_cluster("hetero16"), load_catalog("agent-team")
+    one = bench.replayed_decisions(cl, cat, "statebudget-lease", "swe-team", 0, 2.0, 60.0, 30.0)
+    assert one["hooks"] > 0
+    assert bench.replayed_decisions(cl, cat, "statebudget-lease", "swe-team", 0, 2.0, 60.0, 30.0)[
+        "decisions_sha256"] == one["decisions_sha256"]
+    assert bench.replayed_decisions(cl, cat, "statebudget-lease", "swe-team", 1, 2.0, 60.0, 30.0)[
+        "decisions_sha256"] != one["decisions_sha256"]
+    real, calls = bench.replayed_decisions, []
+
+    def drifting(*a, **kw):
+        r = real(*a, **kw)
+        calls.append(1)
+        return {**r, "decisions_sha256": r["decisions_sha256"] + str(len(calls))}
+
+    monkeypatch.setattr(bench, "replayed_decisions", drifting)
+    with pytest.raises(RuntimeError, match="decided differently"):
+        bench.bench_planner(cl, cat, 5, window_s=30.0, repeat=2, tries=1)

@@ -246,7 +246,10 @@ def bench_planner_cmd(
             console.print(f"{name}, {n} programs asked, {res['live_mean']:.0f} live on average "
                           f"(max {res['live_max']}), {res['hooks']} hooks ({window:g} s of {trace} at load "
                           f"x{res['load']:.2f}): decision {runs}")
-            if repeat > 1:
+            if repeat > 1 and res["decisions_differ"]:
+                console.print(f"  [yellow]the {repeat} runs decided differently (a solver on a wall-clock limit?): "
+                              "no least time per hook[/yellow]")
+            elif repeat > 1:
                 d = res["decision_ms_least"]
                 console.print(f"  each hook's least time over the {repeat} runs: p50 {fmt(d['p50'])} ms, "
                               f"p99 {fmt(d['p99'])} ms, max {fmt(d['max'])} ms")

@@ -100,7 +100,7 @@ class LiveProgram:
     running_calls: int = 0
     hint: tuple[str, float, str | None] | None = None  # (model, confidence, call) announced for the next call
     rec: tuple | None = field(default=None, repr=False, compare=False)  # its row of `Predictor._state`; None when changed
-    row: int = field(default=-1, repr=False, compare=False)  # where `rec` is in `Predictor._rows`; -1: not yet, -2: ended
+    row: int = field(default=-1, repr=False, compare=False)  # where `rec` is in `Predictor._rows`; -1: not yet, -2: ended or replaced by a restart
 
 
 class Predictor:
@@ -249,7 +249,7 @@ class Predictor:
         no_tool = ~in_call & (cls < 0)
         cls = np.maximum(cls, 0)
         # row `rows` of tenant `tenant`'s matrix, gathered from the stack seen as one table of rows
-        # (no live program: no matrices, whose decay would move the counts' rounding)
+        # no live program: no rows to gather, and the counts are not decayed to this time
         q = (self._tenant_matrices(now).reshape(-1, n + 1).take(tenant * (n + 1) + rows, axis=0)[:, :n]
              if len(progs) else np.zeros((0, n)))
         h = np.nonzero(hinted >= 0)[0] if use_hints else ()

@@ -149,15 +149,19 @@ def test_cached_program_rows_match_a_rebuild_from_scratch(events):
 
 
 def _assert_same_as_rebuilt(pred, now):
+    # the scratch copy keeps none of the row bookkeeping: its rows come from `live` alone
     scratch = copy.deepcopy(pred)
     for lp in scratch.live.values():
-        lp.rec = None
-    scratch._rows_array = None
+        lp.rec, lp.row = None, -1
+    scratch._rows_array, scratch._rows_progs = None, []
+    scratch._dirty, scratch._born, scratch._gone = [], [], False
     scratch._cache_key = None
     scratch._memo.clear()
     for hints in (True, False):
         later = now + 1.0
         assert np.array_equal(pred.need_within(later, 30.0, hints)[1], scratch.need_within(later, 30.0, hints)[1])
+    assert [lp.program for lp in pred._rows_progs] == list(pred.live)
+    assert np.array_equal(pred._rows(), scratch._rows())
 
 
 def test_greedy_takes_the_most_stall_saved_per_byte_within_hbm_and_links():

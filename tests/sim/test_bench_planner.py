@@ -7,8 +7,6 @@ but stops after `tries` replays and reports what it saw, and a small N on a shor
 
 import json
 
-import pytest
-
 from typer.testing import CliRunner
 
 from statebudget.cli import app
@@ -58,7 +56,7 @@ def test_repeated_runs_time_the_same_hooks_and_the_least_is_below_each_run():
 
 def test_repeated_runs_must_decide_the_same(monkeypatch):
     # the decisions' hash tells replays apart: another seed decides differently, and a bench whose
-    # repeated runs would disagree refuses to report a least time over them
+    # repeated runs disagree reports no least time over them
     from statebudget.sim import bench
 
     cl, cat = load_cluster("hetero16"), load_catalog("agent-team")
@@ -76,5 +74,9 @@ def test_repeated_runs_must_decide_the_same(monkeypatch):
         return {**r, "decisions_sha256": r["decisions_sha256"] + str(len(calls))}
 
     monkeypatch.setattr(bench, "replayed_decisions", drifting)
-    with pytest.raises(RuntimeError, match="decided differently"):
-        bench.bench_planner(cl, cat, 5, window_s=30.0, repeat=2, tries=1)
+    res = bench.bench_planner(cl, cat, 5, window_s=30.0, repeat=2, tries=1)
+    assert res["decisions_differ"] and res["decision_ms_least"]["p99"] is None
+    assert all(r["p99"] is not None for r in res["decision_ms_runs"])
+    monkeypatch.setattr(bench, "replayed_decisions", real)
+    same = bench.bench_planner(cl, cat, 5, window_s=30.0, repeat=2, tries=1)
+    assert not same["decisions_differ"] and same["decision_ms_least"]["p99"] is not None

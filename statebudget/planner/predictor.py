@@ -100,7 +100,8 @@ class LiveProgram:
     running_calls: int = 0
     hint: tuple[str, float, str | None] | None = None  # (model, confidence, call) announced for the next call
     rec: tuple | None = field(default=None, repr=False, compare=False)  # its row of `Predictor._state`; None when changed
-    row: int = field(default=-1, repr=False, compare=False)  # where `rec` is in `Predictor._rows`; -1: not yet, -2: ended or replaced by a restart
+    # where `rec` is in `Predictor._rows`; -1: not yet, -2: ended or replaced by a restart
+    row: int = field(default=-1, repr=False, compare=False)
 
 
 class Predictor:

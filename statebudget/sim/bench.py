@@ -125,11 +125,11 @@ def bench_planner(cluster: Cluster, catalog: Catalog, programs: int, policy: str
                     for _ in range(repeat - 1)]
     # Hook k is the same work in every run only if every run decided the same.
     differ = len({(r["hooks"], r["decisions_sha256"]) for r in runs}) > 1
-    least = np.min([r["hook_ms"] for r in runs], axis=0) if res["hooks"] and not differ else None
+    least = np.min([r["hook_ms"] for r in runs], axis=0) if res["hooks"] and not differ else np.zeros(0)
     res = {k: v for k, v in res.items() if k != "hook_ms"}
     res["decision_ms_runs"] = [r["decision_ms"] for r in runs]
     res["decisions_differ"] = differ
-    res["decision_ms_least"] = _percentiles(least if least is not None else np.zeros(0))
+    res["decision_ms_least"] = _percentiles(least)
     return {"programs": programs, "repeat": repeat, "policy": policy, "preset": preset, "seed": seed, "start": start,
             "fill_s": round(fill, 1), "window_s": window_s, "nominal_program_s": round(dur, 1), **res,
             "attempts": attempts, "cluster": cluster.name, "catalog": catalog.name}

@@ -63,6 +63,25 @@ def print_replay(rep, tr, cl, cat, wall: float) -> None:
                 f"{s['to']} from {s['at_s']:.0f} s ({s['programs']} programs finished)" for s in r.queue_switches))
 
 
+def print_by_model(rep, cl, top: int = 3) -> None:
+    """`replay --by-model`: per policy, each model's calls, stall, and the groups they ran on
+    (GPU indices and kind, most used first): where a policy's stall sits and why."""
+    def where(label: str) -> str:
+        idx = [int(i) for i in label.split(",")]
+        return f"{label} ({cl.gpus[idx[0]].kind})"
+
+    for n, r in rep.policies.items():
+        t = Table(Column("model", no_wrap=True), "calls", "stall total s", "stall p95 s", "handoff p95 s",
+                  "calls by GPU group", title=f"{n}: stall by model")
+        for model, s in r.stall_by_model.items():
+            groups = list(s.groups.items())
+            shown = ", ".join(f"{where(g)} {k}" for g, k in groups[:top])
+            more = sum(k for _, k in groups[top:])
+            t.add_row(model, str(s.calls), f"{s.stall_total_s:.1f}", f"{s.stall_s.p95:.2f}",
+                      f"{s.handoff_stall_s.p95:.2f}" if s.handoff_stall_s.n else "-", shown + (f", {more} elsewhere" if more else ""))
+        console.print(t)
+
+
 def print_oracle(out: dict) -> None:
     """`oracle`: the solver's result in one line, and the first broken constraint if any."""
     block = out["oracle"]

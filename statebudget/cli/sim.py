@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from .common import CatalogOpt, ClusterOpt, TraceOpt, check_outputs, console, err, fail, guard, progress_bar, write_json
-from .render import print_oracle, print_replay, print_sweep
+from .render import print_by_model, print_oracle, print_replay, print_sweep
 
 
 def _policy_list(spec: str) -> list[str]:
@@ -57,6 +57,8 @@ def replay(
                                             "that holds them, no engine awake) or cold (all weights on NVMe)")] = "warm",
     warmup: Annotated[float, typer.Option("--warmup", help="seconds simulated first whose arriving calls every "
                                                            "metric leaves out", min=0.0)] = 0.0,
+    by_model: Annotated[bool, typer.Option("--by-model", help="also print, per policy, each model's stall and the "
+                                                              "GPU groups its calls ran on")] = False,
 ):
     """Replay a trace against policies; print a table, write the report and plots."""
     check_outputs(files=[("--json", json_out), ("--html", html_out)], folders=[("--plots", plots)])
@@ -96,6 +98,8 @@ def replay(
     wall = time.perf_counter() - t0
     rep = result.report
     print_replay(rep, tr, cl, cat, wall)
+    if by_model:
+        print_by_model(rep, cl)
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(report_json(rep))

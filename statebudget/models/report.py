@@ -35,6 +35,17 @@ class DecisionMs(BaseModel):
     p99: float = 0.0
 
 
+class ModelStall(BaseModel):
+    """One model's calls in a run (counted calls that completed): where the stall sits and where
+    the calls ran. `groups`: calls per GPU group, keyed by its GPU indices ("12,13")."""
+    model_config = ConfigDict(extra="allow")
+    calls: int = 0
+    stall_total_s: float = 0.0
+    stall_s: Dist = Field(default_factory=Dist)
+    handoff_stall_s: Dist = Field(default_factory=Dist)
+    groups: dict[str, int] = Field(default_factory=dict)
+
+
 class PolicyReport(BaseModel):
     model_config = ConfigDict(extra="allow")
     stall_s: Dist
@@ -71,6 +82,7 @@ class PolicyReport(BaseModel):
     stall_total_s: float = 0.0                          # the sum of stall over all counted calls
     ttft_slowdown: Dist = Field(default_factory=Dist)   # TTFT / ideal TTFT
     slo_attainment: dict[str, float] = Field(default_factory=dict)  # "2", "5", "10": share with TTFT <= k x ideal
+    stall_by_model: dict[str, ModelStall] = Field(default_factory=dict)  # per model, by name
 
 
 class TraceSummary(BaseModel):

@@ -10,7 +10,7 @@ import numpy as np
 from collections import Counter
 
 from ..core.costs import CostModel
-from ..models.report import DecisionMs, Dist, PolicyReport
+from ..models.report import DecisionMs, Dist, ModelStall, PolicyReport
 from ..models.trace import ttft_bound
 from .engine import SimResult
 
@@ -131,6 +131,23 @@ def program_metrics(res: SimResult, nominal: dict | None) -> dict:
     }
 
 
+def stall_by_model(done: list) -> dict[str, ModelStall]:
+    """Per model (sorted by name): its completed calls' stall and the groups they ran on, most
+    used first. A policy's total hides which model stalls where; this is where to look first."""
+    by: dict[str, list] = {}
+    for c in done:
+        by.setdefault(c.model, []).append(c)
+    out = {}
+    for model in sorted(by):
+        cs = by[model]
+        stall = [c.ready - c.arrive for c in cs]
+        groups = Counter(",".join(map(str, c.group)) for c in cs)
+        out[model] = ModelStall(calls=len(cs), stall_total_s=round(float(sum(stall)), 9), stall_s=Dist.of(stall),
+                                handoff_stall_s=Dist.of(c.ready - c.arrive for c in cs if c.handoff),
+                                groups=dict(sorted(groups.items(), key=lambda kv: (-kv[1], kv[0]))))
+    return out
+
+
 def policy_report(res: SimResult, slo_classes: dict[str, float], nominal: dict | None = None,
                   cost: CostModel | None = None) -> PolicyReport:
     """The §8 block of one run. `cost`: the cost model ideal TTFT is priced with (default: the
@@ -163,6 +180,7 @@ def policy_report(res: SimResult, slo_classes: dict[str, float], nominal: dict |
         calls_cancelled=sum(1 for c in calls if c.state == "cancelled"),
         unplaceable_calls=sum(1 for c in calls if c.state == "unplaceable"),
         events=res.events,
+        stall_by_model=stall_by_model(done),
         **slo,
         **program_metrics(res, nominal),
     )

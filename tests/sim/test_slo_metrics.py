@@ -58,7 +58,8 @@ def rec(model, ctx, arrive, stall, ttft):
     """A finished call record as the simulator leaves it (the fields the metrics read)."""
     return SimpleNamespace(program=f"p{arrive}", node=f"{model}@{arrive}", model=model, context_tokens=ctx, output_tokens=10,
                            tenant="t0", slo="interactive", handoff=False, hinted=False, state="done", arrive=arrive,
-                           ready=arrive + stall, start=arrive + stall, first_token=arrive + ttft, end=arrive + ttft + 1.0)
+                           ready=arrive + stall, start=arrive + stall, first_token=arrive + ttft, end=arrive + ttft + 1.0,
+                           group=(0,))
 
 
 # (model, context, arrive, TTFT / ideal); the stall is the part of the TTFT above ideal.
@@ -111,6 +112,21 @@ def test_policy_report_carries_the_slo_figures_and_honours_the_warmup():
     assert late.stall_total_s == pytest.approx(sum(STALL.values()) - STALL[0] + HUGE_STALL)
 
 
+def test_stall_by_model_splits_the_counted_calls_by_model_and_group():
+    calls = fabricated()
+    for c, group, handoff in zip(calls, [(0,), (2,), (0,), (0, 1), (1,)], [True, False, True, True, False]):
+        c.group, c.handoff = group, handoff
+    calls[1].state = "cancelled"  # not completed: in no model's figures
+    rep = policy_report(result(calls, warmup_s=4.0), {"interactive": 2.0})  # the small call at 0 s goes
+    by = rep.stall_by_model
+    assert list(by) == ["big", "huge", "wide"]
+    assert by["big"].calls == 1 and by["big"].groups == {"0": 1}
+    assert by["big"].stall_total_s == pytest.approx(STALL[2]) and by["big"].handoff_stall_s.n == 1
+    assert by["wide"].groups == {"0,1": 1} and by["huge"].handoff_stall_s.n == 0
+    assert sum(m.calls for m in by.values()) == rep.calls_completed
+    assert sum(m.stall_total_s for m in by.values()) == pytest.approx(rep.stall_total_s)
+
+
 def test_attainment_curve_counts_calls_within_k_times_ideal():
     curve = dict(zip(SLO_K.tolist(), attainment_curve([1.0, 3.0, 6.0, 30.0])))
     assert SLO_K[0] == 1 and SLO_K[-1] == 20
@@ -123,7 +139,8 @@ def test_replay_cli_reports_the_run_block_slo_figures_and_plot(tmp_path):
     (tmp_path / "t.jsonl").write_text(toy_trace_jsonl(seed=2, hours=0.05))
     res = CliRunner().invoke(app, ["replay", "--cluster", "toy2", "--catalog", "toy", "--trace", str(tmp_path / "t.jsonl"),
                                    "--policy", "ondemand,statebudget", "--start", "cold", "--warmup", "30", "--seed", "4",
-                                   "--json", str(tmp_path / "r.json"), "--plots", str(tmp_path / "plots")])
+                                   "--json", str(tmp_path / "r.json"), "--plots", str(tmp_path / "plots"), "--by-model"],
+                            env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["run"] == {"start": "cold", "warmup_s": 30.0, "seed": 4}
@@ -133,6 +150,14 @@ def test_replay_cli_reports_the_run_block_slo_figures_and_plot(tmp_path):
         assert 0 <= a["2"] <= a["5"] <= a["10"] <= 1
         assert block["ttft_slowdown"]["n"] > 0 and block["stall_total_s"] >= 0
         assert block["stall_total_s"] == pytest.approx(block["stall_s"]["mean"] * block["stall_s"]["n"], rel=1e-6, abs=1e-6)
+        by = block["stall_by_model"]
+        assert sum(m["calls"] for m in by.values()) == block["calls_completed"] > 0
+        assert sum(m["stall_total_s"] for m in by.values()) == pytest.approx(block["stall_total_s"], abs=1e-6)
+        for m in by.values():  # every call ran on a group of the toy cluster, most used first
+            assert sum(m["groups"].values()) == m["calls"]
+            assert list(m["groups"].values()) == sorted(m["groups"].values(), reverse=True)
+            assert all(0 <= int(i) < 2 for g in m["groups"] for i in g.split(","))
+        assert "stall by model" in res.output
     assert "SLO@5" in res.output and "start cold, warm-up 30 s" in res.output
     assert (tmp_path / "plots" / "slo_attainment.png").stat().st_size > 5000
 

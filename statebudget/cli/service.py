@@ -109,6 +109,10 @@ def serve(
                                                    "rejected with a Retry-After (docs/planner.md); below the gateway's "
                                                    "timeout_s, or its calls never wait that long; 0: off",
                                                    min=0.0)] = 90.0,
+    scale_out_wait_s: Annotated[float, typer.Option(help="a call of a dense model that has waited this long for HBM "
+                                                    "at its group adds a second replica of the model on the group "
+                                                    "with the most free HBM (docs/planner.md); 0: off",
+                                                    min=0.0)] = 0.0,
     docs: Annotated[bool, typer.Option(help="serve /docs (plain HTML, nothing from the internet) and /openapi.json, "
                                             "both for admin tokens")] = False,
 ):
@@ -175,7 +179,9 @@ def serve(
     from ..planner.target import TrackConfig
 
     track = TrackConfig(replan_s=track_every_s) if track_every_s > 0 else None
-    planner = LivePlanner(cl, cat, store, profile=prof, queue=queue, config=lease_config(stage_host=stage_host, overload_wait_s=overload_wait_s or None),
+    config = lease_config(stage_host=stage_host, overload_wait_s=overload_wait_s or None,
+                          scale_out_wait_s=scale_out_wait_s or None)
+    planner = LivePlanner(cl, cat, store, profile=prof, queue=queue, config=config,
                           kv_rule=kv_rule, tenant_weights=weights, require_checksums=require_checksums, track=track)
     if (planner.cluster.name, planner.catalog.name) != (cl.name, cat.name):
         err.print(f"[yellow]warning:[/] {db} was started with cluster {planner.cluster.name} and catalog "

@@ -56,6 +56,10 @@ class PlannerConfig:
     stage_host: bool = True          # stage weights and expert pages of models in use in host DRAM
     place_prefill_weight: float = 0.0  # place a call where restore + this x its prefill is least (1: soonest first token)
     overload_wait_s: float | None = 90.0  # a group whose queued calls would keep a new one waiting this long is past capacity (`overload.py`); None: off
+    # A call of a dense model that has waited this long for HBM at its group, with no other group
+    # holding the model, adds a second replica (`_scale_out`); None: off. Off until measured on
+    # evaluation seeds; 20 s is the candidate (BENCHMARKS.md, "Knobs"): 5 s cost swe-team.
+    scale_out_wait_s: float | None = None
 
 
 def lease_config(**overrides) -> PlannerConfig:
@@ -303,6 +307,8 @@ class PlannerCore:
         if load is not None:
             promote = {i for i in promote if not load.past_capacity(groups[i])}
         out = [Promote(keys[i], groups[i]) for i in plan.promote if i in promote] + out
+        if cfg.scale_out_wait_s is not None:
+            out += self._scale_out(view, now, cfg.scale_out_wait_s)
         # Stage in host DRAM what a restore would read (weights, expert pages of the home node) for
         # models likely to be used at all: a restore from DRAM is a wake, from NVMe a cold start.
         if cfg.stage_host:
@@ -318,6 +324,41 @@ class PlannerCore:
                 for kn in at:
                     if kn not in host:
                         out.append(PromoteHost(*kn))
+        return out
+
+    def _scale_out(self, view, now: float, wait_s: float) -> list:
+        """A second replica where calls queue at a home that holds too few of them at once (a
+        40 GB GPU beside 30 GB of weights): a dense model with a call that has waited `wait_s` for
+        HBM, and no copy on a group clear of its waiting calls' GPUs, has its weights promoted
+        onto such a group with room for them now (the most free HBM, like `_home`), as an
+        autoscaler adds a replica on queue depth. The queue is scanned only when some call there
+        has waited that long (`queue_load`'s first arrivals, where the view keeps them)."""
+        kept = getattr(view, "queue_load", None)
+        if kept is not None:
+            load = kept()
+            if load is None or min(load.first_s) > now - wait_s:
+                return []
+        stuck: dict[str, set] = {}
+        for model, group, _, waited in view.admission_queue():
+            if waited >= wait_s:
+                stuck.setdefault(model, set()).update(group)
+        out = []
+        for m in self.catalog.models:
+            busy = stuck.get(m.name)
+            if busy is None or m.moe is not None:
+                continue
+            wk = weights_key(m.name)
+            held = view.tiers.groups_of.get(wk, ())
+            if any(busy.isdisjoint(g) for g in held):
+                continue  # a replica clear of the queue exists (or is loading)
+            dense = m.dense_bytes / m.tp
+            best, best_key = None, None
+            for g in view.model_groups(m):
+                free = min(view.tiers.hbm_cap[i] - view.tiers.hbm_used[i] for i in g)
+                if busy.isdisjoint(g) and free >= dense and (best_key is None or (-free, g) < best_key):
+                    best, best_key = g, (-free, g)
+            if best is not None:
+                out.append(Promote(wk, best))
         return out
 
     def pressure(self, view) -> Pressure | None:

@@ -167,9 +167,10 @@ def test_serve_rejects_an_unknown_kv_rule_or_queue_before_writing_anything(tmp_p
     assert not list(tmp_path.iterdir())
 
 
-def test_serve_rejects_a_negative_overload_wait_before_writing_anything(tmp_path):
-    res = runner.invoke(app, ["serve", "--db", str(tmp_path / "sb.db"), "--overload-wait-s", "-1"])
-    assert res.exit_code != 0 and "--overload-wait-s" in res.output
+@pytest.mark.parametrize("flag", ["--overload-wait-s", "--scale-out-wait-s"])
+def test_serve_rejects_a_negative_wait_before_writing_anything(tmp_path, flag):
+    res = runner.invoke(app, ["serve", "--db", str(tmp_path / "sb.db"), flag, "-1"])
+    assert res.exit_code != 0 and flag in res.output
     assert not list(tmp_path.iterdir())
 
 

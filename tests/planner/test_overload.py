@@ -1,9 +1,12 @@
 """Past capacity (`planner/overload.py`): the admission queue read as pressure, and leases onto a
 group with a queue rejected with a reason and a time to ask again."""
 
+from dataclasses import replace
+
 import pytest
 
 from tests.helpers import call, catalog, cluster, program, trace
+from statebudget.core.books import GpuCopy
 from statebudget.planner.core import PlannerConfig
 from statebudget.planner.leases import LeaseRequest, LeaseState
 from statebudget.planner.overload import Pressure, QueueLoad
@@ -86,3 +89,40 @@ def test_speculation_onto_a_group_past_capacity_yields():
     assert [(d.key, d.group) for d in promotes] == [(("w", "m"), (0,))], "below capacity it is promoted"
     _queued(sim, [("m", (0,), 100.0, 100.0)])
     assert not [d for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote"]
+
+
+def _held(sim, group, gb=20.0):
+    """The weights of `m` resident on `group` (as if a call had loaded them)."""
+    sim.tiers.add_gpu_copy(GpuCopy(("w", "m"), group, gb * 1e9, True, 0.0, 0.0))
+    sim.tiers.alloc_gpu(group, gb * 1e9)
+
+
+def _replicas(decisions) -> list:
+    return [d.group for d in decisions if type(d).__name__ == "Promote" and d.key == ("w", "m")]
+
+
+def test_a_call_queued_at_its_home_adds_a_replica_where_most_hbm_is_free():
+    sim, core = _sim(n_gpu=3)
+    core.cfg = replace(core.cfg, scale_out_wait_s=20.0)
+    _held(sim, (0,))
+    sim.tiers.alloc_gpu((2,), 10e9)  # GPU 1 has the most free HBM
+    _queued(sim, [("m", (0,), 30.0, 10.0)])
+    assert _replicas(core.plan(sim, 0.0)) == [], "a call that has waited less than 20 s adds nothing"
+    _queued(sim, [("m", (0,), 30.0, 25.0)])
+    assert _replicas(core.plan(sim, 0.0)) == [(1,)]
+    core.cfg = replace(core.cfg, scale_out_wait_s=None)
+    assert _replicas(core.plan(sim, 0.0)) == [], "off: the queue adds no replica"
+
+
+def test_no_replica_is_added_while_one_clear_of_the_queue_exists_or_none_has_room():
+    sim, core = _sim(n_gpu=3)
+    core.cfg = replace(core.cfg, scale_out_wait_s=20.0)
+    _held(sim, (0,))
+    sim.tiers.alloc_gpu((1,), 25e9)  # 15 GB free: the 20 GB of weights do not fit without evicting
+    sim.tiers.alloc_gpu((2,), 25e9)
+    _queued(sim, [("m", (0,), 30.0, 25.0)])
+    assert _replicas(core.plan(sim, 0.0)) == []
+    sim.tiers.free_gpu((1,), 25e9)
+    _held(sim, (1,))
+    _queued(sim, [("m", (0,), 30.0, 25.0)])
+    assert _replicas(core.plan(sim, 0.0)) == [], "the replica on GPU 1 is clear of the queue on GPU 0"

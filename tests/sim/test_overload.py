@@ -8,11 +8,11 @@ from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 
 
-def _replay(tr, overload_wait_s):
+def _replay(tr, overload_wait_s, scale_out_wait_s=None):
     # two 40 GB GPUs, a 30 GB model whose calls reserve 6-9 GB of KV each: one call per GPU
     cl, cat = cluster(gpus=2, hbm_gb=40.0, cold=10.0, wake=0.5), catalog(("m", 30.0, 3_000_000))
-    return Simulator(cl, cat, tr, StateBudget(PlannerConfig(overload_wait_s=overload_wait_s)),
-                     config=SimConfig(check_invariants=True, start="warm")).run()
+    cfg = PlannerConfig(overload_wait_s=overload_wait_s, scale_out_wait_s=scale_out_wait_s)
+    return Simulator(cl, cat, tr, StateBudget(cfg), config=SimConfig(check_invariants=True, start="warm")).run()
 
 
 def _burst(n, every_s):
@@ -34,6 +34,18 @@ def test_past_capacity_calls_queue_where_the_wait_ahead_is_shorter():
     assert all(c.state == "done" for c in on.calls)
 
 
+def test_a_queue_at_the_only_copy_adds_a_replica_on_the_idle_gpu():
+    tr = _burst(20, 6.0)  # a call every 6 s, each ~11 s long: one GPU cannot keep up, two can
+    scaled, off = _replay(tr, None, scale_out_wait_s=20.0), _replay(tr, None)
+    stall = {k: sum(c.ready - c.arrive for c in r.calls) for k, r in (("scaled", scaled), ("off", off))}
+    assert {c.group for c in off.calls} == {(0,)}
+    # once a call has waited 20 s the second GPU gets the weights, and later calls run there
+    first_on_1 = min(c.arrive for c in scaled.calls if c.group == (1,))
+    assert any(c.ready - c.arrive >= 20.0 for c in scaled.calls if c.arrive < first_on_1)
+    assert stall["scaled"] < 0.5 * stall["off"]
+    assert all(c.state == "done" for c in scaled.calls)
+
+
 def test_below_capacity_the_overload_mode_changes_no_call():
     tr = _burst(6, 40.0)  # each call ends (~11 s) before the next arrives: no queue ever forms
     on, off = _replay(tr, 30.0), _replay(tr, None)
@@ -52,8 +64,9 @@ def test_at_3x_the_swe_team_load_the_overload_mode_cuts_the_stall():
     stall, handoff = {}, {}
     for w in (90.0, None):
         # without the price of wasted bytes, which on its own keeps this queue from forming
-        res = Simulator(cl, cat, tr, StateBudget(PlannerConfig(overload_wait_s=w, waste_price_s_per_gb=0.0)),
-                        config=SimConfig(seed=1, start="warm")).run()
+        # and without replicas on queue wait (`scale_out_wait_s`), which spread the queue too
+        cfg = PlannerConfig(overload_wait_s=w, waste_price_s_per_gb=0.0, scale_out_wait_s=None)
+        res = Simulator(cl, cat, tr, StateBudget(cfg), config=SimConfig(seed=1, start="warm")).run()
         done = [c for c in res.calls if c.ready >= 0]
         stall[w] = sum(c.ready - c.arrive for c in done)
         handoff[w] = np.percentile([c.ready - c.arrive for c in done if c.handoff], 95)

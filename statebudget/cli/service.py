@@ -110,9 +110,10 @@ def serve(
                                                    "timeout_s, or its calls never wait that long; 0: off",
                                                    min=0.0)] = 90.0,
     scale_out_wait_s: Annotated[float, typer.Option(help="a call of a dense model that has waited this long for HBM "
-                                                    "at its group adds a second replica of the model on the group "
-                                                    "with the most free HBM (docs/planner.md); 0: off",
-                                                    min=0.0)] = 0.0,
+                                                    "at its group, with no group clear of the queue holding the "
+                                                    "model, adds a replica on the group with the most free HBM "
+                                                    "(docs/planner.md); the same queue as --overload-wait-s; 0: off",
+                                                    min=0.0)] = 20.0,
     docs: Annotated[bool, typer.Option(help="serve /docs (plain HTML, nothing from the internet) and /openapi.json, "
                                             "both for admin tokens")] = False,
 ):

@@ -331,17 +331,16 @@ class PlannerCore:
         40 GB GPU beside 30 GB of weights): a dense model with a call that has waited `wait_s` for
         HBM, and no copy on a group clear of its waiting calls' GPUs, has its weights promoted
         onto such a group with room for them now (the most free HBM, like `_home`), as an
-        autoscaler adds a replica on queue depth. The queue is scanned only when some call there
-        has waited that long (`queue_load`'s first arrivals, where the view keeps them)."""
-        kept = getattr(view, "queue_load", None)
-        if kept is not None:
-            load = kept()
-            if load is None or min(load.first_s) > now - wait_s:
-                return []
+        autoscaler adds a replica on queue depth. A view that keeps each model's oldest waiting
+        call per group (`queue_oldest`, the simulator's) is read without a pass over the queue."""
+        oldest = getattr(view, "queue_oldest", None)
+        if oldest is not None:
+            waited = [(m, g) for (m, g), t in oldest().items() if now - t >= wait_s]
+        else:
+            waited = [(m, g) for m, g, _, w in view.admission_queue() if w >= wait_s]
         stuck: dict[str, set] = {}
-        for model, group, _, waited in view.admission_queue():
-            if waited >= wait_s:
-                stuck.setdefault(model, set()).update(group)
+        for model, group in waited:
+            stuck.setdefault(model, set()).update(group)
         out = []
         for m in self.catalog.models:
             busy = stuck.get(m.name)

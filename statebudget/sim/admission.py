@@ -92,6 +92,11 @@ class AdmissionMixin:
         planner asks at every step and placement, over queues hundreds long."""
         return self.waiting_sums.load(self.output_estimate.count, self._queued_runs)
 
+    def queue_oldest(self) -> dict[tuple, float]:
+        """(model, group) -> the arrival of its longest-waiting call, for every model and group
+        with a call waiting for HBM (`planner/core.py:_scale_out`), without a pass over the queue."""
+        return self.waiting_sums.oldest()
+
     def _queued_runs(self, model: str, groups: list, calls: list[CallRec]):
         """`_queued_run` of waiting calls of one model (`groups`: each one's), in one numpy pass: a
         moved output estimate changes every one of their runs (`sim/waiting.py`)."""

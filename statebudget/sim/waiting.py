@@ -52,6 +52,12 @@ class WaitingSums:
         self.ns[g] -= got[1]
         self._load = None
 
+    def oldest(self) -> dict[tuple, float]:
+        """(model, group) -> when the longest-waiting call of that model there arrived: the first
+        to join, as calls join at the instant they arrive."""
+        return {(model, g): next(iter(calls.values())).arrive
+                for model, of_group in self.of_model.items() for g, calls in of_group.items() if calls}
+
     def load(self, counts: dict[str, int], runs: Callable[[str, list, list], np.ndarray]) -> QueueLoad | None:
         """The sums as a `QueueLoad`, None when no call waits; `counts`: each model's output
         estimate count now (its version), `runs(model, groups, calls)`: their expected run seconds

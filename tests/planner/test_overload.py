@@ -52,6 +52,10 @@ def _queued(sim, queue):
         by_group[g] = (n + 1, r + run, min(first, sim.now - waited))
     sim.admission_queue = lambda: queue
     sim.queue_load = lambda: QueueLoad.of(len(sim.gpus), by_group) if queue else None
+    oldest = {}
+    for m, g, _, waited in queue:
+        oldest[(m, g)] = min(oldest.get((m, g), float("inf")), sim.now - waited)
+    sim.queue_oldest = lambda: oldest
 
 
 def _req(deadline_s=60.0):
@@ -109,6 +113,8 @@ def test_a_call_queued_at_its_home_adds_a_replica_where_most_hbm_is_free():
     _queued(sim, [("m", (0,), 30.0, 10.0)])
     assert _replicas(core.plan(sim, 0.0)) == [], "a call that has waited less than 20 s adds nothing"
     _queued(sim, [("m", (0,), 30.0, 25.0)])
+    assert _replicas(core.plan(sim, 0.0)) == [(1,)]
+    sim.queue_oldest = None  # a view that keeps no oldest waits (the service's): the queue is read
     assert _replicas(core.plan(sim, 0.0)) == [(1,)]
     core.cfg = replace(core.cfg, scale_out_wait_s=None)
     assert _replicas(core.plan(sim, 0.0)) == [], "off: the queue adds no replica"

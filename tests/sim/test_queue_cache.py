@@ -57,6 +57,12 @@ class _Checking(StateBudget):
         # a kept run was computed at another instant: (now + run) - now may round apart
         assert all(math.isclose(a[2], b[2], rel_tol=1e-12) for a, b in zip(kept, fresh))
         assert kept_waits == fresh_waits
+        # each model's longest wait per group, kept, is the one the queue shows
+        oldest = {}
+        for c in sim.waiting:
+            if c.state == "waiting":
+                oldest[(c.model, c.group)] = min(oldest.get((c.model, c.group), math.inf), c.arrive)
+        assert sim.queue_oldest() == oldest
         # the planner's pressure from the kept sums is the one the fresh queue gives
         assert (kept_load is None) == (not fresh)
         if fresh:

@@ -62,6 +62,17 @@ class PlannerConfig:
     scale_out_wait_s: float | None = 20.0
 
 
+def _most_free(view, groups, need: float | None = None):
+    """Of `groups`, the one whose fullest GPU has the most free HBM (ties: the lower group), at
+    least `need` bytes when given; None if none qualifies."""
+    best, best_key = None, None
+    for g in groups:
+        free = min(view.tiers.hbm_cap[i] - view.tiers.hbm_used[i] for i in g)
+        if (need is None or free >= need) and (best_key is None or (-free, g) < best_key):
+            best, best_key = g, (-free, g)
+    return best
+
+
 def lease_config(**overrides) -> PlannerConfig:
     """The planner's settings when leases drive it (statebudget-lease, the service): a lease
     prepares only the expert pages nearly every call touches (`lease_page_min_touch` 0.99); the
@@ -350,12 +361,7 @@ class PlannerCore:
             held = view.tiers.groups_of.get(wk, ())
             if any(busy.isdisjoint(g) for g in held):
                 continue  # a replica clear of the queue exists (or is loading)
-            dense = m.dense_bytes / m.tp
-            best, best_key = None, None
-            for g in view.model_groups(m):
-                free = min(view.tiers.hbm_cap[i] - view.tiers.hbm_used[i] for i in g)
-                if busy.isdisjoint(g) and free >= dense and (best_key is None or (-free, g) < best_key):
-                    best, best_key = g, (-free, g)
+            best = _most_free(view, [g for g in view.model_groups(m) if busy.isdisjoint(g)], m.dense_bytes / m.tp)
             if best is not None:
                 out.append(Promote(wk, best))
         return out
@@ -449,18 +455,12 @@ class PlannerCore:
         """Where a model with no copy would go: a group where its engine sleeps, else the group
         with the most free HBM its dense part fits."""
         wk = weights_key(m.name)
-        best, best_key = None, None
-        for g in view.model_groups(m):
+        groups = view.model_groups(m)
+        for g in groups:
             if view.tiers.asleep_on(wk, g):
                 return g
-            cap = min(view.tiers.hbm_cap[i] for i in g)
-            if m.dense_bytes / m.tp > cap:
-                continue
-            free = min(view.tiers.hbm_cap[i] - view.tiers.hbm_used[i] for i in g)
-            key = (-free, g)
-            if best_key is None or key < best_key:
-                best, best_key = g, key
-        return best
+        cap = view.tiers.hbm_cap
+        return _most_free(view, [g for g in groups if m.dense_bytes / m.tp <= min(cap[i] for i in g)])
 
     # ---- eviction order for the mechanism -------------------------------------------------------
     def evict_priority(self, copy) -> float:

@@ -3,7 +3,7 @@ tuning seeds 1-10 (simulator seed = trace seed), warm start with a 1800 s warm-u
 process pool. Seeds >= 100 are for evaluation (`bench_policies.py`), never for tuning. The P95 / wasted-bytes frontier and the stall /
 TTFT trade-off of placement come from it.
 
-    .venv/bin/python benchmarks/bench_config.py "promote_min_p=1.01, page_min_touch=1.01" [--trace swe-team]
+    .venv/bin/python benchmarks/bench_config.py "promote_min_p=1.01, page_min_touch=1.01" [--trace swe-team] [--load 3]
 
 Prints, per seed, handoff-stall P95, wasted bytes, warm tax, TTFT P95, SLO violations, non-lease
 TTFT P99 and lease-lateness P99.
@@ -41,12 +41,15 @@ def main():
     ap.add_argument("--start", default="warm", choices=("warm", "cold"))
     ap.add_argument("--warmup", type=float, default=1800.0)
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--load", type=float, default=1.0, help="multiplies the preset's program arrival rate")
     args = ap.parse_args()
+    if not args.load > 0:
+        ap.error(f"--load must be > 0, got {args.load}")
     seeds = [int(s) for s in args.seeds.split(",")]
     if any(s >= 100 for s in seeds):
         ap.error("seeds >= 100 are evaluation seeds: tune on 1-10")
     kw = parse_overrides(args.overrides)
-    jobs = [(args.trace, seed, args.hours, args.start, args.warmup, kw) for seed in seeds]
+    jobs = [(args.trace, seed, args.hours, args.start, args.warmup, kw, args.load) for seed in seeds]
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         rows = list(pool.map(_one, jobs))
     for seed, b in zip(seeds, rows):
@@ -58,9 +61,9 @@ def main():
 
 
 def _one(job) -> dict:
-    trace, seed, hours, start, warmup, kw = job
+    trace, seed, hours, start, warmup, kw, load = job
     cl, cat = load_cluster("hetero16"), load_catalog("agent-team")
-    tr = generate(trace, seed, hours)
+    tr = generate(trace, seed, hours, load=load)
     res = Simulator(cl, cat, tr, StateBudgetLease(lease_config(**kw)), cost=CostModel(cl, cat),
                     config=SimConfig(seed=seed, start=start, warmup_s=warmup)).run()
     b = policy_report(res, tr.header.slo_classes, nominal_timeline(tr, cat))

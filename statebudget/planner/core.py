@@ -28,6 +28,7 @@ from ..models.state import expert_key, kv_key, weights_key
 from ..core.costs import page_touch_probs, touched_pages
 from ..solvers.greedy import Candidates, solve
 from .leases import LeaseLedger, LeaseRequest, LeaseState, Quote, decide, rank_key, rejection_reason
+from .homes import home_of, resident_by_model, scale_out
 from .overload import Pressure
 from .predictor import Predictor
 from ..core.decisions import Demote, Promote, PromoteHost
@@ -57,20 +58,13 @@ class PlannerConfig:
     place_prefill_weight: float = 0.0  # place a call where restore + this x its prefill is least (1: soonest first token)
     overload_wait_s: float | None = 90.0  # a group whose queued calls would keep a new one waiting this long is past capacity (`overload.py`); None: off
     # A call of a dense model that has waited this long for HBM at its group, with no group clear
-    # of the queue holding the model, adds a replica there (`_scale_out`); None: off. 20 s on
+    # of the queue holding the model, adds a replica there (`homes.scale_out`); None: off. 20 s on
     # tuning seeds 1-10 (BENCHMARKS.md, "Knobs"); 5 s cost swe-team.
     scale_out_wait_s: float | None = 20.0
-
-
-def _most_free(view, groups, need: float | None = None):
-    """Of `groups`, the one whose fullest GPU has the most free HBM (ties: the lower group), at
-    least `need` bytes when given; None if none qualifies."""
-    best, best_key = None, None
-    for g in groups:
-        free = min(view.tiers.hbm_cap[i] - view.tiers.hbm_used[i] for i in g)
-        if (need is None or free >= need) and (best_key is None or (-free, g) < best_key):
-            best, best_key = g, (-free, g)
-    return best
+    # A home for a model with no copy avoids GPUs holding weights of models at least this x as
+    # likely, and counts the idle state of less likely ones as room (`homes.home_of`); None: the
+    # most free HBM. 0.2 on tuning seeds 1-10 (docs/planner.md; 0.1 and 0.5 did worse on mapreduce).
+    home_reclaim: float | None = 0.2
 
 
 def lease_config(**overrides) -> PlannerConfig:
@@ -135,6 +129,7 @@ class PlannerCore:
         pred = self.predictor
         pred.prepare(now, (cfg.horizon_s, cfg.idle_horizon_s), self.use_hints)
         p_model = pred.model_need_within(now, cfg.horizon_s, self.use_hints).tolist()
+        p_idle = pred.model_need_within(now, cfg.idle_horizon_s, self.use_hints).tolist()
         progs, p_prog = pred.need_within(now, cfg.horizon_s, self.use_hints)
         tiers = view.tiers
         gpu_copies = tiers.gpu
@@ -159,15 +154,20 @@ class PlannerCore:
         # Weights and expert pages: each model on the group it was last used on (its home), or
         # where it would go; extra copies are worth their keep only while calls overlap.
         homes: dict[str, tuple] = {}
+        by_model = None  # `resident_by_model`, read once a step when a model needs a home
         for mi, m in enumerate(self.catalog.models):
             st = self._static[mi]
             wk = st.wk
             held = sorted(tiers.groups_of.get(wk, ()), key=lambda g: (-gpu_copies[(wk, g)].last_use, g))
             # One held stays where its calls run. One with no copy goes where its engine sleeps, else
-            # to the group with the most free HBM (`_home`), or, with `target_homes`, to its target
-            # group: the MILP sees only the models its share holds, not the GPUs the others need.
-            target_home = self.target.get(m.name) if self.target_homes else None
-            home = held[0] if held else (target_home or self._home(view, m))
+            # clear of other models' weights where it can (`homes.home_of`), or, with `target_homes`,
+            # to its target group: the MILP sees only the models its share holds, not the GPUs the
+            # others need.
+            home = held[0] if held else (self.target.get(m.name) if self.target_homes else None)
+            if home is None:
+                if by_model is None and cfg.home_reclaim is not None:
+                    by_model = resident_by_model(view, [s.stage for s in self._static])
+                home = home_of(view, m, p_idle, cfg.home_reclaim, self._model_index, by_model)
             if home is None:
                 continue
             # A model in the target is needed for sure on its home: it is promoted and kept there
@@ -278,7 +278,6 @@ class PlannerCore:
         # P(needed within the idle horizon) x restore seconds per byte — up to `warm_budget` of
         # the cluster's HBM. Residents past it go one tier down, only once host DRAM holds a copy
         # (the demotion moves nothing, a restore is a wake); candidates past it are not promoted.
-        p_idle = pred.model_need_within(now, cfg.idle_horizon_s, self.use_hints).tolist()
         promote = {i for i in plan.promote if probs[i] >= cfg.promote_min_p}
         running = view.running_models
         midx = self._model_index
@@ -319,7 +318,7 @@ class PlannerCore:
             promote = {i for i in promote if not load.past_capacity(groups[i])}
         out = [Promote(keys[i], groups[i]) for i in plan.promote if i in promote] + out
         if cfg.scale_out_wait_s is not None:
-            out += self._scale_out(view, now, cfg.scale_out_wait_s)
+            out += scale_out(view, self.catalog, now, cfg.scale_out_wait_s)
         # Stage in host DRAM what a restore would read (weights, expert pages of the home node) for
         # models likely to be used at all: a restore from DRAM is a wake, from NVMe a cold start.
         if cfg.stage_host:
@@ -335,35 +334,6 @@ class PlannerCore:
                 for kn in at:
                     if kn not in host:
                         out.append(PromoteHost(*kn))
-        return out
-
-    def _scale_out(self, view, now: float, wait_s: float) -> list:
-        """A second replica where calls queue at a home that holds too few of them at once (a
-        40 GB GPU beside 30 GB of weights): a dense model with a call that has waited `wait_s` for
-        HBM, and no copy on a group clear of its waiting calls' GPUs, has its weights promoted
-        onto such a group with room for them now (the most free HBM, like `_home`), as an
-        autoscaler adds a replica on queue depth. A view that keeps each model's oldest waiting
-        call per group (`queue_oldest`, the simulator's) is read without a pass over the queue."""
-        oldest = getattr(view, "queue_oldest", None)
-        if oldest is not None:
-            waited = [(m, g) for (m, g), t in oldest().items() if now - t >= wait_s]
-        else:
-            waited = [(m, g) for m, g, _, w in view.admission_queue() if w >= wait_s]
-        stuck: dict[str, set] = {}
-        for model, group in waited:
-            stuck.setdefault(model, set()).update(group)
-        out = []
-        for m in self.catalog.models:
-            busy = stuck.get(m.name)
-            if busy is None or m.moe is not None:
-                continue
-            wk = weights_key(m.name)
-            held = view.tiers.groups_of.get(wk, ())
-            if any(busy.isdisjoint(g) for g in held):
-                continue  # a replica clear of the queue exists (or is loading)
-            best = _most_free(view, [g for g in view.model_groups(m) if busy.isdisjoint(g)], m.dense_bytes / m.tp)
-            if best is not None:
-                out.append(Promote(wk, best))
         return out
 
     def pressure(self, view) -> Pressure | None:
@@ -450,17 +420,6 @@ class PlannerCore:
         for link in links:  # a link shared by the group's GPUs adds once per GPU, in GPU order
             out[link] = out.get(link, 0.0) + per_gpu
         return out
-
-    def _home(self, view, m):
-        """Where a model with no copy would go: a group where its engine sleeps, else the group
-        with the most free HBM its dense part fits."""
-        wk = weights_key(m.name)
-        groups = view.model_groups(m)
-        for g in groups:
-            if view.tiers.asleep_on(wk, g):
-                return g
-        cap = view.tiers.hbm_cap
-        return _most_free(view, [g for g in groups if m.dense_bytes / m.tp <= min(cap[i] for i in g)])
 
     # ---- eviction order for the mechanism -------------------------------------------------------
     def evict_priority(self, copy) -> float:

@@ -44,7 +44,7 @@ class TrackConfig:
     page_min_touch: float = 0.2  # expert pages that travel with a model's weights
     target_p: float = 1.0        # a target model counts as needed at least this likely (1: kept for sure)
     # The target's group homes a target model with no copy. Off: the target says which models to
-    # keep ready, the greedy step where (held copy, asleep engine, most free HBM). On hetero16 the
+    # keep ready, the greedy step where (held copy, asleep engine, `homes.home_of`). On hetero16 the
     # share holds only the 7-8B models, and only on the L40/A100 GPUs that coder, reviewer and the
     # MoE models (which the MILP does not see) need: homed there they evict those (seeds 1-10).
     target_homes: bool = False

@@ -94,7 +94,7 @@ class AdmissionMixin:
 
     def queue_oldest(self) -> dict[tuple, float]:
         """(model, group) -> the arrival of its longest-waiting call, for every model and group
-        with a call waiting for HBM (`planner/core.py:_scale_out`), without a pass over the queue."""
+        with a call waiting for HBM (`planner/homes.py:scale_out`), without a pass over the queue."""
         return self.waiting_sums.oldest()
 
     def _queued_runs(self, model: str, groups: list, calls: list[CallRec]):

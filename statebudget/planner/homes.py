@@ -1,0 +1,110 @@
+"""Where the planning step puts a model's weights when it has no copy (its home) and when calls
+queue at its only copy (a replica). Both are chosen against the view now, one model at a time.
+
+A home that takes the most free HBM lands, between calls, on GPUs another model will want back:
+an idle tp-4 group whose MoE model has shed its expert pages looks free, and a 30 GB model homed
+there is evicted by the next call's pages, re-homed, and evicted again (warm mapreduce, tuning
+seeds 7-8: handoff P95 1.7-2.6 s against forecast-prewarm's 0.3-0.4). So a home first avoids GPUs
+that hold the weights of models at least `share` x as likely to be needed, and counts the idle
+state of models less likely than that as room: roughly what the mechanism would evict for it
+(docs/planner.md)."""
+
+from __future__ import annotations
+
+from ..core.decisions import Promote
+from ..models.state import weights_key
+
+
+def most_free(view, groups, need: float | None = None, extra=None):
+    """Of `groups`, the one whose fullest GPU has the most free HBM (ties: the lower group), at
+    least `need` bytes when given; None if none qualifies. `extra`: per GPU, bytes that count as
+    free beside the free ones."""
+    best, best_key = None, None
+    for g in groups:
+        free = min(view.tiers.hbm_cap[i] - view.tiers.hbm_used[i] + (extra[i] if extra else 0.0) for i in g)
+        if (need is None or free >= need) and (best_key is None or (-free, g) < best_key):
+            best, best_key = g, (-free, g)
+    return best
+
+
+def home_of(view, m, p_idle=None, share: float | None = None, model_index=None, by_model=None):
+    """Where model `m`, with no copy, would go: a group where its engine sleeps, else a group its
+    dense part fits. With `share`, `p_idle` (per model, in `model_index` order, P(needed within
+    the idle horizon)) and `by_model` (`resident_by_model`), in this order: the most free of the
+    groups clear of the weights of the other models at least `share` x as likely as `m` with room
+    for the dense part now; the same counting the idle state of the less likely models as room;
+    any group with room now; the group with the most free HBM counting that idle state. Without:
+    the most free."""
+    wk = weights_key(m.name)
+    groups = view.model_groups(m)
+    for g in groups:
+        if view.tiers.asleep_on(wk, g):
+            return g
+    cap = view.tiers.hbm_cap
+    need = m.dense_bytes / m.tp
+    fits = [g for g in groups if need <= min(cap[i] for i in g)]
+    if p_idle is None or share is None:
+        return most_free(view, fits)
+    mi = model_index[m.name]
+    p = share * p_idle[mi]
+    idle = [0.0] * len(cap)
+    taken: set = set()
+    for oi, (idle_o, gpus_o) in enumerate(by_model):
+        if oi == mi:
+            continue
+        if p_idle[oi] >= p:
+            taken |= gpus_o
+        else:
+            idle = [a + b for a, b in zip(idle, idle_o)]
+    clear = [g for g in fits if taken.isdisjoint(g)]
+    return (most_free(view, clear, need) or most_free(view, clear, need, idle)
+            or most_free(view, fits, need) or most_free(view, fits, extra=idle))
+
+
+def resident_by_model(view, keys_by_model) -> list[tuple[list[float], frozenset]]:
+    """Per model (`keys_by_model`: its weights key, then its expert pages' keys): the bytes per GPU
+    of its copies that no call pins or runs on, and the GPUs holding its weights. Read once a
+    planning step, for every model `home_of` homes in it."""
+    gpu, groups_of, running = view.tiers.gpu, view.tiers.groups_of, view.running_models
+    n = len(view.tiers.hbm_cap)
+    out = []
+    for keys in keys_by_model:
+        idle = [0.0] * n
+        for key in keys:
+            for g in groups_of.get(key, ()):
+                c = gpu[(key, g)]
+                if c.pins == 0 and not running.get((key[1], g), 0):
+                    for i in g:
+                        idle[i] += c.per_gpu
+        out.append((idle, frozenset(i for g in groups_of.get(keys[0], ()) for i in g)))
+    return out
+
+
+def scale_out(view, catalog, now: float, wait_s: float) -> list:
+    """A second replica where calls queue at a home that holds too few of them at once (a 40 GB
+    GPU beside 30 GB of weights): a dense model with a call that has waited `wait_s` for HBM, and
+    no copy on a group clear of its waiting calls' GPUs, has its weights promoted onto such a
+    group with room for them now (the most free HBM), as an autoscaler adds a replica on queue
+    depth. A view that keeps each model's oldest waiting call per group (`queue_oldest`, the
+    simulator's) is read without a pass over the queue."""
+    oldest = getattr(view, "queue_oldest", None)
+    if oldest is not None:
+        waited = [(m, g) for (m, g), t in oldest().items() if now - t >= wait_s]
+    else:
+        waited = [(m, g) for m, g, _, w in view.admission_queue() if w >= wait_s]
+    stuck: dict[str, set] = {}
+    for model, group in waited:
+        stuck.setdefault(model, set()).update(group)
+    out = []
+    for m in catalog.models:
+        busy = stuck.get(m.name)
+        if busy is None or m.moe is not None:
+            continue
+        wk = weights_key(m.name)
+        held = view.tiers.groups_of.get(wk, ())
+        if any(busy.isdisjoint(g) for g in held):
+            continue  # a replica clear of the queue exists (or is loading)
+        best = most_free(view, [g for g in view.model_groups(m) if busy.isdisjoint(g)], m.dense_bytes / m.tp)
+        if best is not None:
+            out.append(Promote(wk, best))
+    return out

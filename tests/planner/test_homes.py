@@ -1,0 +1,92 @@
+"""Where a model with no copy is homed (`planner/homes.py:home_of`): clear of the weights of
+models not far less likely than it, counting idle state of those far less likely as room, else
+the most free."""
+
+from dataclasses import replace
+
+from tests.helpers import call, catalog, cluster, program, trace
+from statebudget.core.books import GpuCopy
+from statebudget.planner.homes import home_of, resident_by_model
+from statebudget.policies.ours import StateBudgetLease
+from statebudget.sim.config import SimConfig
+from statebudget.sim.engine import Simulator
+
+IDX = {"a": 0, "b": 1, "c": 2}
+
+
+def _sim(n_gpu=3):
+    cat = catalog(("a", 40.0, 1000, 2), ("b", 20.0), ("c", 30.0))
+    sim = Simulator(cluster(gpus=n_gpu, hbm_gb=40.0), cat, trace(program("p", [call("x", "b")])), StateBudgetLease(),
+                    config=SimConfig(start="warm"))
+    return sim, cat.by_name
+
+
+def _resident(sim, model, group, gb, key=None):
+    sim.tiers.add_gpu_copy(GpuCopy(key or ("w", model), group, gb * 1e9, True, 0.0, 0.0))
+    sim.tiers.alloc_gpu(group, gb * 1e9)
+
+
+def _home(sim, m, p):
+    """`home_of` as the planning step calls it (weights, then two expert pages of each model)."""
+    keys = [(("w", n), ("e", n, 0), ("e", n, 1)) for n in IDX]
+    return home_of(sim, m, p, 0.2, IDX, resident_by_model(sim, keys))
+
+
+def test_a_home_stays_off_the_gpus_of_a_model_about_as_likely_when_another_has_room():
+    sim, m = _sim()
+    _resident(sim, "a", (0, 1), 10.0)   # 30 GB free on GPUs 0 and 1, the likely tp-2 model's
+    sim.tiers.alloc_gpu((2,), 15e9)     # 25 GB free on GPU 2: less, but room for b's 20 GB
+    assert home_of(sim, m["b"]) == (0,), "the most free HBM, without the rule"
+    assert _home(sim, m["b"], [0.9, 0.5, 0.0]) == (2,)
+    # a model far less likely than b does not hold its GPUs against it
+    assert _home(sim, m["b"], [0.05, 0.5, 0.0]) == (0,)
+
+
+def test_idle_state_of_a_much_less_likely_model_counts_as_room():
+    sim, m = _sim(n_gpu=2)
+    sim.tiers.alloc_gpu((0,), 30e9)     # GPU 0: 10 GB free
+    _resident(sim, "c", (1,), 25.0)
+    sim.tiers.alloc_gpu((1,), 10e9)     # GPU 1: 5 GB free, behind c's idle 25 GB
+    p = [0.9, 0.5, 0.05]                # c is far less likely than b
+    assert home_of(sim, m["b"]) == (0,), "the most free, though b's 20 GB fit nowhere now"
+    assert _home(sim, m["b"], p) == (1,), "c's idle copy is room for b"
+    sim.running_models[("c", (1,))] += 1
+    assert _home(sim, m["b"], p) == (0,), "a copy a call runs on is not room"
+    sim.running_models[("c", (1,))] -= 1
+    sim.tiers.gpu[(("w", "c"), (1,))].pins = 1
+    assert _home(sim, m["b"], p) == (0,), "nor is a copy a call pins"
+    sim.tiers.gpu[(("w", "c"), (1,))].pins = 0
+    assert _home(sim, m["b"], [0.9, 0.5, 0.2]) == (0,), "c is likely enough to keep its GPU"
+
+
+def test_idle_expert_pages_count_as_room_and_a_models_own_state_does_not():
+    sim, m = _sim(n_gpu=2)
+    sim.tiers.alloc_gpu((0,), 30e9)                   # GPU 0: 10 GB free
+    _resident(sim, "c", (1,), 28.0, key=("e", "c", 1))  # GPU 1: 12 GB free, behind an idle page of c
+    assert _home(sim, m["b"], [0.0, 0.5, 0.05]) == (1,)
+    sim, m = _sim(n_gpu=2)
+    sim.tiers.alloc_gpu((0,), 25e9)                   # GPU 0: 15 GB free
+    _resident(sim, "b", (1,), 28.0, key=("e", "b", 1))  # b's own page is not room for b
+    assert _home(sim, m["b"], [0.0, 0.5, 0.05]) == (0,)
+
+
+def test_the_planning_step_homes_a_model_by_the_rule_and_by_the_most_free_without_it():
+    sim, _ = _sim()
+    core = sim.policy._core(sim)
+    core.target, core.target_p = {"b": (0,)}, 1.0  # b is promoted for sure, where `home_of` says
+    _resident(sim, "a", (0, 1), 10.0)
+    sim.tiers.alloc_gpu((2,), 15e9)
+
+    def promoted():
+        return [d.group for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote" and d.key == ("w", "b")]
+
+    assert promoted() == [(2,)]
+    core.cfg = replace(core.cfg, home_reclaim=None)
+    assert promoted() == [(0,)]
+
+
+def test_a_group_where_the_engine_sleeps_comes_first():
+    sim, m = _sim()
+    sim.tiers.alloc_gpu((0,), 35e9)
+    sim.tiers.asleep_on = lambda key, g: key == ("w", "b") and g == (0,)
+    assert _home(sim, m["b"], [0.9, 0.5, 0.0]) == (0,)

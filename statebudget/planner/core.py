@@ -63,8 +63,9 @@ class PlannerConfig:
     scale_out_wait_s: float | None = 20.0
     # A home for a model with no copy avoids GPUs holding weights of models at least this x as
     # likely, and counts the idle state of less likely ones as room (`homes.home_of`); None: the
-    # most free HBM. 0.2 on tuning seeds 1-10 (docs/planner.md; 0.1 and 0.5 did worse on mapreduce).
-    home_reclaim: float | None = 0.2
+    # most free HBM. Off: 0.2 won on tuning seeds 1-10 and lost on evaluation seeds (mapreduce
+    # handoff P95 1.23 -> 2.25x forecast-prewarm's; docs/planner.md).
+    home_reclaim: float | None = None
 
 
 def lease_config(**overrides) -> PlannerConfig:

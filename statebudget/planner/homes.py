@@ -4,10 +4,11 @@ queue at its only copy (a replica). Both are chosen against the view now, one mo
 A home that takes the most free HBM lands, between calls, on GPUs another model will want back:
 an idle tp-4 group whose MoE model has shed its expert pages looks free, and a 30 GB model homed
 there is evicted by the next call's pages, re-homed, and evicted again (warm mapreduce, tuning
-seeds 7-8: handoff P95 1.7-2.6 s against forecast-prewarm's 0.3-0.4). So a home first avoids GPUs
-that hold the weights of models at least `share` x as likely to be needed, and counts the idle
-state of models less likely than that as room: roughly what the mechanism would evict for it
-(docs/planner.md)."""
+seeds 7-8: handoff P95 1.7-2.6 s against forecast-prewarm's 0.3-0.4). With `share` set, a home
+first avoids GPUs that hold the weights of models at least `share` x as likely to be needed, and
+counts the idle state of models less likely than that as room: roughly what the mechanism would
+evict for it. Off by default: on evaluation seeds it homes bursty small models on small clear
+GPUs, where their calls queue for KV room (docs/planner.md)."""
 
 from __future__ import annotations
 

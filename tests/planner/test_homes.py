@@ -70,10 +70,11 @@ def test_idle_expert_pages_count_as_room_and_a_models_own_state_does_not():
     assert _home(sim, m["b"], [0.0, 0.5, 0.05]) == (0,)
 
 
-def test_the_planning_step_homes_a_model_by_the_rule_and_by_the_most_free_without_it():
+def test_the_planning_step_homes_a_model_by_the_rule_when_set_else_by_the_most_free():
     sim, _ = _sim()
     core = sim.policy._core(sim)
     core.target, core.target_p = {"b": (0,)}, 1.0  # b is promoted for sure, where `home_of` says
+    core.cfg = replace(core.cfg, home_reclaim=0.2)
     _resident(sim, "a", (0, 1), 10.0)
     sim.tiers.alloc_gpu((2,), 15e9)
 
@@ -81,7 +82,7 @@ def test_the_planning_step_homes_a_model_by_the_rule_and_by_the_most_free_withou
         return [d.group for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote" and d.key == ("w", "b")]
 
     assert promoted() == [(2,)]
-    core.cfg = replace(core.cfg, home_reclaim=None)
+    core.cfg = replace(core.cfg, home_reclaim=None)  # the default
     assert promoted() == [(0,)]
 
 

@@ -155,15 +155,15 @@ class PlannerCore:
         # Weights and expert pages: each model on the group it was last used on (its home), or
         # where it would go; extra copies are worth their keep only while calls overlap.
         homes: dict[str, tuple] = {}
-        by_model = None  # `resident_by_model`, read once a step when a model needs a home
+        by_model = None  # `resident_by_model`, read once a step, with `home_reclaim` set
         for mi, m in enumerate(self.catalog.models):
             st = self._static[mi]
             wk = st.wk
             held = sorted(tiers.groups_of.get(wk, ()), key=lambda g: (-gpu_copies[(wk, g)].last_use, g))
             # One held stays where its calls run. One with no copy goes where its engine sleeps, else
-            # clear of other models' weights where it can (`homes.home_of`), or, with `target_homes`,
-            # to its target group: the MILP sees only the models its share holds, not the GPUs the
-            # others need.
+            # to the most free HBM (`homes.home_of`; with `home_reclaim`, clear of other models'
+            # weights), or, with `target_homes`, to its target group: the MILP sees only the models
+            # its share holds, not the GPUs the others need.
             home = held[0] if held else (self.target.get(m.name) if self.target_homes else None)
             if home is None:
                 if by_model is None and cfg.home_reclaim is not None:

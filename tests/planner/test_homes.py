@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from tests.helpers import call, catalog, cluster, program, trace
 from statebudget.core.books import GpuCopy
+from statebudget.planner.core import PlannerConfig
 from statebudget.planner.homes import home_of, resident_by_model
 from statebudget.policies.ours import StateBudgetLease
 from statebudget.sim.config import SimConfig
@@ -61,7 +62,7 @@ def test_idle_state_of_a_much_less_likely_model_counts_as_room():
 
 def test_idle_expert_pages_count_as_room_and_a_models_own_state_does_not():
     sim, m = _sim(n_gpu=2)
-    sim.tiers.alloc_gpu((0,), 30e9)                   # GPU 0: 10 GB free
+    sim.tiers.alloc_gpu((0,), 25e9)                   # GPU 0: 15 GB free
     _resident(sim, "c", (1,), 28.0, key=("e", "c", 1))  # GPU 1: 12 GB free, behind an idle page of c
     assert _home(sim, m["b"], [0.0, 0.5, 0.05]) == (1,)
     sim, m = _sim(n_gpu=2)
@@ -82,8 +83,9 @@ def test_the_planning_step_homes_a_model_by_the_rule_when_set_else_by_the_most_f
         return [d.group for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote" and d.key == ("w", "b")]
 
     assert promoted() == [(2,)]
-    core.cfg = replace(core.cfg, home_reclaim=None)  # the default
+    core.cfg = replace(core.cfg, home_reclaim=None)
     assert promoted() == [(0,)]
+    assert PlannerConfig().home_reclaim is None, "off by default: it lost on evaluation seeds"
 
 
 def test_a_group_where_the_engine_sleeps_comes_first():

@@ -49,6 +49,15 @@ def catalog(*models) -> Catalog:
          "active_params_b": 1.0, "tp": m[3] if len(m) > 3 else 1} for m in models]})
 
 
+def resident(sim, key, group, gb):
+    """A ready copy of `key` (e.g. ("w", model)) of `gb` per GPU in the HBM of `group`, as if a
+    call had loaded it."""
+    from statebudget.core.books import GpuCopy
+
+    sim.tiers.add_gpu_copy(GpuCopy(key, group, gb * 1e9, True, 0.0, 0.0))
+    sim.tiers.alloc_gpu(group, gb * 1e9)
+
+
 def call(nid, model, after=(), ctx=100, out=10, max_tokens=None):
     """A call node. It asks for `max_tokens`, by default exactly what it writes (at least 1): the
     hand-made tests' calls reserve just the KV they leave, as before calls carried `max_tokens`."""

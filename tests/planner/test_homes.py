@@ -4,8 +4,7 @@ the most free."""
 
 from dataclasses import replace
 
-from tests.helpers import call, catalog, cluster, program, trace
-from statebudget.core.books import GpuCopy
+from tests.helpers import call, catalog, cluster, program, resident, trace
 from statebudget.planner.core import PlannerConfig
 from statebudget.planner.homes import home_of, resident_by_model
 from statebudget.policies.ours import StateBudgetLease
@@ -22,11 +21,6 @@ def _sim(n_gpu=3):
     return sim, cat.by_name
 
 
-def _resident(sim, model, group, gb, key=None):
-    sim.tiers.add_gpu_copy(GpuCopy(key or ("w", model), group, gb * 1e9, True, 0.0, 0.0))
-    sim.tiers.alloc_gpu(group, gb * 1e9)
-
-
 def _home(sim, m, p):
     """`home_of` as the planning step calls it (weights, then two expert pages of each model)."""
     keys = [(("w", n), ("e", n, 0), ("e", n, 1)) for n in IDX]
@@ -35,7 +29,7 @@ def _home(sim, m, p):
 
 def test_a_home_stays_off_the_gpus_of_a_model_about_as_likely_when_another_has_room():
     sim, m = _sim()
-    _resident(sim, "a", (0, 1), 10.0)   # 30 GB free on GPUs 0 and 1, the likely tp-2 model's
+    resident(sim, ("w", "a"), (0, 1), 10.0)   # 30 GB free on GPUs 0 and 1, the likely tp-2 model's
     sim.tiers.alloc_gpu((2,), 15e9)     # 25 GB free on GPU 2: less, but room for b's 20 GB
     assert home_of(sim, m["b"]) == (0,), "the most free HBM, without the rule"
     assert _home(sim, m["b"], [0.9, 0.5, 0.0]) == (2,)
@@ -46,7 +40,7 @@ def test_a_home_stays_off_the_gpus_of_a_model_about_as_likely_when_another_has_r
 def test_idle_state_of_a_much_less_likely_model_counts_as_room():
     sim, m = _sim(n_gpu=2)
     sim.tiers.alloc_gpu((0,), 30e9)     # GPU 0: 10 GB free
-    _resident(sim, "c", (1,), 25.0)
+    resident(sim, ("w", "c"), (1,), 25.0)
     sim.tiers.alloc_gpu((1,), 10e9)     # GPU 1: 5 GB free, behind c's idle 25 GB
     p = [0.9, 0.5, 0.05]                # c is far less likely than b
     assert home_of(sim, m["b"]) == (0,), "the most free, though b's 20 GB fit nowhere now"
@@ -63,11 +57,11 @@ def test_idle_state_of_a_much_less_likely_model_counts_as_room():
 def test_idle_expert_pages_count_as_room_and_a_models_own_state_does_not():
     sim, m = _sim(n_gpu=2)
     sim.tiers.alloc_gpu((0,), 25e9)                   # GPU 0: 15 GB free
-    _resident(sim, "c", (1,), 28.0, key=("e", "c", 1))  # GPU 1: 12 GB free, behind an idle page of c
+    resident(sim, ("e", "c", 1), (1,), 28.0)  # GPU 1: 12 GB free, behind an idle page of c
     assert _home(sim, m["b"], [0.0, 0.5, 0.05]) == (1,)
     sim, m = _sim(n_gpu=2)
     sim.tiers.alloc_gpu((0,), 25e9)                   # GPU 0: 15 GB free
-    _resident(sim, "b", (1,), 28.0, key=("e", "b", 1))  # b's own page is not room for b
+    resident(sim, ("e", "b", 1), (1,), 28.0)  # b's own page is not room for b
     assert _home(sim, m["b"], [0.0, 0.5, 0.05]) == (0,)
 
 
@@ -76,7 +70,7 @@ def test_the_planning_step_homes_a_model_by_the_rule_when_set_else_by_the_most_f
     core = sim.policy._core(sim)
     core.target, core.target_p = {"b": (0,)}, 1.0  # b is promoted for sure, where `home_of` says
     core.cfg = replace(core.cfg, home_reclaim=0.2)
-    _resident(sim, "a", (0, 1), 10.0)
+    resident(sim, ("w", "a"), (0, 1), 10.0)
     sim.tiers.alloc_gpu((2,), 15e9)
 
     def promoted():

@@ -5,8 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.helpers import call, catalog, cluster, program, trace
-from statebudget.core.books import GpuCopy
+from tests.helpers import call, catalog, cluster, program, resident, trace
 from statebudget.planner.core import PlannerConfig
 from statebudget.planner.leases import LeaseRequest, LeaseState
 from statebudget.planner.overload import Pressure, QueueLoad
@@ -95,12 +94,6 @@ def test_speculation_onto_a_group_past_capacity_yields():
     assert not [d for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote"]
 
 
-def _held(sim, group, gb=20.0):
-    """The weights of `m` resident on `group` (as if a call had loaded them)."""
-    sim.tiers.add_gpu_copy(GpuCopy(("w", "m"), group, gb * 1e9, True, 0.0, 0.0))
-    sim.tiers.alloc_gpu(group, gb * 1e9)
-
-
 def _replicas(decisions) -> list:
     return [d.group for d in decisions if type(d).__name__ == "Promote" and d.key == ("w", "m")]
 
@@ -108,7 +101,7 @@ def _replicas(decisions) -> list:
 def test_a_call_queued_at_its_home_adds_a_replica_where_most_hbm_is_free():
     sim, core = _sim(n_gpu=3)
     core.cfg = replace(core.cfg, scale_out_wait_s=20.0)
-    _held(sim, (0,))
+    resident(sim, ("w", "m"), (0,), 20.0)
     sim.tiers.alloc_gpu((2,), 10e9)  # GPU 1 has the most free HBM
     _queued(sim, [("m", (0,), 30.0, 10.0)])
     assert _replicas(core.plan(sim, 0.0)) == [], "a call that has waited less than 20 s adds nothing"
@@ -123,12 +116,12 @@ def test_a_call_queued_at_its_home_adds_a_replica_where_most_hbm_is_free():
 def test_no_replica_is_added_while_one_clear_of_the_queue_exists_or_none_has_room():
     sim, core = _sim(n_gpu=3)
     core.cfg = replace(core.cfg, scale_out_wait_s=20.0)
-    _held(sim, (0,))
+    resident(sim, ("w", "m"), (0,), 20.0)
     sim.tiers.alloc_gpu((1,), 25e9)  # 15 GB free: the 20 GB of weights do not fit without evicting
     sim.tiers.alloc_gpu((2,), 25e9)
     _queued(sim, [("m", (0,), 30.0, 25.0)])
     assert _replicas(core.plan(sim, 0.0)) == []
     sim.tiers.free_gpu((1,), 25e9)
-    _held(sim, (1,))
+    resident(sim, ("w", "m"), (1,), 20.0)
     _queued(sim, [("m", (0,), 30.0, 25.0)])
     assert _replicas(core.plan(sim, 0.0)) == [], "the replica on GPU 1 is clear of the queue on GPU 0"

@@ -75,6 +75,8 @@ METRICS = {
     # shortens its latencies, so the count stands beside them
     "unplaceable_calls": ("unplaceable calls", "lower"),
 }
+# Shown per policy, never compared: where the handoff stall comes from, not how good it is.
+DESCRIBED = {"handoff_hbm_wait_share": "handoff stall waiting for HBM room (share)"}
 
 
 def parse_seeds(spec: str) -> list[int]:
@@ -116,8 +118,8 @@ def git_commit() -> str | None:
 def summarise(rows: list[dict], seeds: list[int], policies: list[str]) -> dict:
     """One (start, trace) group of rows -> per-policy intervals, best baselines, ours vs best."""
     val = {(r["policy"], r["seed"]): r for r in rows}
-    per = {p: {m: [val[p, s][m] for s in seeds] for m in METRICS if all(val[p, s].get(m) is not None for s in seeds)}
-           for p in policies}
+    per = {p: {m: [val[p, s][m] for s in seeds] for m in [*METRICS, *DESCRIBED]
+               if all(val[p, s].get(m) is not None for s in seeds)} for p in policies}
     table = {p: {m: dict(t_interval(v), per_seed=v) for m, v in per[p].items()} for p in policies}
     baselines = [p for p in policies if p not in OURS and p not in EXCLUDED]
     # A policy that drops calls (unplaceable, and with them the rest of their programs) serves
@@ -174,8 +176,9 @@ def markdown(out: dict) -> str:
             lines += [f"### {trace}, {start} start{load}, warm-up {out['warmup_s']:g} s{tag}", "",
                       f"{out['cluster']} + {out['catalog']}, {out['hours']:g} h traces, seeds {seeds[0]}..{seeds[-1]} "
                       f"({len(seeds)}); mean ± half-width of the 95 % t interval over seeds.", ""]
-            ms = [m for m in METRICS if any(m in g["policies"][p] for p in g["policies"])]
-            lines.append("| policy | " + " | ".join(METRICS[m][0] for m in ms) + " |")
+            labels = {**{m: lab for m, (lab, _) in METRICS.items()}, **DESCRIBED}
+            ms = [m for m in labels if any(m in g["policies"][p] for p in g["policies"])]
+            lines.append("| policy | " + " | ".join(labels[m] for m in ms) + " |")
             lines.append("|---|" + "---:|" * len(ms))
             for p, t in g["policies"].items():
                 name = f"**{p}**" if p in OURS else p
@@ -274,7 +277,7 @@ def main(argv=None):
            "tuning": args.tuning,
            "starts": starts, "warmup_s": warmup, "traces": traces, "policies": policies, "ours": [p for p in OURS if p in policies],
            "baselines": [p for p in policies if p not in OURS], "excluded": list(EXCLUDED),
-           "metrics": {m: {"label": lab, "better": b} for m, (lab, b) in METRICS.items()},
+           "metrics": {m: {"label": lab, "better": b} for m, (lab, b) in METRICS.items()}, "described": DESCRIBED,
            "comparison": "paired difference ours - best baseline per seed, 95 % Student t interval; ratio = "
                          "1 + diff / mean(best); verdict wins/loses only when the interval excludes 0",
            "workers": args.workers, "wall_s": round(wall, 1), "tables": tables, "rows": rows}

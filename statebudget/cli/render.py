@@ -71,13 +71,13 @@ def print_by_model(rep, cl, top: int = 3) -> None:
         return f"{label} ({cl.gpus[idx[0]].kind})"
 
     for n, r in rep.policies.items():
-        t = Table(Column("model", no_wrap=True), "calls", "stall total s", "stall p95 s", "handoff p95 s",
-                  "calls by GPU group", title=f"{n}: stall by model")
+        t = Table(Column("model", no_wrap=True), "calls", "stall total s", "of it HBM wait s", "stall p95 s",
+                  "handoff p95 s", "calls by GPU group", title=f"{n}: stall by model")
         for model, s in r.stall_by_model.items():
             groups = list(s.groups.items())
             shown = ", ".join(f"{where(g)} {k}" for g, k in groups[:top])
             more = sum(k for _, k in groups[top:])
-            t.add_row(model, str(s.calls), f"{s.stall_total_s:.1f}", f"{s.stall_s.p95:.2f}",
+            t.add_row(model, str(s.calls), f"{s.stall_total_s:.1f}", f"{s.hbm_wait_total_s:.1f}", f"{s.stall_s.p95:.2f}",
                       f"{s.handoff_stall_s.p95:.2f}" if s.handoff_stall_s.n else "-", shown + (f", {more} elsewhere" if more else ""))
         console.print(t)
 

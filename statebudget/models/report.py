@@ -44,6 +44,12 @@ class ModelStall(BaseModel):
     stall_s: Dist = Field(default_factory=Dist)
     handoff_stall_s: Dist = Field(default_factory=Dist)
     groups: dict[str, int] = Field(default_factory=dict)
+    # Of the stall, the seconds calls waited for HBM room (arrive to admission), the rest loading
+    # state: a model whose stall is mostly this wait needs room (a replica, a bigger GPU), not
+    # earlier prefetch.
+    hbm_wait_total_s: float = 0.0
+    handoff_stall_total_s: float = 0.0
+    handoff_hbm_wait_total_s: float = 0.0
 
 
 class PolicyReport(BaseModel):

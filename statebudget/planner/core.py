@@ -315,8 +315,9 @@ class PlannerCore:
         # from the calls already waiting there, and the next call goes elsewhere (`overload.py`).
         # The queue is read only when there is something to promote.
         load = self.pressure(view) if promote else None
-        if load is not None:
-            promote = {i for i in promote if not load.past_capacity(groups[i])}
+        if load is not None:  # a step's candidates share a few groups
+            past = {g: load.past_capacity(g) for g in {groups[i] for i in promote}}
+            promote = {i for i in promote if not past[groups[i]]}
         out = [Promote(keys[i], groups[i]) for i in plan.promote if i in promote] + out
         if cfg.scale_out_wait_s is not None:
             out += scale_out(view, self.catalog, now, cfg.scale_out_wait_s)

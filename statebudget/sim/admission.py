@@ -178,7 +178,7 @@ class AdmissionMixin:
                 self.cancel_load(v)
                 continue
             drains += self._evict(v, self.policy.demote_tier(self, v))
-        c.state = "loading"
+        c.state, c.admitted = "loading", self.now
         loads = []
         for key in keys:
             copy = self.tiers.gpu.get((key, group))

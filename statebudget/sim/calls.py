@@ -37,6 +37,7 @@ class CallRec:
     group: tuple[int, ...] | None = None
     state: str = "pending"  # pending waiting loading queued running done cancelled unplaceable
     arrive: float = -1.0
+    admitted: float = -1.0  # when it got its HBM: of its stall, `admitted - arrive` waited for room
     ready: float = -1.0
     start: float = -1.0
     first_token: float = -1.0
@@ -179,7 +180,8 @@ class CallsMixin:
         self.recorder.dirty = True
         self._apply(self._hook("on_call_cancelled", c))  # the attempt is over for the policy too
         c.attempt += 1
-        c.state, c.ready, c.start, c.first_token, c.flow, c.kv_reused_tokens = "pending", -1.0, -1.0, -1.0, None, 0
+        c.state, c.admitted, c.ready, c.start, c.first_token, c.flow, c.kv_reused_tokens = \
+            "pending", -1.0, -1.0, -1.0, -1.0, None, 0
         self._retry_waiting()  # the room it freed goes first to the calls already waiting for it
         events += self._call_arrive(c) or []
         events += self._start_queued()

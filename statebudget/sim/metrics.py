@@ -131,6 +131,12 @@ def program_metrics(res: SimResult, nominal: dict | None) -> dict:
     }
 
 
+def hbm_wait_s(c) -> float:
+    """Of a completed call's stall, the seconds it waited for HBM room: from its arrival to its
+    admission (`CallRec.admitted`), the rest of `ready - arrive` being its state loading."""
+    return max(0.0, c.admitted - c.arrive) if c.admitted >= 0 else 0.0
+
+
 def stall_by_model(done: list) -> dict[str, ModelStall]:
     """Per model (sorted by name): its completed calls' stall and the groups they ran on, most
     used first. A policy's total hides which model stalls where; this is where to look first."""
@@ -141,10 +147,14 @@ def stall_by_model(done: list) -> dict[str, ModelStall]:
     for model in sorted(by):
         cs = by[model]
         stall = [c.ready - c.arrive for c in cs]
+        wait = [hbm_wait_s(c) for c in cs]
         groups = Counter(",".join(map(str, c.group)) for c in cs)
         out[model] = ModelStall(calls=len(cs), stall_total_s=round(float(sum(stall)), 9), stall_s=Dist.of(stall),
-                                handoff_stall_s=Dist.of(c.ready - c.arrive for c in cs if c.handoff),
-                                groups=dict(sorted(groups.items(), key=lambda kv: (-kv[1], kv[0]))))
+                                handoff_stall_s=Dist.of(s for s, c in zip(stall, cs) if c.handoff),
+                                groups=dict(sorted(groups.items(), key=lambda kv: (-kv[1], kv[0]))),
+                                hbm_wait_total_s=round(float(sum(wait)), 9),
+                                handoff_stall_total_s=round(float(sum(s for s, c in zip(stall, cs) if c.handoff)), 9),
+                                handoff_hbm_wait_total_s=round(float(sum(w for w, c in zip(wait, cs) if c.handoff)), 9))
     return out
 
 

@@ -25,7 +25,7 @@ COLUMNS = ("handoff_p95_s", "handoff_p99_s", "ttft_p95_s", "slo_at5", "program_p
 METRICS = ("handoff_p50_s", "handoff_p95_s", "handoff_p99_s", "stall_mean_s", "stall_total_s", "ttft_p95_s",
            "ttft_p99_s", "ttft_slowdown_p95", "slo_at2", "slo_at5", "slo_at10", "program_p95_s", "lease_late_p99_s",
            "nonlease_ttft_p99_s", "warm_tax", "wasted_tb", "moved_tb", "slo_violations", "decision_p50_ms",
-           "decision_p99_ms", "calls_completed", "unplaceable_calls")
+           "decision_p99_ms", "calls_completed", "unplaceable_calls", "handoff_hbm_wait_share")
 WALL_CLOCK = ("decision_p50_ms", "decision_p99_ms")  # the only figures that are not a function of the job
 
 
@@ -65,7 +65,15 @@ def figures(r) -> dict:
         "slo_violations": r.slo_violations,
         "decision_p50_ms": round(r.decision_ms.p50, 4), "decision_p99_ms": round(r.decision_ms.p99, 4),
         "calls_completed": r.calls_completed, "unplaceable_calls": r.unplaceable_calls,
+        "handoff_hbm_wait_share": _hbm_wait_share(getattr(r, "stall_by_model", None) or {}),
     }
+
+
+def _hbm_wait_share(by_model: dict) -> float | None:
+    """Of the handoff stall, the share calls spent waiting for HBM room (`ModelStall`); None
+    when there is no handoff stall to share out."""
+    total = sum(m.handoff_stall_total_s for m in by_model.values())
+    return _num(sum(m.handoff_hbm_wait_total_s for m in by_model.values()) / total) if total > 0 else None
 
 
 def run_job(job: dict) -> dict:

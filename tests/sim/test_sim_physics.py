@@ -9,6 +9,7 @@ from statebudget.sim.flows import FairShare
 from statebudget.policies import make_policy
 from statebudget.core.costs import LATENCY_S
 from statebudget.core.decisions import Promote
+from statebudget.sim.metrics import hbm_wait_s, policy_report
 
 
 def run(cl, cat, tr, policy="ondemand"):
@@ -282,3 +283,19 @@ def test_the_recorder_integrates_the_warm_tax_until_the_last_program_ends():
     rec.advance(10.0, 30.0)  # after the end: not counted
     res = rec.result([], {}, NS(work_done={}), NS(actions=Counter(), ttl_errors=[]), NS(changes=[]))
     assert res.warm_tax == 0.5 and res.sim_end == 10.0 and res.hbm_samples == [(0.0, 5.0, 0.0, 0.0)]
+
+
+def test_a_call_waiting_for_room_splits_its_stall_into_the_wait_and_the_load():
+    # 20 GB: the weights (10 GB) and one call's KV (6 GB) fit, a second call's KV does not: the
+    # second waits for the first to end, then has its weights resident already.
+    cl = cluster(hbm_gb=20.0, cold=0.0)
+    cat = catalog(("m", 10.0, 1_000_000))
+    tr = trace(program("p", [call("a", "m", ctx=6000, out=50)]), program("q", [call("b", "m", ctx=6000, out=50)]))
+    _, res = run(cl, cat, tr)
+    first, second = sorted(res.calls, key=lambda c: c.admitted)
+    assert first.admitted == first.arrive and hbm_wait_s(first) == 0.0 < first.ready - first.arrive
+    assert second.admitted == pytest.approx(first.end) and second.ready == second.admitted
+    assert hbm_wait_s(second) == pytest.approx(second.ready - second.arrive) and hbm_wait_s(second) > 0
+    by = policy_report(res, {"interactive": 2.0}).stall_by_model["m"]
+    assert by.hbm_wait_total_s == pytest.approx(hbm_wait_s(second))
+    assert by.stall_total_s == pytest.approx(by.hbm_wait_total_s + first.ready - first.arrive)

@@ -15,6 +15,7 @@ from statebudget.models import Catalog, Cluster
 from statebudget.sim.metrics import IdealTTFT, policy_report, slo_metrics
 from statebudget.sim.plots import SLO_K, attainment_curve
 from statebudget.sim.recorder import SimResult
+from statebudget.sim.sweep import figures
 
 MFU = 0.5
 SLOW = {"hbm_gb": 80, "hbm_gbps": 1000, "tflops": 100}
@@ -58,7 +59,7 @@ def rec(model, ctx, arrive, stall, ttft):
     """A finished call record as the simulator leaves it (the fields the metrics read)."""
     return SimpleNamespace(program=f"p{arrive}", node=f"{model}@{arrive}", model=model, context_tokens=ctx, output_tokens=10,
                            tenant="t0", slo="interactive", handoff=False, hinted=False, state="done", arrive=arrive,
-                           ready=arrive + stall, start=arrive + stall, first_token=arrive + ttft, end=arrive + ttft + 1.0,
+                           admitted=arrive, ready=arrive + stall, start=arrive + stall, first_token=arrive + ttft, end=arrive + ttft + 1.0,
                            group=(0,))
 
 
@@ -117,12 +118,19 @@ def test_stall_by_model_splits_the_counted_calls_by_model_and_group():
     for c, group, handoff in zip(calls, [(0,), (2,), (0,), (0, 1), (1,)], [True, False, True, True, False]):
         c.group, c.handoff = group, handoff
     calls[1].state = "cancelled"  # not completed: in no model's figures
+    calls[2].admitted = calls[2].arrive + 0.25 * STALL[2]  # a quarter of its stall waiting for HBM room
     rep = policy_report(result(calls, warmup_s=4.0), {"interactive": 2.0})  # the small call at 0 s goes
     by = rep.stall_by_model
     assert list(by) == ["big", "huge", "wide"]
     assert by["big"].calls == 1 and by["big"].groups == {"0": 1}
     assert by["big"].stall_total_s == pytest.approx(STALL[2]) and by["big"].handoff_stall_s.n == 1
     assert by["wide"].groups == {"0,1": 1} and by["huge"].handoff_stall_s.n == 0
+    assert by["big"].hbm_wait_total_s == pytest.approx(0.25 * STALL[2]) == by["big"].handoff_hbm_wait_total_s
+    assert by["big"].handoff_stall_total_s == pytest.approx(STALL[2])
+    assert by["wide"].hbm_wait_total_s == 0.0 and by["wide"].handoff_stall_total_s == pytest.approx(by["wide"].stall_total_s)
+    assert by["huge"].handoff_stall_total_s == 0.0 < by["huge"].stall_total_s
+    assert figures(rep)["handoff_hbm_wait_share"] == pytest.approx(
+        0.25 * STALL[2] / (by["big"].stall_total_s + by["wide"].stall_total_s))
     assert sum(m.calls for m in by.values()) == rep.calls_completed
     assert sum(m.stall_total_s for m in by.values()) == pytest.approx(rep.stall_total_s)
 
@@ -155,6 +163,7 @@ def test_replay_cli_reports_the_run_block_slo_figures_and_plot(tmp_path):
         assert sum(m["stall_total_s"] for m in by.values()) == pytest.approx(block["stall_total_s"], abs=1e-6)
         for m in by.values():  # every call ran on a group of the toy cluster, most used first
             assert sum(m["groups"].values()) == m["calls"]
+            assert 0 <= m["handoff_hbm_wait_total_s"] <= m["hbm_wait_total_s"] <= m["stall_total_s"] + 1e-9
             assert list(m["groups"].values()) == sorted(m["groups"].values(), reverse=True)
             assert all(0 <= int(i) < 2 for g in m["groups"] for i in g.split(","))
         assert "stall by model" in res.output

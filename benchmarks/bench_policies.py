@@ -118,8 +118,13 @@ def git_commit() -> str | None:
 def summarise(rows: list[dict], seeds: list[int], policies: list[str]) -> dict:
     """One (start, trace) group of rows -> per-policy intervals, best baselines, ours vs best."""
     val = {(r["policy"], r["seed"]): r for r in rows}
-    per = {p: {m: [val[p, s][m] for s in seeds] for m in [*METRICS, *DESCRIBED]
-               if all(val[p, s].get(m) is not None for s in seeds)} for p in policies}
+    per = {p: {m: [val[p, s][m] for s in seeds] for m in METRICS if all(val[p, s].get(m) is not None for s in seeds)}
+           for p in policies}
+    for p in policies:  # a described figure over the seeds that have it (a share of no stall has none)
+        for m in DESCRIBED:
+            got = [val[p, s][m] for s in seeds if val[p, s].get(m) is not None]
+            if got:
+                per[p][m] = got
     table = {p: {m: dict(t_interval(v), per_seed=v) for m, v in per[p].items()} for p in policies}
     baselines = [p for p in policies if p not in OURS and p not in EXCLUDED]
     # A policy that drops calls (unplaceable, and with them the rest of their programs) serves

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.table import Column, Table
 
+from ..sim.metrics import short_of_room
 from .common import console
 
 
@@ -71,7 +72,7 @@ def print_by_model(rep, cl, top: int = 3) -> None:
         return f"{label} ({cl.gpus[idx[0]].kind})"
 
     for n, r in rep.policies.items():
-        t = Table(Column("model", no_wrap=True), "calls", "stall total s", "of it HBM wait s", "stall p95 s",
+        t = Table(Column("model", no_wrap=True), "calls", "stall total s", "HBM wait s", "stall p95 s",
                   "handoff p95 s", "calls by GPU group", title=f"{n}: stall by model")
         for model, s in r.stall_by_model.items():
             groups = list(s.groups.items())
@@ -80,6 +81,11 @@ def print_by_model(rep, cl, top: int = 3) -> None:
             t.add_row(model, str(s.calls), f"{s.stall_total_s:.1f}", f"{s.hbm_wait_total_s:.1f}", f"{s.stall_s.p95:.2f}",
                       f"{s.handoff_stall_s.p95:.2f}" if s.handoff_stall_s.n else "-", shown + (f", {more} elsewhere" if more else ""))
         console.print(t)
+        for model in short_of_room(r.stall_by_model, r.stall_total_s):
+            s = r.stall_by_model[model]
+            console.print(f"  {model}: {s.hbm_wait_total_s:.0f} of its {s.stall_total_s:.0f} s of stall waited for HBM room, "
+                          f"mostly on {where(next(iter(s.groups)))}: it needs room (a replica, a bigger GPU), "
+                          f"not earlier prefetch", highlight=False)
 
 
 def print_oracle(out: dict) -> None:

@@ -133,8 +133,10 @@ def program_metrics(res: SimResult, nominal: dict | None) -> dict:
 
 def hbm_wait_s(c) -> float:
     """Of a completed call's stall, the seconds it waited for HBM room: from its arrival to its
-    admission (`CallRec.admitted`), the rest of `ready - arrive` being its state loading."""
-    return max(0.0, c.admitted - c.arrive) if c.admitted >= 0 else 0.0
+    admission (`CallRec.admitted`; a call the starvation reservation holds back waits too), the
+    rest of `ready - arrive` being loading (which includes the drain of the copies evicted for it,
+    so this is the least of what room cost)."""
+    return c.admitted - c.arrive
 
 
 def stall_by_model(done: list) -> dict[str, ModelStall]:
@@ -156,6 +158,17 @@ def stall_by_model(done: list) -> dict[str, ModelStall]:
                                 handoff_stall_total_s=round(float(sum(s for s, c in zip(stall, cs) if c.handoff)), 9),
                                 handoff_hbm_wait_total_s=round(float(sum(w for w, c in zip(wait, cs) if c.handoff)), 9))
     return out
+
+
+def short_of_room(by_model: dict[str, ModelStall], total_stall_s: float, share: float = 0.5,
+                  of_total: float = 0.1) -> list[str]:
+    """The models (most waiting first) whose stall is mostly the wait for HBM room (at least
+    `share` of it) and matters (at least `of_total` of the run's stall): earlier prefetch cannot
+    help them; room can (a replica, a bigger GPU, fewer other models beside them)."""
+    short = [(m.hbm_wait_total_s, name) for name, m in by_model.items()
+             if m.hbm_wait_total_s > 0 and m.hbm_wait_total_s >= share * m.stall_total_s
+             and m.hbm_wait_total_s >= of_total * total_stall_s]
+    return [name for _, name in sorted(short, key=lambda x: (-x[0], x[1]))]
 
 
 def policy_report(res: SimResult, slo_classes: dict[str, float], nominal: dict | None = None,

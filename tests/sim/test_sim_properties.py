@@ -62,6 +62,8 @@ def test_books_balance_and_every_call_ends(sc):
                     config=SimConfig(check_invariants=True, call_failure_rate=failure_rate))
     res = sim.run()
     assert {c.state for c in res.calls} <= {"done", "cancelled", "unplaceable"}
+    # a completed call (the last attempt of a retried one) waited for room, then loaded
+    assert all(c.arrive <= c.admitted <= c.ready <= c.start for c in res.calls if c.state == "done")
     assert len(res.calls) == tr.n_calls
     assert all(pr.end >= 0 and pr.open_nodes == 0 for pr in res.programs.values())
     # No program state outlives its program, and no call holds anything.

@@ -12,7 +12,8 @@ from tests.helpers import GB, toy_trace_jsonl
 from statebudget.cli import app
 from statebudget.core.costs import CostModel
 from statebudget.models import Catalog, Cluster
-from statebudget.sim.metrics import IdealTTFT, policy_report, slo_metrics
+from statebudget.models.report import ModelStall
+from statebudget.sim.metrics import IdealTTFT, policy_report, short_of_room, slo_metrics
 from statebudget.sim.plots import SLO_K, attainment_curve
 from statebudget.sim.recorder import SimResult
 from statebudget.sim.sweep import figures
@@ -133,6 +134,17 @@ def test_stall_by_model_splits_the_counted_calls_by_model_and_group():
         0.25 * STALL[2] / (by["big"].stall_total_s + by["wide"].stall_total_s))
     assert sum(m.calls for m in by.values()) == rep.calls_completed
     assert sum(m.stall_total_s for m in by.values()) == pytest.approx(rep.stall_total_s)
+
+
+def test_short_of_room_names_the_models_whose_stall_is_mostly_the_wait_for_room():
+    by = {"reviewer": ModelStall(stall_total_s=100.0, hbm_wait_total_s=90.0),   # mostly room, and big
+          "coder": ModelStall(stall_total_s=60.0, hbm_wait_total_s=20.0),       # mostly loading
+          "planner": ModelStall(stall_total_s=5.0, hbm_wait_total_s=5.0),       # all room, but small
+          "vlm": ModelStall(stall_total_s=40.0, hbm_wait_total_s=30.0)}         # room, second
+    assert short_of_room(by, 195.0) == ["reviewer", "vlm"]
+    assert short_of_room(by, 195.0, of_total=0.01) == ["reviewer", "vlm", "planner"]
+    assert short_of_room(by, 195.0, share=0.3) == ["reviewer", "vlm", "coder"]
+    assert short_of_room({"m": ModelStall()}, 0.0) == []  # no stall: nothing is short of room
 
 
 def test_attainment_curve_counts_calls_within_k_times_ideal():

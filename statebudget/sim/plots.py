@@ -1,5 +1,6 @@
-"""Plots of a replay: stall and TTFT CDFs per policy, SLO attainment against k, HBM occupancy over
-time by state kind, bytes per link class."""
+"""Plots of a replay: stall and TTFT CDFs per policy, SLO attainment against k, each model's stall
+split into the wait for HBM room and loading, HBM occupancy over time by state kind, bytes per link
+class."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .engine import SimResult  # noqa: E402
-from .metrics import ttft_ratios  # noqa: E402
+from .metrics import counted_calls, hbm_wait_s, ttft_ratios  # noqa: E402
 
 SLO_K = np.arange(1, 21)  # the k of `slo_attainment.png`: TTFT <= k x ideal TTFT
 
@@ -116,6 +117,8 @@ def write_plots(results: dict[str, SimResult], out_dir: str | Path) -> list[Path
     ax.set_title("Tool-wait KV rule: actions per policy, and suspended KV held in HBM")
     paths.append(_save(fig, out / "kv_actions.png"))
 
+    paths.append(_stall_by_model(results, out))
+
     n = len(results)
     fig, axes = plt.subplots(n, 1, figsize=(8, 1.9 * n + 0.6), sharex=True, squeeze=False)
     for ax, (name, res) in zip(axes[:, 0], results.items()):
@@ -142,3 +145,28 @@ def write_plots(results: dict[str, SimResult], out_dir: str | Path) -> list[Path
     ax.set_title("Bytes per link class")
     paths.append(_save(fig, out / "bytes_per_link.png"))
     return paths
+
+
+def _stall_by_model(results: dict[str, SimResult], out: Path) -> Path:
+    """Per policy, each model's total stall over the counted calls, split into the wait for HBM
+    room and the loading after it (`stall_by_model`): a long first part asks for room, not for
+    earlier prefetch."""
+    n = len(results)
+    fig, axes = plt.subplots(n, 1, figsize=(8, 0.5 + 1.6 * n), sharex=True, squeeze=False)
+    for ax, (name, res) in zip(axes[:, 0], results.items()):
+        wait, load = Counter(), Counter()
+        for c in counted_calls(res):
+            if c.state == "done":
+                w = hbm_wait_s(c)
+                wait[c.model] += w
+                load[c.model] += c.ready - c.arrive - w
+        models = sorted(set(wait) | set(load))
+        y = np.arange(len(models))
+        ax.barh(y, [wait[m] for m in models], color="tab:red", label="waiting for HBM room")
+        ax.barh(y, [load[m] for m in models], left=[wait[m] for m in models], color="tab:blue", label="loading")
+        ax.set_yticks(y, models, fontsize=7)
+        ax.set_title(name, fontsize=9)
+    axes[0, 0].legend(loc="lower right", fontsize=7)
+    axes[-1, 0].set_xlabel("stall, summed over the counted calls (s)")
+    fig.suptitle("Where each model's stall goes")
+    return _save(fig, out / "stall_by_model.png")

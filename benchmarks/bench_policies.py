@@ -171,6 +171,23 @@ def _cell(s: dict | None) -> str:
     return f"{s['mean']:.3g} ± {(s['ci95'][1] - s['ci95'][0]) / 2:.2g}"
 
 
+def _where_it_went(rows: list[dict], top: int = 3) -> list[str]:
+    """One line per policy: the models with the most handoff stall over all seeds, each as
+    waiting for HBM room + loading (the rows' `handoff_by_model`)."""
+    by: dict[str, dict[str, list[float]]] = {}
+    for r in rows:
+        acc = by.setdefault(r["policy"], {})
+        for model, (wait, load) in (r.get("handoff_by_model") or {}).items():
+            a = acc.setdefault(model, [0.0, 0.0])
+            a[0] += wait
+            a[1] += load
+    out = ["Handoff stall summed over the seeds, by model (s waiting for HBM room + s loading):", ""]
+    for p, acc in by.items():
+        ranked = sorted(acc.items(), key=lambda kv: (-sum(kv[1]), kv[0]))[:top]
+        out.append(f"- {p}: " + ("; ".join(f"{m} {w:.0f} + {ld:.0f}" for m, (w, ld) in ranked) or "none"))
+    return out
+
+
 def markdown(out: dict) -> str:
     seeds = out["seeds"]
     lines = []
@@ -189,6 +206,7 @@ def markdown(out: dict) -> str:
                 name = f"**{p}**" if p in OURS else p
                 lines.append(f"| {name} | " + " | ".join(_cell(t.get(m)) for m in ms) + " |")
             lines.append("")
+            lines += _where_it_went([r for r in out["rows"] if r["start"] == start and r["trace"] == trace]) + [""]
             if g.get("drop_more_calls"):
                 lines += [f"Drop more calls than the policy that drops fewest (no best baseline): "
                           f"{', '.join(g['drop_more_calls'])}.", ""]

@@ -85,7 +85,11 @@ def run_job(job: dict) -> dict:
     config = SimConfig(seed=job["seed"], start=job.get("start", "warm"), warmup_s=job.get("warmup_s", 0.0),
                        **(job.get("sim") or {}))
     rep = replay(cl, cat, tr, [job["policy"]], config, make=_maker(job))
-    row = dict(job, **figures(rep.report.policies[job["policy"]]))
+    block = rep.report.policies[job["policy"]]
+    row = dict(job, **figures(block))
+    # where the handoff stall went, per model: [waiting for HBM room, loading] seconds
+    row["handoff_by_model"] = {name: [m.handoff_hbm_wait_total_s, round(m.handoff_stall_total_s - m.handoff_hbm_wait_total_s, 9)]
+                               for name, m in block.stall_by_model.items() if m.handoff_stall_total_s > 0}
     if job.get("kv_demand"):  # H1 of `evidence`: the replay's KV demand per model (hypotheses.py)
         from .hypotheses import kv_demand
         row["kv_demand"] = kv_demand(rep.results[job["policy"]], cat)

@@ -51,6 +51,14 @@ def test_process_pool_and_ray_give_the_same_rows(tmp_path, ray_head):
     assert {r["policy"] for r in local} == {"ondemand", "frequency", "statebudget"}
     assert all(r["start"] == "warm" and r["warmup_s"] == 0.0 for r in local)
     assert all(set(METRICS) <= set(r) and r["decision_p99_ms"] >= r["decision_p50_ms"] >= 0 for r in local)
+    for r in local:  # the per-model split of the handoff stall adds up to the row's share of it
+        parts = list(r["handoff_by_model"].values())
+        assert all(w >= 0 and ld >= 0 for w, ld in parts)
+        total = sum(w + ld for w, ld in parts)
+        if total > 0:
+            assert r["handoff_hbm_wait_share"] == pytest.approx(sum(w for w, _ in parts) / total, abs=1e-6)
+        else:
+            assert r["handoff_hbm_wait_share"] is None
 
 
 def _pure(rows):

@@ -171,10 +171,10 @@ def _cell(s: dict | None) -> str:
     return f"{s['mean']:.3g} ± {(s['ci95'][1] - s['ci95'][0]) / 2:.2g}"
 
 
-def _where_it_went(rows: list[dict], top: int = 3) -> list[str]:
-    """One line per policy: the models with the most handoff stall over all seeds, each as
-    waiting for HBM room + loading (the rows' `handoff_by_model`)."""
-    by: dict[str, dict[str, list[float]]] = {}
+def _where_it_went(rows: list[dict], policies, top: int = 3) -> list[str]:
+    """One line per policy (in `policies` order): the models with the most handoff stall over all
+    seeds, each as waiting for HBM room + loading (the rows' `handoff_by_model`)."""
+    by: dict[str, dict[str, list[float]]] = {p: {} for p in policies}
     for r in rows:
         acc = by.setdefault(r["policy"], {})
         for model, (wait, load) in (r.get("handoff_by_model") or {}).items():
@@ -206,7 +206,8 @@ def markdown(out: dict) -> str:
                 name = f"**{p}**" if p in OURS else p
                 lines.append(f"| {name} | " + " | ".join(_cell(t.get(m)) for m in ms) + " |")
             lines.append("")
-            lines += _where_it_went([r for r in out["rows"] if r["start"] == start and r["trace"] == trace]) + [""]
+            lines += _where_it_went([r for r in out["rows"] if r["start"] == start and r["trace"] == trace],
+                                    g["policies"]) + [""]
             if g.get("drop_more_calls"):
                 lines += [f"Drop more calls than the policy that drops fewest (no best baseline): "
                           f"{', '.join(g['drop_more_calls'])}.", ""]

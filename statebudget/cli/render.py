@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from rich.table import Column, Table
 
-from ..sim.metrics import short_of_room
 from .common import console
 
 
@@ -67,6 +66,8 @@ def print_replay(rep, tr, cl, cat, wall: float) -> None:
 def print_by_model(rep, cl, top: int = 3) -> None:
     """`replay --by-model`: per policy, each model's calls, stall, and the groups they ran on
     (GPU indices and kind, most used first): where a policy's stall sits and why."""
+    from ..sim.metrics import short_of_room  # the simulator loads only for this command
+
     def where(label: str) -> str:
         idx = [int(i) for i in label.split(",")]
         return f"{label} ({cl.gpus[idx[0]].kind})"
@@ -84,7 +85,7 @@ def print_by_model(rep, cl, top: int = 3) -> None:
         for model in short_of_room(r.stall_by_model, r.stall_total_s):
             s = r.stall_by_model[model]
             console.print(f"  {model}: {s.hbm_wait_total_s:.0f} of its {s.stall_total_s:.0f} s of stall waited for HBM room, "
-                          f"mostly on {where(next(iter(s.groups)))}: it needs room (a replica, a bigger GPU), "
+                          f"running mostly on {where(next(iter(s.groups)))}: it needs room (a replica, a bigger GPU), "
                           f"not earlier prefetch", highlight=False)
 
 

@@ -151,22 +151,27 @@ def _stall_by_model(results: dict[str, SimResult], out: Path) -> Path:
     """Per policy, each model's total stall over the counted calls, split into the wait for HBM
     room and the loading after it (`stall_by_model`): a long first part asks for room, not for
     earlier prefetch."""
-    n = len(results)
-    fig, axes = plt.subplots(n, 1, figsize=(8, 0.5 + 1.6 * n), sharex=True, squeeze=False)
-    for ax, (name, res) in zip(axes[:, 0], results.items()):
+    split = {}
+    for name, res in results.items():
         wait, load = Counter(), Counter()
         for c in counted_calls(res):
             if c.state == "done":
                 w = hbm_wait_s(c)
                 wait[c.model] += w
                 load[c.model] += c.ready - c.arrive - w
-        models = sorted(set(wait) | set(load))
-        y = np.arange(len(models))
+        split[name] = (wait, load)
+    models = sorted({m for wait, load in split.values() for m in (*wait, *load)})  # the same rows in every panel
+    n = len(results)
+    fig, axes = plt.subplots(n, 1, figsize=(8, 0.9 + 1.6 * n), sharex=True, squeeze=False)
+    y = np.arange(len(models))
+    for ax, (name, (wait, load)) in zip(axes[:, 0], split.items()):
         ax.barh(y, [wait[m] for m in models], color="tab:red", label="waiting for HBM room")
         ax.barh(y, [load[m] for m in models], left=[wait[m] for m in models], color="tab:blue", label="loading")
         ax.set_yticks(y, models, fontsize=7)
+        ax.invert_yaxis()  # first model on top
         ax.set_title(name, fontsize=9)
-    axes[0, 0].legend(loc="lower right", fontsize=7)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper right", fontsize=7, ncol=2)
     axes[-1, 0].set_xlabel("stall, summed over the counted calls (s)")
-    fig.suptitle("Where each model's stall goes")
+    fig.suptitle("Where each model's stall goes", x=0.35)
     return _save(fig, out / "stall_by_model.png")

@@ -51,7 +51,12 @@ def test_process_pool_and_ray_give_the_same_rows(tmp_path, ray_head):
     assert {r["policy"] for r in local} == {"ondemand", "frequency", "statebudget"}
     assert all(r["start"] == "warm" and r["warmup_s"] == 0.0 for r in local)
     assert all(set(METRICS) <= set(r) and r["decision_p99_ms"] >= r["decision_p50_ms"] >= 0 for r in local)
-    for r in local:  # the per-model split of the handoff stall adds up to the row's share of it
+    _check_split(local)
+
+
+def _check_split(rows):
+    """The per-model split of each row's handoff stall adds up to the row's share of it."""
+    for r in rows:
         parts = list(r["handoff_by_model"].values())
         assert all(w >= 0 and ld >= 0 for w, ld in parts)
         total = sum(w + ld for w, ld in parts)
@@ -77,6 +82,8 @@ def test_start_and_warmup_reach_the_simulator(tmp_path):
     warm, cold, late = (out[k]["rows"][0] for k in ("warm", "cold", "warmup"))
     assert _pure([cold])[0] != dict(_pure([warm])[0], start="cold")  # the start changed the run
     assert late["calls_completed"] < warm["calls_completed"]  # the warm-up's calls count nowhere
+    _check_split([warm, cold, late])
+    assert any(cold["handoff_by_model"].values()), "a cold start stalls some handoff"
 
 
 def test_sweep_refuses_a_warmup_as_long_as_the_trace():

@@ -61,6 +61,10 @@ class PlannerConfig:
     # of the queue holding the model, adds a replica there (`homes.scale_out`); None: off. 20 s on
     # tuning seeds 1-10 (BENCHMARKS.md, "Knobs"); 5 s cost swe-team.
     scale_out_wait_s: float | None = 20.0
+    # ... and so do this many calls of one model waiting at one group, however briefly; None: off.
+    # Opt-in: 3 on tuning seeds 1-10 halves mapreduce at 3x's handoff P95 and leaves the 1x traces
+    # as they were (docs/planner.md); the default waits for a full fair-ground re-run.
+    scale_out_calls: int | None = None
     # A home for a model with no copy avoids GPUs holding weights of models at least this x as
     # likely, and counts the idle state of less likely ones as room (`homes.home_of`); None: the
     # most free HBM. Off: 0.2 won on tuning seeds 1-10 and lost on evaluation seeds (mapreduce
@@ -319,8 +323,8 @@ class PlannerCore:
             past = {g: load.past_capacity(g) for g in {groups[i] for i in promote}}
             promote = {i for i in promote if not past[groups[i]]}
         out = [Promote(keys[i], groups[i]) for i in plan.promote if i in promote] + out
-        if cfg.scale_out_wait_s is not None:
-            out += scale_out(view, self.catalog, now, cfg.scale_out_wait_s)
+        if cfg.scale_out_wait_s is not None or cfg.scale_out_calls is not None:
+            out += scale_out(view, self.catalog, now, cfg.scale_out_wait_s, cfg.scale_out_calls)
         # Stage in host DRAM what a restore would read (weights, expert pages of the home node) for
         # models likely to be used at all: a restore from DRAM is a wake, from NVMe a cold start.
         if cfg.stage_host:

@@ -12,6 +12,8 @@ GPUs, where their calls queue for KV room (docs/planner.md)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from ..core.decisions import Promote
 from ..models.state import weights_key
 
@@ -81,18 +83,29 @@ def resident_by_model(view, keys_by_model) -> list[tuple[list[float], frozenset]
     return out
 
 
-def scale_out(view, catalog, now: float, wait_s: float) -> list:
+def scale_out(view, catalog, now: float, wait_s: float | None, calls: int | None = None) -> list:
     """A second replica where calls queue at a home that holds too few of them at once (a 40 GB
     GPU beside 30 GB of weights): a dense model with a call that has waited `wait_s` for HBM, and
     no copy on a group clear of its waiting calls' GPUs, has its weights promoted onto such a
     group with room for them now (the most free HBM), as an autoscaler adds a replica on queue
-    depth. A view that keeps each model's oldest waiting call per group (`queue_oldest`, the
-    simulator's) is read without a pass over the queue."""
-    oldest = getattr(view, "queue_oldest", None)
-    if oldest is not None:
-        waited = [(m, g) for (m, g), t in oldest().items() if now - t >= wait_s]
-    else:
-        waited = [(m, g) for m, g, _, w in view.admission_queue() if w >= wait_s]
+    depth. With `calls`, so do `calls` of its calls waiting at one group, however briefly (either
+    trigger alone when the other is None). A view that keeps each model's oldest waiting call and
+    queue depth per group (`queue_oldest`, `queue_depth`, the simulator's) is read without a pass
+    over the queue."""
+    waited = []
+    if wait_s is not None:
+        oldest = getattr(view, "queue_oldest", None)
+        if oldest is not None:
+            waited = [(m, g) for (m, g), t in oldest().items() if now - t >= wait_s]
+        else:
+            waited = [(m, g) for m, g, _, w in view.admission_queue() if w >= wait_s]
+    if calls is not None:
+        kept = getattr(view, "queue_depth", None)
+        if kept is not None:
+            depth = kept()
+        else:
+            depth = Counter((m, g) for m, g, _, _ in view.admission_queue())
+        waited += [mg for mg, k in depth.items() if k >= calls]
     stuck: dict[str, set] = {}
     for model, group in waited:
         stuck.setdefault(model, set()).update(group)

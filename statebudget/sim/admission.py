@@ -97,6 +97,10 @@ class AdmissionMixin:
         with a call waiting for HBM (`planner/homes.py:scale_out`), without a pass over the queue."""
         return self.waiting_sums.oldest()
 
+    def queue_depth(self) -> dict[tuple, int]:
+        """(model, group) -> its calls waiting for HBM there (`planner/homes.py:scale_out`)."""
+        return self.waiting_sums.depth()
+
     def _queued_runs(self, model: str, groups: list, calls: list[CallRec]):
         """`_queued_run` of waiting calls of one model (`groups`: each one's), in one numpy pass: a
         moved output estimate changes every one of their runs (`sim/waiting.py`)."""

@@ -58,6 +58,10 @@ class WaitingSums:
         return {(model, g): next(iter(calls.values())).arrive
                 for model, of_group in self.of_model.items() for g, calls in of_group.items() if calls}
 
+    def depth(self) -> dict[tuple, int]:
+        """(model, group) -> how many calls of that model wait there."""
+        return {(model, g): len(calls) for model, of_group in self.of_model.items() for g, calls in of_group.items() if calls}
+
     def load(self, counts: dict[str, int], runs: Callable[[str, list, list], np.ndarray]) -> QueueLoad | None:
         """The sums as a `QueueLoad`, None when no call waits; `counts`: each model's output
         estimate count now (its version), `runs(model, groups, calls)`: their expected run seconds

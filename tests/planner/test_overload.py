@@ -1,6 +1,7 @@
 """Past capacity (`planner/overload.py`): the admission queue read as pressure, and leases onto a
 group with a queue rejected with a reason and a time to ask again."""
 
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -55,6 +56,8 @@ def _queued(sim, queue):
     for m, g, _, waited in queue:
         oldest[(m, g)] = min(oldest.get((m, g), float("inf")), sim.now - waited)
     sim.queue_oldest = lambda: oldest
+    depth = Counter((m, g) for m, g, _, _ in queue)
+    sim.queue_depth = lambda: depth
 
 
 def _req(deadline_s=60.0):
@@ -111,6 +114,23 @@ def test_a_call_queued_at_its_home_adds_a_replica_where_most_hbm_is_free():
     assert _replicas(core.plan(sim, 0.0)) == [(1,)]
     core.cfg = replace(core.cfg, scale_out_wait_s=None)
     assert _replicas(core.plan(sim, 0.0)) == [], "off: the queue adds no replica"
+
+
+def test_calls_queued_at_once_add_a_replica_however_briefly_they_waited():
+    sim, core = _sim(n_gpu=3)
+    core.cfg = replace(core.cfg, scale_out_wait_s=None, scale_out_calls=2)
+    resident(sim, ("w", "m"), (0,), 20.0)
+    sim.tiers.alloc_gpu((2,), 10e9)  # GPU 1 has the most free HBM
+    _queued(sim, [("m", (0,), 30.0, 1.0)])
+    assert _replicas(core.plan(sim, 0.0)) == [], "one call waiting is not a queue of two"
+    _queued(sim, [("m", (0,), 30.0, 1.0), ("m", (0,), 30.0, 0.5)])
+    assert _replicas(core.plan(sim, 0.0)) == [(1,)]
+    sim.queue_depth = None  # a view that keeps no depths (the service's): the queue is read
+    assert _replicas(core.plan(sim, 0.0)) == [(1,)]
+    core.cfg = replace(core.cfg, scale_out_calls=3)
+    assert _replicas(core.plan(sim, 0.0)) == []
+    core.cfg = replace(core.cfg, scale_out_wait_s=20.0, scale_out_calls=None)  # the default: by age only
+    assert _replicas(core.plan(sim, 0.0)) == []
 
 
 def test_no_replica_is_added_while_one_clear_of_the_queue_exists_or_none_has_room():

@@ -47,6 +47,10 @@ def test_kept_sums_are_the_fresh_sums(steps):
         elif op == "estimate":
             counts[c.model] += 1
         kept = sums.load(counts, runs)
+        depth = {}
+        for w in waiting:
+            depth[(w.model, w.group)] = depth.get((w.model, w.group), 0) + 1
+        assert sums.depth() == depth
         if not waiting:
             assert kept is None
             continue

@@ -7,6 +7,7 @@ the same table from a cold start beside it.
 
     .venv/bin/python benchmarks/bench_policies.py [--hours 2] [--seeds 100-109] [--warmup 1800] [--cold]
         [--traces ...] [--policies ...] [--workers N] [--json out/bench_policies.json] [--markdown out/bench_policies.md]
+        [--planner "scale_out_calls=3"]   # PlannerConfig fields for our planners, to judge a knob on fair ground
 
 One job = one (start, trace, seed, policy) replay, run on the sweep's local process pool
 (`statebudget/sim/sweep.py`), progress on stderr. The oracle (the offline MILP) is left out: it
@@ -49,10 +50,12 @@ from pathlib import Path
 
 import numpy as np
 
+from bench_config import parse_overrides
 from paired import paired_diff, t_interval
 from statebudget import __version__
 from statebudget.policies import REGISTRY
 from statebudget.models.errors import InputError
+from statebudget.planner.core import PlannerConfig
 from statebudget.sim import sweep as sw
 from statebudget.traces.generators import PRESETS
 from statebudget.traces.real_sessions import rounds_path
@@ -248,6 +251,8 @@ def main(argv=None):
     ap.add_argument("--traces", default=None, help=f"comma-separated subset of {','.join(TRACES)} (or any preset)")
     ap.add_argument("--policies", default=None, help="comma-separated subset of the registered policies but oracle")
     ap.add_argument("--load", type=float, default=1.0, help="multiply the presets' arrival rates (3: three times the load)")
+    ap.add_argument("--planner", default="", help='PlannerConfig fields for our planners, e.g. "scale_out_calls=3" '
+                    "(the baselines are unchanged)")
     ap.add_argument("--cluster", default="hetero16")
     ap.add_argument("--catalog", default="agent-team")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
@@ -275,10 +280,17 @@ def main(argv=None):
     warmup = args.warmup if args.warmup is not None else min(1800.0, span / 4)
     if warmup >= span:
         raise SystemExit(f"--warmup {warmup:g} s leaves nothing of a {args.hours:g} h trace to measure")
+    try:
+        planner = parse_overrides(args.planner)
+        PlannerConfig(**planner)  # an unknown field or a bad value fails here, not in a worker
+    except (SyntaxError, ValueError, TypeError) as e:
+        raise SystemExit(f"--planner {args.planner!r}: {e}") from None
     starts = ["warm"] + (["cold"] if args.cold else [])
     todo = [j for st in starts
             for j in sw.jobs([args.cluster], traces, seeds, policies, args.catalog, args.hours, start=st, warmup_s=warmup,
                        load=args.load)]
+    for j in todo:
+        j["planner"] = planner
     # The slowest replays first, so the pool's tail is short: our planners and prefetch-all, long traces.
     todo.sort(key=lambda j: (j["policy"] not in OURS + ("prefetch-all",), j["trace"] != "mixed-tenants"))
     t0 = time.time()

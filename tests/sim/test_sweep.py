@@ -127,3 +127,19 @@ def test_a_job_can_set_the_re_plan_period_of_statebudget_track_and_only_of_it():
     (other,) = jobs(["hetero16"], ["swe-team"], [3], ["frequency"], "agent-team", 0.25)
     with pytest.raises(ValueError, match="replan_s is a knob of statebudget-track"):
         run_job(dict(other, replan_s=60.0))
+
+
+def test_a_job_s_planner_fields_reach_our_planners_and_no_baseline():
+    from statebudget.sim.sweep import _maker
+
+    def made(policy, **job):
+        return _maker(dict(job, policy=policy))(policy)
+    lease = made("statebudget-lease", planner={"scale_out_calls": 3})
+    assert lease.config.scale_out_calls == 3 and lease.config.lease_page_min_touch == 0.99  # lease_config's own
+    assert made("statebudget", planner={"scale_out_calls": 3}).config.scale_out_calls == 3
+    track = made("statebudget-track", planner={"scale_out_calls": 3}, replan_s=120)
+    assert track.config.scale_out_calls == 3 and track.track_cfg.replan_s == 120
+    assert made("statebudget-lease").config.scale_out_calls is None  # no fields: the registry's
+    assert type(made("frequency", planner={"scale_out_calls": 3})).__name__ == "Frequency"
+    with pytest.raises(ValueError, match="replan_s"):
+        _maker({"policy": "statebudget", "replan_s": 60})

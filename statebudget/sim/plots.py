@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .engine import SimResult  # noqa: E402
-from .metrics import counted_calls, hbm_wait_s, ttft_ratios  # noqa: E402
+from .metrics import counted_calls, stall_by_model, ttft_ratios  # noqa: E402
 
 SLO_K = np.arange(1, 21)  # the k of `slo_attainment.png`: TTFT <= k x ideal TTFT
 
@@ -153,20 +153,17 @@ def _stall_by_model(results: dict[str, SimResult], out: Path) -> Path:
     earlier prefetch."""
     split = {}
     for name, res in results.items():
-        wait, load = Counter(), Counter()
-        for c in counted_calls(res):
-            if c.state == "done":
-                w = hbm_wait_s(c)
-                wait[c.model] += w
-                load[c.model] += c.ready - c.arrive - w
-        split[name] = (wait, load)
-    models = sorted({m for wait, load in split.values() for m in (*wait, *load)})  # the same rows in every panel
+        by = stall_by_model([c for c in counted_calls(res) if c.state == "done"])
+        split[name] = ({m: s.hbm_wait_total_s for m, s in by.items()},
+                       {m: s.stall_total_s - s.hbm_wait_total_s for m, s in by.items()})
+    models = sorted({m for wait, _ in split.values() for m in wait})  # the same rows in every panel
     n = len(results)
     fig, axes = plt.subplots(n, 1, figsize=(8, 0.9 + 1.6 * n), sharex=True, squeeze=False)
     y = np.arange(len(models))
     for ax, (name, (wait, load)) in zip(axes[:, 0], split.items()):
-        ax.barh(y, [wait[m] for m in models], color="tab:red", label="waiting for HBM room")
-        ax.barh(y, [load[m] for m in models], left=[wait[m] for m in models], color="tab:blue", label="loading")
+        w, ld = [wait.get(m, 0.0) for m in models], [load.get(m, 0.0) for m in models]
+        ax.barh(y, w, color="tab:red", label="waiting for HBM room")
+        ax.barh(y, ld, left=w, color="tab:blue", label="loading")
         ax.set_yticks(y, models, fontsize=7)
         ax.invert_yaxis()  # first model on top
         ax.set_title(name, fontsize=9)

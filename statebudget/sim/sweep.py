@@ -65,15 +65,20 @@ def figures(r) -> dict:
         "slo_violations": r.slo_violations,
         "decision_p50_ms": round(r.decision_ms.p50, 4), "decision_p99_ms": round(r.decision_ms.p99, 4),
         "calls_completed": r.calls_completed, "unplaceable_calls": r.unplaceable_calls,
-        "handoff_hbm_wait_share": _hbm_wait_share(getattr(r, "stall_by_model", None) or {}),
+        "handoff_hbm_wait_share": _hbm_wait_share(handoff_split(getattr(r, "stall_by_model", None) or {})),
     }
 
 
-def _hbm_wait_share(by_model: dict) -> float | None:
-    """Of the handoff stall, the share calls spent waiting for HBM room (`ModelStall`); None
-    when there is no handoff stall to share out."""
-    total = sum(m.handoff_stall_total_s for m in by_model.values())
-    return _num(sum(m.handoff_hbm_wait_total_s for m in by_model.values()) / total) if total > 0 else None
+def handoff_split(by_model: dict) -> dict[str, list[float]]:
+    """Per model with handoff stall (`ModelStall`): [seconds waiting for HBM room, seconds loading]."""
+    return {name: [m.handoff_hbm_wait_total_s, round(m.handoff_stall_total_s - m.handoff_hbm_wait_total_s, 9)]
+            for name, m in by_model.items() if m.handoff_stall_total_s > 0}
+
+
+def _hbm_wait_share(split: dict[str, list[float]]) -> float | None:
+    """Of the handoff stall, the share spent waiting for HBM room; None when there is none."""
+    total = sum(w + ld for w, ld in split.values())
+    return _num(sum(w for w, _ in split.values()) / total) if total > 0 else None
 
 
 def run_job(job: dict) -> dict:
@@ -87,9 +92,7 @@ def run_job(job: dict) -> dict:
     rep = replay(cl, cat, tr, [job["policy"]], config, make=_maker(job))
     block = rep.report.policies[job["policy"]]
     row = dict(job, **figures(block))
-    # where the handoff stall went, per model: [waiting for HBM room, loading] seconds
-    row["handoff_by_model"] = {name: [m.handoff_hbm_wait_total_s, round(m.handoff_stall_total_s - m.handoff_hbm_wait_total_s, 9)]
-                               for name, m in block.stall_by_model.items() if m.handoff_stall_total_s > 0}
+    row["handoff_by_model"] = handoff_split(block.stall_by_model)  # where the handoff stall went
     if job.get("kv_demand"):  # H1 of `evidence`: the replay's KV demand per model (hypotheses.py)
         from .hypotheses import kv_demand
         row["kv_demand"] = kv_demand(rep.results[job["policy"]], cat)

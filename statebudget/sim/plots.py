@@ -1,6 +1,6 @@
 """Plots of a replay: stall and TTFT CDFs per policy, SLO attainment against k, each model's stall
-split into the wait for HBM room and loading, HBM occupancy over time by state kind, bytes per link
-class."""
+split into the wait for HBM room and loading, where each model's calls ran over time, HBM
+occupancy over time by state kind, bytes per link class."""
 
 from __future__ import annotations
 
@@ -54,9 +54,9 @@ def _grouped_bars(ax, groups: list[str], series: dict[str, list[float]], tick_fo
     ax.legend(fontsize=8)
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, path: Path, outside_legend: bool = False) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight" if outside_legend else None)
     plt.close(fig)
     return path
 
@@ -118,6 +118,7 @@ def write_plots(results: dict[str, SimResult], out_dir: str | Path) -> list[Path
     paths.append(_save(fig, out / "kv_actions.png"))
 
     paths.append(_stall_by_model(results, out))
+    paths.append(_placement(results, out))
 
     n = len(results)
     fig, axes = plt.subplots(n, 1, figsize=(8, 1.9 * n + 0.6), sharex=True, squeeze=False)
@@ -172,3 +173,56 @@ def _stall_by_model(results: dict[str, SimResult], out: Path) -> Path:
     axes[-1, 0].set_xlabel("stall, summed over the counted calls (s)")
     fig.suptitle("Where each model's stall goes", x=0.35)
     return _save(fig, out / "stall_by_model.png")
+
+
+STALLED_S = 5.0  # `placement.png` marks calls that stalled at least this long
+
+
+def placement_points(res: SimResult) -> dict[str, list[tuple[float, tuple, float]]]:
+    """Per model, (arrival s, group, stall s) of every call that ran, warm-up included, in arrival
+    order: where a policy put the model's calls and when that moved."""
+    out: dict[str, list] = {}
+    for c in sorted((c for c in res.calls if c.group is not None and c.ready >= 0), key=lambda c: c.arrive):
+        out.setdefault(c.model, []).append((c.arrive, c.group, c.ready - c.arrive))
+    return out
+
+
+def _placement(results: dict[str, SimResult], out: Path) -> Path:
+    """Per policy, each call as a tick at its arrival on its model's row, coloured by the GPU group
+    it ran on, with the calls that stalled `STALLED_S` or more ringed: homes that move, replicas,
+    and the cascades of cold starts they cause. The same colours in every panel; the warm-up, which
+    no metric counts, is shaded."""
+    points = {name: placement_points(res) for name, res in results.items()}
+    models = sorted({m for pts in points.values() for m in pts})
+    groups = sorted({g for pts in points.values() for calls in pts.values() for _, g, _ in calls})
+    palette = list(plt.cm.tab10.colors) + [plt.cm.tab20(i) for i in range(1, 20, 2)]  # distinct hues first
+    colour = {g: palette[i % len(palette)] for i, g in enumerate(groups)}
+    kind = {}
+    for res in results.values():
+        if res.cost is not None:
+            kind = {g: res.cost.cluster.gpus[g[0]].kind for g in groups}
+            break
+    n = len(results)
+    fig, axes = plt.subplots(n, 1, figsize=(10, 0.9 + 0.35 * len(models) * n + 0.4 * n), sharex=True, squeeze=False)
+    row = {m: i for i, m in enumerate(models)}
+    for ax, (name, pts) in zip(axes[:, 0], points.items()):
+        w = getattr(results[name], "warmup_s", 0.0)
+        if w > 0:
+            ax.axvspan(0, w / 60, color="0.92", zorder=0)
+        for m, calls in pts.items():
+            t = np.array([a for a, _, _ in calls]) / 60
+            ax.scatter(t, np.full(len(t), row[m]), c=[colour[g] for _, g, _ in calls], marker="|", s=60, linewidths=1)
+            slow = [(a / 60, row[m]) for a, _, st in calls if st >= STALLED_S]
+            if slow:
+                ax.scatter(*zip(*slow), facecolors="none", edgecolors="red", s=30, linewidths=0.8)
+        ax.set_yticks(range(len(models)), models, fontsize=7)
+        ax.set_ylim(len(models) - 0.5, -0.5)
+        ax.set_title(name, fontsize=9)
+    handles = [plt.Line2D([], [], color=colour[g], marker="|", linestyle="", markersize=9,
+                          label=",".join(map(str, g)) + (f" {kind[g]}" if g in kind else "")) for g in groups]
+    handles.append(plt.Line2D([], [], color="red", marker="o", markerfacecolor="none", linestyle="",
+                              label=f"stalled >= {STALLED_S:g} s"))
+    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, title="GPU group")
+    axes[-1, 0].set_xlabel("minutes (call arrival; shaded: warm-up)")
+    fig.suptitle("Where each model's calls ran")
+    return _save(fig, out / "placement.png", outside_legend=True)

@@ -14,7 +14,7 @@ from statebudget.core.costs import CostModel
 from statebudget.models import Catalog, Cluster
 from statebudget.models.report import ModelStall
 from statebudget.sim.metrics import IdealTTFT, policy_report, short_of_room, slo_metrics
-from statebudget.sim.plots import SLO_K, attainment_curve
+from statebudget.sim.plots import SLO_K, attainment_curve, placement_points
 from statebudget.sim.recorder import SimResult
 from statebudget.sim.sweep import figures
 
@@ -134,6 +134,18 @@ def test_stall_by_model_splits_the_counted_calls_by_model_and_group():
         0.25 * STALL[2] / (by["big"].stall_total_s + by["wide"].stall_total_s))
     assert sum(m.calls for m in by.values()) == rep.calls_completed
     assert sum(m.stall_total_s for m in by.values()) == pytest.approx(rep.stall_total_s)
+
+
+def test_placement_points_are_the_calls_that_ran_by_model_in_arrival_order():
+    calls = fabricated()
+    for c, group in zip(calls, [(1,), (0,), (0,), (0, 1), (2,)]):
+        c.group = group
+    calls[4].ready = -1.0  # never ready: it ran nowhere
+    pts = placement_points(result(calls[::-1], warmup_s=4.0))  # the warm-up's call at 0 s is drawn too
+    assert {m: [(a, g) for a, g, _ in v] for m, v in pts.items()} == {
+        "small": [(0.0, (1,)), (10.0, (0,))], "big": [(5.0, (0,))], "wide": [(20.0, (0, 1))]}
+    assert [st for _, _, st in pts["small"]] == pytest.approx([STALL[0], STALL[1]])
+    assert pts["wide"][0][2] == pytest.approx(STALL[3])
 
 
 def test_short_of_room_names_the_models_whose_stall_is_mostly_the_wait_for_room():

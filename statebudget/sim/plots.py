@@ -54,9 +54,9 @@ def _grouped_bars(ax, groups: list[str], series: dict[str, list[float]], tick_fo
     ax.legend(fontsize=8)
 
 
-def _save(fig, path: Path, outside_legend: bool = False) -> Path:
+def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight" if outside_legend else None)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
@@ -176,53 +176,80 @@ def _stall_by_model(results: dict[str, SimResult], out: Path) -> Path:
 
 
 STALLED_S = 5.0  # `placement.png` marks calls that stalled at least this long
+KIND_MAPS = ("Blues", "Greens", "Oranges", "Purples", "Reds", "Greys")  # one family of shades per GPU kind
 
 
-def placement_points(res: SimResult) -> dict[str, list[tuple[float, tuple, float]]]:
-    """Per model, (arrival s, group, stall s) of every call that ran, warm-up included, in arrival
-    order: where a policy put the model's calls and when that moved."""
+def placement_points(res: SimResult) -> dict[str, list[tuple[float, tuple, float, bool]]]:
+    """Per model, (arrival s, group, stall s, counted) of the last attempt of every call whose state
+    got ready, warm-up included, in arrival order: where a policy put the model's calls and when
+    that moved. `counted`: the call completed and its program started after the warm-up, as the
+    metrics count calls (`metrics.counted_calls`)."""
+    counted = {id(c) for c in counted_calls(res) if c.state == "done"}
     out: dict[str, list] = {}
     for c in sorted((c for c in res.calls if c.group is not None and c.ready >= 0), key=lambda c: c.arrive):
-        out.setdefault(c.model, []).append((c.arrive, c.group, c.ready - c.arrive))
+        out.setdefault(c.model, []).append((c.arrive, c.group, c.ready - c.arrive, id(c) in counted))
+    return out
+
+
+def group_styles(groups, cluster=None) -> dict[tuple, tuple]:
+    """GPU group -> (colour, legend label). With the cluster, each GPU kind gets one family of
+    shades, so the kind shows at a glance and groups of a kind stay apart; without it, distinct
+    hues in turn."""
+    groups = sorted(groups)
+    if cluster is None:
+        palette = list(plt.cm.tab10.colors) + [plt.cm.tab20(i) for i in range(1, 20, 2)]
+        return {g: (palette[i % len(palette)], ",".join(map(str, g))) for i, g in enumerate(groups)}
+    by_kind: dict[str, list] = {}
+    for g in groups:
+        by_kind.setdefault(cluster.gpus[g[0]].kind, []).append(g)
+    out = {}
+    for k, (kind, gs) in enumerate(sorted(by_kind.items())):
+        cmap = plt.get_cmap(KIND_MAPS[k % len(KIND_MAPS)])
+        for j, g in enumerate(gs):  # shades from mid to dark: pale ones vanish on the warm-up shading
+            out[g] = (cmap(0.45 + 0.5 * j / max(len(gs) - 1, 1)), ",".join(map(str, g)) + f" {kind}")
     return out
 
 
 def _placement(results: dict[str, SimResult], out: Path) -> Path:
     """Per policy, each call as a tick at its arrival on its model's row, coloured by the GPU group
     it ran on, with the calls that stalled `STALLED_S` or more ringed: homes that move, replicas,
-    and the cascades of cold starts they cause. The same colours in every panel; the warm-up, which
-    no metric counts, is shaded."""
+    and the cascades of cold starts they cause. The same colours in every panel; calls the metrics
+    do not count (the warm-up's programs, calls that did not complete) are faint."""
     points = {name: placement_points(res) for name, res in results.items()}
     models = sorted({m for pts in points.values() for m in pts})
-    groups = sorted({g for pts in points.values() for calls in pts.values() for _, g, _ in calls})
-    palette = list(plt.cm.tab10.colors) + [plt.cm.tab20(i) for i in range(1, 20, 2)]  # distinct hues first
-    colour = {g: palette[i % len(palette)] for i, g in enumerate(groups)}
-    kind = {}
-    for res in results.values():
-        if res.cost is not None:
-            kind = {g: res.cost.cluster.gpus[g[0]].kind for g in groups}
-            break
-    n = len(results)
-    fig, axes = plt.subplots(n, 1, figsize=(10, 0.9 + 0.35 * len(models) * n + 0.4 * n), sharex=True, squeeze=False)
+    cluster = next((res.cost.cluster for res in results.values() if res.cost is not None), None)
+    style = group_styles({g for pts in points.values() for calls in pts.values() for _, g, _, _ in calls}, cluster)
+    n, rows = len(results), max(len(models), 1)
+    fig, axes = plt.subplots(n, 1, figsize=(10, 1.2 + (0.35 * rows + 0.5) * n), sharex=True, squeeze=False,
+                             layout="constrained")
     row = {m: i for i, m in enumerate(models)}
+    warm = False
     for ax, (name, pts) in zip(axes[:, 0], points.items()):
         w = getattr(results[name], "warmup_s", 0.0)
         if w > 0:
+            warm = True
             ax.axvspan(0, w / 60, color="0.92", zorder=0)
         for m, calls in pts.items():
-            t = np.array([a for a, _, _ in calls]) / 60
-            ax.scatter(t, np.full(len(t), row[m]), c=[colour[g] for _, g, _ in calls], marker="|", s=60, linewidths=1)
-            slow = [(a / 60, row[m]) for a, _, st in calls if st >= STALLED_S]
-            if slow:
-                ax.scatter(*zip(*slow), facecolors="none", edgecolors="red", s=30, linewidths=0.8)
+            for counted, alpha in ((False, 0.3), (True, 1.0)):
+                sel = [(a / 60, g, st) for a, g, st, c in calls if c == counted]
+                if not sel:
+                    continue
+                ax.scatter([a for a, _, _ in sel], [row[m]] * len(sel), c=[style[g][0] for _, g, _ in sel],
+                           marker="|", s=60, linewidths=1, alpha=alpha)
+                slow = [a for a, _, st in sel if st >= STALLED_S]
+                if slow:
+                    ax.scatter(slow, [row[m]] * len(slow), facecolors="none", edgecolors="red", s=30,
+                               linewidths=0.8, alpha=alpha)
         ax.set_yticks(range(len(models)), models, fontsize=7)
-        ax.set_ylim(len(models) - 0.5, -0.5)
+        ax.set_ylim(rows - 0.5, -0.5)
         ax.set_title(name, fontsize=9)
-    handles = [plt.Line2D([], [], color=colour[g], marker="|", linestyle="", markersize=9,
-                          label=",".join(map(str, g)) + (f" {kind[g]}" if g in kind else "")) for g in groups]
+    handles = [plt.Line2D([], [], color=c, marker="|", linestyle="", markersize=9, label=label)
+               for c, label in style.values()]
     handles.append(plt.Line2D([], [], color="red", marker="o", markerfacecolor="none", linestyle="",
                               label=f"stalled >= {STALLED_S:g} s"))
-    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, title="GPU group")
-    axes[-1, 0].set_xlabel("minutes (call arrival; shaded: warm-up)")
+    fig.legend(handles=handles, loc="outside right center", fontsize=7, title="GPU group")
+    axes[-1, 0].set_xlabel("minutes (call arrival" + ("; shaded: warm-up" if warm else "") + "; faint: not counted)")
     fig.suptitle("Where each model's calls ran")
-    return _save(fig, out / "placement.png", outside_legend=True)
+    fig.savefig(out / "placement.png", dpi=110)
+    plt.close(fig)
+    return out / "placement.png"

@@ -14,7 +14,7 @@ from statebudget.core.costs import CostModel
 from statebudget.models import Catalog, Cluster
 from statebudget.models.report import ModelStall
 from statebudget.sim.metrics import IdealTTFT, policy_report, short_of_room, slo_metrics
-from statebudget.sim.plots import SLO_K, attainment_curve, placement_points
+from statebudget.sim.plots import SLO_K, attainment_curve, group_styles, placement_points
 from statebudget.sim.recorder import SimResult
 from statebudget.sim.sweep import figures
 
@@ -136,16 +136,31 @@ def test_stall_by_model_splits_the_counted_calls_by_model_and_group():
     assert sum(m.stall_total_s for m in by.values()) == pytest.approx(rep.stall_total_s)
 
 
-def test_placement_points_are_the_calls_that_ran_by_model_in_arrival_order():
+def test_placement_points_are_the_calls_whose_state_got_ready_by_model_in_arrival_order():
     calls = fabricated()
     for c, group in zip(calls, [(1,), (0,), (0,), (0, 1), (2,)]):
         c.group = group
     calls[4].ready = -1.0  # never ready: it ran nowhere
+    calls[3].state = "cancelled"  # drawn where it ran, but not counted
     pts = placement_points(result(calls[::-1], warmup_s=4.0))  # the warm-up's call at 0 s is drawn too
-    assert {m: [(a, g) for a, g, _ in v] for m, v in pts.items()} == {
-        "small": [(0.0, (1,)), (10.0, (0,))], "big": [(5.0, (0,))], "wide": [(20.0, (0, 1))]}
-    assert [st for _, _, st in pts["small"]] == pytest.approx([STALL[0], STALL[1]])
+    assert {m: [(a, g, counted) for a, g, _, counted in v] for m, v in pts.items()} == {
+        "small": [(0.0, (1,), False), (10.0, (0,), True)], "big": [(5.0, (0,), True)], "wide": [(20.0, (0, 1), False)]}
+    assert [st for _, _, st, _ in pts["small"]] == pytest.approx([STALL[0], STALL[1]])
     assert pts["wide"][0][2] == pytest.approx(STALL[3])
+
+
+def test_group_styles_give_each_gpu_kind_its_shades_and_each_group_its_colour():
+    from statebudget.models.load import load_cluster
+    groups = [(12, 13, 14, 15), (0,), (8,), (12,), (9,), (0, 1, 2, 3)]
+    style = group_styles(groups, load_cluster("hetero16"))
+    assert style[(12, 13, 14, 15)][1] == "12,13,14,15 A100-40G" and style[(8,)][1] == "8 L40-48G"
+    assert len({c for c, _ in style.values()}) == len(groups)
+    # the two L40 groups are shades of one family: same hue order (green strongest), unlike an A100's
+    for g in ((8,), (9,)):
+        r, gr, b, _ = style[g][0]
+        assert gr > r and gr > b
+    plain = group_styles([(i,) for i in range(20)])
+    assert len({c for c, _ in plain.values()}) == 20 and plain[(3,)][1] == "3"
 
 
 def test_short_of_room_names_the_models_whose_stall_is_mostly_the_wait_for_room():

@@ -1,12 +1,13 @@
-"""statebudget-lease with overrides of its `PlannerConfig` (`lease_config`): hetero16 + agent-team, 2-hour traces,
-tuning seeds 1-10 (simulator seed = trace seed), warm start with a 1800 s warm-up, seeds on a
-process pool. Seeds >= 100 are for evaluation (`bench_policies.py`), never for tuning. The P95 / wasted-bytes frontier and the stall /
-TTFT trade-off of placement come from it.
+"""statebudget-lease with overrides of its `PlannerConfig` (`lease_config`): hetero16 + agent-team,
+2-hour traces, tuning seeds 1-10 (simulator seed = trace seed), warm start with a 1800 s warm-up,
+each seed a sweep job (`sim/sweep.py`, with the job's `planner` fields) on a process pool. Seeds
+>= 100 are for evaluation (`bench_policies.py`), never for tuning. The P95 / wasted-bytes frontier
+and the stall / TTFT trade-off of placement come from it.
 
     .venv/bin/python benchmarks/bench_config.py "promote_min_p=1.01, page_min_touch=1.01" [--trace swe-team] [--load 3]
 
-Prints, per seed, handoff-stall P95, wasted bytes, warm tax, TTFT P95, SLO violations, non-lease
-TTFT P99 and lease-lateness P99.
+Prints, per seed and then their mean, handoff-stall P95, total stall, wasted bytes, warm tax and
+TTFT P95.
 """
 
 from __future__ import annotations
@@ -15,15 +16,7 @@ import argparse
 import ast
 from concurrent.futures import ProcessPoolExecutor
 
-from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.core import lease_config
-from statebudget.sim.config import SimConfig
-from statebudget.sim.engine import Simulator
-from statebudget.sim.metrics import policy_report
-from statebudget.policies.ours import StateBudgetLease
-from statebudget.core.costs import CostModel
-from statebudget.traces.generators import generate
-from statebudget.traces.timeline import nominal_timeline
+from statebudget.sim import sweep as sw
 
 
 def parse_overrides(text: str) -> dict:
@@ -47,9 +40,12 @@ def main():
     if any(s >= 100 for s in seeds):
         ap.error("seeds >= 100 are evaluation seeds: tune on 1-10")
     kw = parse_overrides(args.overrides)
-    jobs = [(args.trace, seed, args.hours, args.start, args.warmup, kw, args.load) for seed in seeds]
+    todo = sw.jobs(["hetero16"], [args.trace], seeds, ["statebudget-lease"], "agent-team", args.hours,
+                   start=args.start, warmup_s=args.warmup, load=args.load)
+    for job in todo:
+        job["planner"] = kw
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        rows = list(pool.map(_one, jobs))
+        rows = [_figures(r) for r in pool.map(sw.run_job, todo)]
     for seed, b in zip(seeds, rows):
         print(f"{args.trace} seed {seed} {kw}: handoff p95 {b['p95']:.3f} s, total stall {b['total']:.0f} s, wasted "
               f"{b['wasted']:.3f} TB, warm tax {b['warm_tax']:.3f}, TTFT p95 {b['ttft']:.2f} s", flush=True)
@@ -58,15 +54,9 @@ def main():
           f"{mean['wasted']:.3f} TB, warm tax {mean['warm_tax']:.3f}, TTFT p95 {mean['ttft']:.2f} s")
 
 
-def _one(job) -> dict:
-    trace, seed, hours, start, warmup, kw, load = job
-    cl, cat = load_cluster("hetero16"), load_catalog("agent-team")
-    tr = generate(trace, seed, hours, load=load)
-    res = Simulator(cl, cat, tr, StateBudgetLease(lease_config(**kw)), cost=CostModel(cl, cat),
-                    config=SimConfig(seed=seed, start=start, warmup_s=warmup)).run()
-    b = policy_report(res, tr.header.slo_classes, nominal_timeline(tr, cat))
-    return {"p95": b.handoff_stall_s.p95, "total": b.stall_total_s, "wasted": b.wasted_bytes / 1e12,
-            "warm_tax": b.warm_tax, "ttft": b.ttft_s.p95}
+def _figures(row: dict) -> dict:
+    return {"p95": row["handoff_p95_s"], "total": row["stall_total_s"], "wasted": row["wasted_tb"],
+            "warm_tax": row["warm_tax"], "ttft": row["ttft_p95_s"]}
 
 
 if __name__ == "__main__":

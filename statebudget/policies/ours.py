@@ -22,6 +22,7 @@ class StateBudget(Policy):
     tick_s = 5.0
     use_hints = False
     plan_on_events = True
+    base_config = staticmethod(PlannerConfig)  # its settings, with fields overridden by keyword
 
     def __init__(self, config: PlannerConfig | None = None):
         self.config = config
@@ -104,9 +105,10 @@ class StateBudgetLease(StateBudget):
     leases prepare their state ahead; cancels and version changes stop their transfers."""
     name = "statebudget-lease"
     use_hints = True
+    base_config = staticmethod(lease_config)
 
     def __init__(self, config: PlannerConfig | None = None):
-        super().__init__(config or lease_config())
+        super().__init__(config or self.base_config())
         self.group_of: dict[str, tuple] = {}
         self.tool_of: dict[str, tuple[str, float]] = {}  # program -> (tool running, since)
 

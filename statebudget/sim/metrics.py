@@ -27,6 +27,16 @@ def counted_calls(res: SimResult) -> list:
     return [c for c in res.calls if res.programs[c.program].prog.start >= w]
 
 
+def counted_done(res: SimResult) -> list:
+    """The counted calls that completed: those every figure of a call is taken over."""
+    return [c for c in counted_calls(res) if c.state == "done"]
+
+
+def group_label(group) -> str:
+    """A GPU group as the report names it: its GPU indices, "12,13,14,15"."""
+    return ",".join(map(str, group))
+
+
 def counted_programs(res: SimResult) -> list:
     """The programs the metrics count: those that started at or after the warm-up."""
     w = getattr(res, "warmup_s", 0.0)
@@ -66,7 +76,7 @@ def ttft_ratios(res: SimResult, cost: CostModel | None = None, calls=None) -> li
     group can host."""
     ideal = IdealTTFT(cost if cost is not None else res.cost)
     if calls is None:
-        calls = [c for c in counted_calls(res) if c.state == "done"]
+        calls = counted_done(res)
     out = []
     for c in calls:
         base = ideal(c.model, c.context_tokens)
@@ -77,7 +87,7 @@ def ttft_ratios(res: SimResult, cost: CostModel | None = None, calls=None) -> li
 
 def total_stall(res: SimResult) -> float:
     """The report's `stall_total_s` from a result: stall summed over the counted calls that finished."""
-    return sum(c.ready - c.arrive for c in counted_calls(res) if c.state == "done")
+    return sum(c.ready - c.arrive for c in counted_done(res))
 
 
 def slo_metrics(done: list, cost: CostModel) -> dict:
@@ -150,7 +160,7 @@ def stall_by_model(done: list) -> dict[str, ModelStall]:
         cs = by[model]
         stall = [c.ready - c.arrive for c in cs]
         wait = [hbm_wait_s(c) for c in cs]
-        groups = Counter(",".join(map(str, c.group)) for c in cs)
+        groups = Counter(group_label(c.group) for c in cs)
         out[model] = ModelStall(calls=len(cs), stall_total_s=round(float(sum(stall)), 9), stall_s=Dist.of(stall),
                                 handoff_stall_s=Dist.of(s for s, c in zip(stall, cs) if c.handoff),
                                 groups=dict(sorted(groups.items(), key=lambda kv: (-kv[1], kv[0]))),

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .engine import SimResult  # noqa: E402
-from .metrics import counted_calls, stall_by_model, ttft_ratios  # noqa: E402
+from .metrics import counted_done, group_label, stall_by_model, ttft_ratios  # noqa: E402
 
 SLO_K = np.arange(1, 21)  # the k of `slo_attainment.png`: TTFT <= k x ideal TTFT
 
@@ -55,7 +55,8 @@ def _grouped_bars(ax, groups: list[str], series: dict[str, list[float]], tick_fo
 
 
 def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:  # a figure made with a layout engine lays itself out
+        fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -154,7 +155,7 @@ def _stall_by_model(results: dict[str, SimResult], out: Path) -> Path:
     earlier prefetch."""
     split = {}
     for name, res in results.items():
-        by = stall_by_model([c for c in counted_calls(res) if c.state == "done"])
+        by = stall_by_model(counted_done(res))
         split[name] = ({m: s.hbm_wait_total_s for m, s in by.items()},
                        {m: s.stall_total_s - s.hbm_wait_total_s for m, s in by.items()})
     models = sorted({m for wait, _ in split.values() for m in wait})  # the same rows in every panel
@@ -183,8 +184,8 @@ def placement_points(res: SimResult) -> dict[str, list[tuple[float, tuple, float
     """Per model, (arrival s, group, stall s, counted) of the last attempt of every call whose state
     got ready, warm-up included, in arrival order: where a policy put the model's calls and when
     that moved. `counted`: the call completed and its program started after the warm-up, as the
-    metrics count calls (`metrics.counted_calls`)."""
-    counted = {id(c) for c in counted_calls(res) if c.state == "done"}
+    metrics count calls (`metrics.counted_done`)."""
+    counted = {id(c) for c in counted_done(res)}
     out: dict[str, list] = {}
     for c in sorted((c for c in res.calls if c.group is not None and c.ready >= 0), key=lambda c: c.arrive):
         out.setdefault(c.model, []).append((c.arrive, c.group, c.ready - c.arrive, id(c) in counted))
@@ -198,7 +199,7 @@ def group_styles(groups, cluster=None) -> dict[tuple, tuple]:
     groups = sorted(groups)
     if cluster is None:
         palette = list(plt.cm.tab10.colors) + [plt.cm.tab20(i) for i in range(1, 20, 2)]
-        return {g: (palette[i % len(palette)], ",".join(map(str, g))) for i, g in enumerate(groups)}
+        return {g: (palette[i % len(palette)], group_label(g)) for i, g in enumerate(groups)}
     by_kind: dict[str, list] = {}
     for g in groups:
         by_kind.setdefault(cluster.gpus[g[0]].kind, []).append(g)
@@ -206,7 +207,7 @@ def group_styles(groups, cluster=None) -> dict[tuple, tuple]:
     for k, (kind, gs) in enumerate(sorted(by_kind.items())):
         cmap = plt.get_cmap(KIND_MAPS[k % len(KIND_MAPS)])
         for j, g in enumerate(gs):  # shades from mid to dark: pale ones vanish on the warm-up shading
-            out[g] = (cmap(0.45 + 0.5 * j / max(len(gs) - 1, 1)), ",".join(map(str, g)) + f" {kind}")
+            out[g] = (cmap(0.45 + 0.5 * j / max(len(gs) - 1, 1)), f"{group_label(g)} {kind}")
     return out
 
 
@@ -250,6 +251,4 @@ def _placement(results: dict[str, SimResult], out: Path) -> Path:
     fig.legend(handles=handles, loc="outside right center", fontsize=7, title="GPU group")
     axes[-1, 0].set_xlabel("minutes (call arrival" + ("; shaded: warm-up" if warm else "") + "; faint: not counted)")
     fig.suptitle("Where each model's calls ran")
-    fig.savefig(out / "placement.png", dpi=110)
-    plt.close(fig)
-    return out / "placement.png"
+    return _save(fig, out / "placement.png")

@@ -103,23 +103,20 @@ def _maker(job: dict):
     """The policy factory of a job: the registry's; statebudget-track re-planning every `replan_s`
     seconds when the job names one (`evidence`'s "how often to re-plan"); our planners with the
     `PlannerConfig` fields of `planner` overridden when the job has them (baselines ignore them)."""
-    from ..planner.core import PlannerConfig, lease_config
     from ..planner.target import TrackConfig
-    from ..policies.ours import StateBudget, StateBudgetLease, StateBudgetTrack
+    from ..policies.ours import StateBudget, StateBudgetTrack
 
     name, kw = parse_spec(job["policy"], REGISTRY)[0], job.get("planner") or {}
     if job.get("replan_s") is not None and name != StateBudgetTrack.name:
         raise ValueError(f"replan_s is a knob of {StateBudgetTrack.name}, not of {job['policy']!r}")
-    if job.get("replan_s") is None and not kw:
+    cls = REGISTRY[name]
+    if (job.get("replan_s") is None and not kw) or not issubclass(cls, StateBudget):
         return make_policy
-    track = TrackConfig(replan_s=float(job["replan_s"])) if job.get("replan_s") is not None else None
-    if name == StateBudgetTrack.name:
-        return lambda base: StateBudgetTrack(lease_config(**kw), track=track)
-    if name == StateBudgetLease.name:
-        return lambda base: StateBudgetLease(lease_config(**kw))
-    if name == StateBudget.name:
-        return lambda base: StateBudget(PlannerConfig(**kw))
-    return make_policy
+    config = cls.base_config(**kw) if kw else None
+    if cls is StateBudgetTrack:
+        track = TrackConfig(replan_s=float(job["replan_s"])) if job.get("replan_s") is not None else None
+        return lambda base: StateBudgetTrack(config, track=track)
+    return lambda base: cls(config)
 
 
 def _key(row: dict):

@@ -62,8 +62,9 @@ class PlannerConfig:
     # tuning seeds 1-10 (BENCHMARKS.md, "Knobs"); 5 s cost swe-team.
     scale_out_wait_s: float | None = 20.0
     # ... and so do this many calls of one model waiting at one group, however briefly; None: off.
-    # Opt-in: 3 on tuning seeds 1-10 halves mapreduce at 3x's handoff P95 and leaves the 1x traces
-    # as they were (docs/planner.md); the default waits for a full fair-ground re-run.
+    # Opt-in: 3 halves mapreduce at 3x's handoff P95 on tuning seeds 1-10, but on seeds 100-109
+    # neither that gain nor its cost (swe-team's total stall +12 %) is outside its interval
+    # (docs/planner.md).
     scale_out_calls: int | None = None
     # A home for a model with no copy avoids GPUs holding weights of models at least this x as
     # likely, and counts the idle state of less likely ones as room (`homes.home_of`); None: the

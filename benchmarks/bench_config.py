@@ -41,9 +41,7 @@ def main():
         ap.error("seeds >= 100 are evaluation seeds: tune on 1-10")
     kw = parse_overrides(args.overrides)
     todo = sw.jobs(["hetero16"], [args.trace], seeds, ["statebudget-lease"], "agent-team", args.hours,
-                   start=args.start, warmup_s=args.warmup, load=args.load)
-    for job in todo:
-        job["planner"] = kw
+                   start=args.start, warmup_s=args.warmup, load=args.load, planner=kw)
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         rows = [_figures(r) for r in pool.map(sw.run_job, todo)]
     for seed, b in zip(seeds, rows):

@@ -55,7 +55,6 @@ from paired import paired_diff, t_interval
 from statebudget import __version__
 from statebudget.policies import REGISTRY
 from statebudget.models.errors import InputError
-from statebudget.planner.core import PlannerConfig
 from statebudget.sim import sweep as sw
 from statebudget.traces.generators import PRESETS
 from statebudget.traces.real_sessions import rounds_path
@@ -282,15 +281,15 @@ def main(argv=None):
         raise SystemExit(f"--warmup {warmup:g} s leaves nothing of a {args.hours:g} h trace to measure")
     try:
         planner = parse_overrides(args.planner)
-        PlannerConfig(**planner)  # an unknown field or a bad value fails here, not in a worker
-    except (SyntaxError, ValueError, TypeError) as e:
+    except (SyntaxError, ValueError) as e:
         raise SystemExit(f"--planner {args.planner!r}: {e}") from None
     starts = ["warm"] + (["cold"] if args.cold else [])
-    todo = [j for st in starts
-            for j in sw.jobs([args.cluster], traces, seeds, policies, args.catalog, args.hours, start=st, warmup_s=warmup,
-                       load=args.load)]
-    for j in todo:
-        j["planner"] = planner
+    try:  # bad settings (an unknown planner field among them) fail here, not in a worker
+        todo = [j for st in starts
+                for j in sw.jobs([args.cluster], traces, seeds, policies, args.catalog, args.hours, start=st,
+                                 warmup_s=warmup, load=args.load, planner=planner)]
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     # The slowest replays first, so the pool's tail is short: our planners and prefetch-all, long traces.
     todo.sort(key=lambda j: (j["policy"] not in OURS + ("prefetch-all",), j["trace"] != "mixed-tenants"))
     t0 = time.time()

@@ -30,13 +30,22 @@ WALL_CLOCK = ("decision_p50_ms", "decision_p99_ms")  # the only figures that are
 
 
 def jobs(clusters, traces, seeds, policies, catalog: str, hours: float, start: str = "warm",
-         warmup_s: float = 0.0, load: float = 1.0) -> list[dict]:
-    """`load` multiplies the presets' program arrival rates (`generate`)."""
+         warmup_s: float = 0.0, load: float = 1.0, planner: dict | None = None) -> list[dict]:
+    """`load` multiplies the presets' program arrival rates (`generate`); `planner`: `PlannerConfig`
+    fields our planners take over their defaults (`_maker`; baselines ignore them)."""
     SimConfig(start=start, warmup_s=warmup_s)  # bad values fail here, not in a worker
     if not load > 0:
         raise ValueError(f"load must be > 0, got {load}")
+    extra = {}
+    if planner is not None:
+        from ..planner.core import PlannerConfig
+        try:
+            PlannerConfig(**planner)  # an unknown field fails here too
+        except TypeError as e:
+            raise ValueError(f"planner: {e}") from None
+        extra["planner"] = planner
     return [{"cluster": c, "trace": t, "seed": s, "policy": p, "catalog": catalog, "hours": hours,
-             "start": start, "warmup_s": float(warmup_s), "load": float(load)}
+             "start": start, "warmup_s": float(warmup_s), "load": float(load), **extra}
             for c, t, s, p in itertools.product(clusters, traces, seeds, policies)]
 
 

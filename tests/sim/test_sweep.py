@@ -143,3 +143,14 @@ def test_a_job_s_planner_fields_reach_our_planners_and_no_baseline():
     assert type(made("frequency", planner={"scale_out_calls": 3})).__name__ == "Frequency"
     with pytest.raises(ValueError, match="replan_s"):
         _maker({"policy": "statebudget", "replan_s": 60})
+
+
+def test_jobs_carry_planner_fields_and_refuse_an_unknown_one_before_any_run():
+    from statebudget.sim.sweep import jobs
+
+    made = jobs(["hetero16"], ["swe-team"], [1, 2], ["statebudget", "frequency"], "agent-team", 0.25,
+                planner={"scale_out_calls": 3})
+    assert [j["planner"] for j in made] == [{"scale_out_calls": 3}] * 4
+    assert "planner" not in jobs(["hetero16"], ["swe-team"], [1], ["statebudget"], "agent-team", 0.25)[0]
+    with pytest.raises(ValueError, match="planner: .*'nope'"):
+        jobs(["hetero16"], ["swe-team"], [1], ["statebudget"], "agent-team", 0.25, planner={"nope": 1})

@@ -108,13 +108,14 @@ def restore_estimate_s(sim, call, group) -> float:
     return total
 
 
-def default_place(sim, call, groups=None, compute: float = 0.0):
+def default_place(sim, call, groups=None, compute: float = 0.0, queued=None):
     """The group where the call's state is ready soonest (with `compute` > 0: the least restore +
     `compute` x the prefill of its new tokens on that group's GPUs; 1 = the soonest first token),
     preferring groups with room now (after evicting unpinned state) over groups where it would
-    wait for running calls unless waiting for the best group (its calls' expected ends) costs less
-    than the difference; ties go to the less busy, then the one with more free HBM, then the
-    lower index. Groups that could never hold the call are skipped."""
+    wait for running calls unless waiting for the best group (its calls' expected ends; with
+    `queued(group)`, at least the seconds the calls queued ahead add) costs less than the
+    difference; ties go to the less busy, then the one with more free HBM, then the lower index.
+    Groups that could never hold the call are skipped."""
 
     m = sim.catalog.by_name[call.model]
     footprint = sim.call_footprint(call)
@@ -130,9 +131,10 @@ def default_place(sim, call, groups=None, compute: float = 0.0):
         if sim.has_room_now(call, g):
             # Room now beats waiting unless the wait for the best group is shorter than the
             # difference (e.g. an engine awake there against a cold start here).
-            if g == best or est <= best_s + sim.expected_wait_s(best):
+            if g == best:
                 return g
-            break
+            wait = sim.expected_wait_s(best)
+            return g if est <= best_s + (wait if queued is None else max(wait, queued(best))) else best
     return best
 
 

@@ -35,13 +35,18 @@ class StateBudget(Policy):
 
     def place(self, sim, call):
         """Where the call's state is ready soonest, its prefill there weighted in by
-        `PlannerConfig.place_prefill_weight` (BENCHMARKS.md: the stall / TTFT trade-off). Past
+        `PlannerConfig.place_prefill_weight` (BENCHMARKS.md: the stall / TTFT trade-off); with
+        `place_queue_wait`, room now elsewhere is weighed against the queue ahead too. Past
         capacity there (`planner/overload.py`), where restore + the wait for the calls queued
         ahead is least: the group holding the weights may have a queue that others could drain."""
         core = self._core(sim)
         w = core.cfg.place_prefill_weight
-        group = default_place(sim, call, compute=w)
         load = core.pressure(sim)
+        queued = None
+        if load is not None and core.cfg.place_queue_wait:
+            # below capacity only: past it, `place_under_load` decides (it never evicts weights)
+            queued = lambda g: 0.0 if load.past_capacity(g) else load.wait_s(g)  # noqa: E731
+        group = default_place(sim, call, compute=w, queued=queued)
         if group is None or load is None or not load.past_capacity(group):
             return group
         return place_under_load(sim, call, load, w) or group

@@ -8,10 +8,11 @@ from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 
 
-def _replay(tr, overload_wait_s, scale_out_wait_s=None):
+def _replay(tr, overload_wait_s, scale_out_wait_s=None, place_queue_wait=False):
     # two 40 GB GPUs, a 30 GB model whose calls reserve 6-9 GB of KV each: one call per GPU
     cl, cat = cluster(gpus=2, hbm_gb=40.0, cold=10.0, wake=0.5), catalog(("m", 30.0, 3_000_000))
-    cfg = PlannerConfig(overload_wait_s=overload_wait_s, scale_out_wait_s=scale_out_wait_s)
+    cfg = PlannerConfig(overload_wait_s=overload_wait_s, scale_out_wait_s=scale_out_wait_s,
+                        place_queue_wait=place_queue_wait)
     return Simulator(cl, cat, tr, StateBudget(cfg), config=SimConfig(check_invariants=True, start="warm")).run()
 
 
@@ -32,6 +33,22 @@ def test_past_capacity_calls_queue_where_the_wait_ahead_is_shorter():
     # the calls placed before any had waited 30 s stay where they were placed
     assert all(c.group == (0,) for c in on.calls[:3])
     assert all(c.state == "done" for c in on.calls)
+
+
+def test_with_the_queue_in_the_wait_a_call_takes_a_cold_start_rather_than_a_longer_queue():
+    tr = _burst(30, 2.0)
+    # never past capacity: the queue is read, but the overload mode never acts
+    on, off = (_replay(tr, 1e6, place_queue_wait=q) for q in (True, False))
+    # off: the wait for GPU 0 is its running call's expected end (< 11 s), never longer than the
+    # 10 s cold start on GPU 1 by enough, so every call queues there
+    assert {c.group for c in off.calls} == {(0,)}
+    assert all(c.state == "done" for c in on.calls)
+    # the first calls queue at GPU 0 (their wait is shorter than the cold start); the first to
+    # move found two calls queued there, not yet started, besides the one running
+    assert [c.group for c in on.calls[:3]] == [(0,)] * 3
+    first = min((c for c in on.calls if c.group == (1,)), key=lambda c: c.arrive)
+    assert sum(1 for c in on.calls if c.group == (0,) and c.arrive < first.arrive and c.start > first.arrive) >= 3
+    assert sum(c.ready - c.arrive for c in on.calls) < 0.8 * sum(c.ready - c.arrive for c in off.calls)
 
 
 def test_a_queue_at_the_only_copy_adds_a_replica_on_the_idle_gpu():

@@ -44,7 +44,7 @@ def test_with_the_queue_in_the_wait_a_call_takes_a_cold_start_rather_than_a_long
     assert {c.group for c in off.calls} == {(0,)}
     assert all(c.state == "done" for c in on.calls)
     # the first calls queue at GPU 0 (their wait is shorter than the cold start); the first to
-    # move found two calls queued there, not yet started, besides the one running
+    # move found three there not yet started (the first still loading its weights)
     assert [c.group for c in on.calls[:3]] == [(0,)] * 3
     first = min((c for c in on.calls if c.group == (1,)), key=lambda c: c.arrive)
     assert sum(1 for c in on.calls if c.group == (0,) and c.arrive < first.arrive and c.start > first.arrive) >= 3

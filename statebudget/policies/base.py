@@ -108,14 +108,22 @@ def restore_estimate_s(sim, call, group) -> float:
     return total
 
 
-def default_place(sim, call, groups=None, compute: float = 0.0, queued=None):
+def wait_s(sim, group, load=None) -> float:
+    """Seconds a call placed on `group` now is expected to wait for HBM: until the running calls
+    there are expected to end, and with the admission queue's pressure `load` (`overload.py`) at
+    least the queued work ahead."""
+    running = sim.expected_wait_s(group)
+    return running if load is None else max(running, load.wait_s(group))
+
+
+def default_place(sim, call, groups=None, compute: float = 0.0, load=None):
     """The group where the call's state is ready soonest (with `compute` > 0: the least restore +
     `compute` x the prefill of its new tokens on that group's GPUs; 1 = the soonest first token),
     preferring groups with room now (after evicting unpinned state) over groups where it would
-    wait for running calls unless waiting for the best group (its calls' expected ends; with
-    `queued(group)`, at least the seconds the calls queued ahead add) costs less than the
-    difference; ties go to the less busy, then the one with more free HBM, then the lower index.
-    Groups that could never hold the call are skipped."""
+    wait unless waiting for the best group (`wait_s`; with the pressure `load`, the queue ahead
+    counts while that group is below capacity) costs less than the difference; ties go to the
+    less busy, then the one with more free HBM, then the lower index. Groups that could never
+    hold the call are skipped."""
 
     m = sim.catalog.by_name[call.model]
     footprint = sim.call_footprint(call)
@@ -133,8 +141,8 @@ def default_place(sim, call, groups=None, compute: float = 0.0, queued=None):
             # difference (e.g. an engine awake there against a cold start here).
             if g == best:
                 return g
-            wait = sim.expected_wait_s(best)
-            return g if est <= best_s + (wait if queued is None else max(wait, queued(best))) else best
+            below = load is not None and not load.past_capacity(best)
+            return g if est <= best_s + wait_s(sim, best, load if below else None) else best
     return best
 
 
@@ -157,7 +165,7 @@ def place_under_load(sim, call, load, compute: float = 0.0):
         keys, new, private = sim.call_need(call, g)
         victims = sim.plan_eviction(g, new + private, protect={(k, g) for k in keys})
         if victims is None or any(v.key[0] == "w" and v.key[1] != call.model for v in victims):
-            est += max(load.wait_s(g), sim.expected_wait_s(g))
+            est += wait_s(sim, g, load)
         if est < best_s:
             best, best_s = g, est
     return best

@@ -42,11 +42,7 @@ class StateBudget(Policy):
         core = self._core(sim)
         w = core.cfg.place_prefill_weight
         load = core.pressure(sim)
-        queued = None
-        if load is not None and core.cfg.place_queue_wait:
-            # below capacity only: past it, `place_under_load` decides (it never evicts weights)
-            queued = lambda g: 0.0 if load.past_capacity(g) else load.wait_s(g)  # noqa: E731
-        group = default_place(sim, call, compute=w, queued=queued)
+        group = default_place(sim, call, compute=w, load=load if core.cfg.place_queue_wait else None)
         if group is None or load is None or not load.past_capacity(group):
             return group
         return place_under_load(sim, call, load, w) or group

@@ -5,8 +5,9 @@ of the fair table and the lower bound on total stall (`solvers/bound.py`).
     .venv/bin/python benchmarks/bench_oracle.py [--traces swe-team,mapreduce] [--seeds 100,101,102]
         [--json out/bench_oracle.json]
 
-Per trace and seed: each policy's total stall and handoff-stall P95, the oracle's solve, and the
-bound; then the means over seeds.
+Per trace and seed: each policy's total stall and handoff-stall P95, the oracle's solve, the
+bound, and where the replay is behind another policy, why (the report's `oracle.behind`); then
+the means over seeds, and the oracle's calls and stall by how they were placed against its schedule.
 """
 
 from __future__ import annotations
@@ -50,10 +51,19 @@ def main():
                                  for p, v in rows[seed].items() if p in POLICIES},
                   f"bound {rep.oracle.bound_total_stall_s:.1f} s ({rep.oracle.bound_status}),"
                   f" MILP {rep.oracle.solve_s:.1f} s", flush=True)
+            if rep.oracle.behind is not None:  # where the replay's calls ran against the schedule
+                print("  " + rep.oracle.behind.why, flush=True)
         mean = {p: {k: float(np.mean([r[p][k] for r in rows.values()])) for k in ("stall_total_s", "handoff_p95_s")}
                 for p in POLICIES}
         print(f"{preset}: means " + "; ".join(f"{p} total {v['stall_total_s']:.0f} s, P95 {v['handoff_p95_s']:.2f} s"
                                                for p, v in mean.items()), flush=True)
+        behind = [r["oracle_solve"]["behind"] for r in rows.values() if r["oracle_solve"].get("behind")]
+        if behind:  # summed over the seeds where the replay is behind
+            calls = {k: sum(b["calls"][k] for b in behind) for k in behind[0]["calls"]}
+            stall = {k: sum(b["stall_s"][k] for b in behind) for k in behind[0]["stall_s"]}
+            n, total = sum(calls.values()), sum(stall.values())
+            print(f"{preset}: the replay is behind on {len(behind)} of {len(rows)} seeds; there, of its calls / "
+                  "stall: " + ", ".join(f"{k} {calls[k] / n:.0%} / {stall[k] / total:.0%}" for k in calls), flush=True)
         out[preset] = {"per_seed": rows, "mean": mean}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

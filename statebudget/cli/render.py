@@ -57,6 +57,8 @@ def print_replay(rep, tr, cl, cat, wall: float) -> None:
         console.print(f"lower bound on total stall: {o.bound_total_stall_s:.2f} s ({o.bound_status}); total stall s: "
                       f"{totals}; the oracle replayed the {o.schedule} schedule"
                       + (" (weak on large traces: docs/milp.md)" if o.schedule == "milp" else ""), highlight=False)
+    if o is not None and o.behind is not None:
+        console.print(o.behind.why, highlight=False)
     for n, r in rep.policies.items():
         if r.queue_switches:
             console.print(f"{n}: the auto queue ordered by " + ", then ".join(

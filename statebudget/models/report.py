@@ -97,6 +97,18 @@ class TraceSummary(BaseModel):
     handoffs: int
 
 
+class OracleBehind(BaseModel):
+    """Why the oracle's replay stalls more in total than the best other policy of the run: its
+    counted calls by how they were placed against the schedule (`policies/oracle.py`: on its group,
+    or off it: no group, no room there now, never fits there) and the stall each kind carries."""
+    best: str                   # the other policy with the least total stall
+    best_stall_total_s: float
+    stall_total_s: float        # the oracle replay's
+    calls: dict[str, int]       # counted, completed calls by placement
+    stall_s: dict[str, float]   # their total stall, by the same
+    why: str                    # the above in a sentence, with what the MILP does not model
+
+
 class OracleBlock(BaseModel):
     """The MILP behind the `oracle` policy. `bound` is null for a rolling-horizon solve (no global
     bound follows from overlapping windows); `gap` is then the worst window's."""
@@ -113,6 +125,7 @@ class OracleBlock(BaseModel):
     # What the oracle replayed: "relaxation" (the bound's optimum: up to 60 calls) or "milp" (the
     # rolling MILP, whose replay stalls more than the online planners on the presets: docs/milp.md).
     schedule: str | None = None
+    behind: OracleBehind | None = None  # set only where the replay stalls more than another policy
 
 
 class RunBlock(BaseModel):

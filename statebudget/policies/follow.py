@@ -14,7 +14,6 @@ import math
 
 from ..core.decisions import Promote
 from ..models.state import expert_key, kv_key, weights_key
-from .base import default_place
 
 _PASSED = frozenset({"loading", "queued", "running", "done", "cancelled", "unplaceable"})
 
@@ -50,11 +49,9 @@ class FollowSchedule:
         self.ptr[name] = i
         return i
 
-    def place(self, sim, call):
-        g = self.plan.get((call.program, call.node), (None,))[0]
-        if g is not None and sim.could_ever_fit(call, g):
-            return g
-        return default_place(sim, call)
+    def group(self, call):
+        """The group the schedule runs the call on (None: not in the schedule)."""
+        return self.plan.get((call.program, call.node), (None,))[0]
 
     def next_states(self, sim) -> list:
         out, self.need = [], {}

@@ -57,6 +57,10 @@ class Oracle(Policy):
         self.result = None  # the MILP's, on a large trace
         self.bound = None   # the relaxation's, on a small one
         self.ptr = -1
+        # (program, node) -> how its call was placed: on the schedule's group ("schedule"), or off
+        # it: the schedule gives it none (the MILP let it wait: "no_group"), its group has no room
+        # now ("no_room") or could never hold it ("never_fits"). The report's `oracle.behind`.
+        self.placed: dict[tuple, str] = {}
 
     def _prepare(self, sim):
         if self.result is not None or self.bound is not None:
@@ -112,14 +116,19 @@ class Oracle(Policy):
 
     def place(self, sim, call):
         """The group the schedule chose; calls the MILP let wait, or that find no room there now,
-        go to wherever the default placement finds room."""
+        go to wherever the default placement finds room (`placed` keeps which, per call)."""
         self._prepare(sim)
-        if self.bound is not None:
-            return self.follow.place(sim, call)
-        g = self.group_for.get((call.program, call.node))
-        if g is not None and sim.could_ever_fit(call, g) and sim.has_room_now(call, g):
-            return g
-        return default_place(sim, call)
+        g = self.follow.group(call) if self.bound is not None else self.group_for.get((call.program, call.node))
+        if g is None:
+            why = "no_group"
+        elif not sim.could_ever_fit(call, g):
+            why = "never_fits"
+        elif self.bound is None and not sim.has_room_now(call, g):  # the small-trace replay waits for room
+            why = "no_room"
+        else:
+            why = "schedule"
+        self.placed[(call.program, call.node)] = why
+        return g if why == "schedule" else default_place(sim, call)
 
     def on_call_arrive(self, sim, call):
         self._prepare(sim)

@@ -80,6 +80,12 @@ def replay_page(report, results, path: Path, trace_name: str = "") -> Path:
                         f"· warm-up {run.get('warmup_s')} s · seed {run.get('seed')}")
     body = table(["policy", "handoff P95 s", "handoff P99 s", "TTFT P95 s", "SLO@5", "program P95 s", "total stall s",
                   "warm tax", "wasted TB", "calls"], rows, "policies")
+    o = report.oracle
+    if o is not None and o.bound_total_stall_s is not None:
+        body += (f'<p class="bound">Lower bound on total stall: {o.bound_total_stall_s:.2f} s '
+                 f'({html.escape(o.bound_status)}).</p>')
+    if o is not None and o.behind is not None:
+        body += f'<p class="behind">{html.escape(o.behind.why)}</p>'
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page("StateBudget replay", intro, [section("table", "Per policy", "Figures of the report "
                                                                 "(`replay --json` holds every field). Lower is better "

@@ -7,14 +7,14 @@ from dataclasses import dataclass, replace
 from .. import __version__
 from ..models.catalog import Catalog
 from ..models.cluster import Cluster
-from ..models.report import OracleBlock, Report, RunBlock, TraceSummary
+from ..models.report import OracleBehind, OracleBlock, Report, RunBlock, TraceSummary
 from ..models.trace import Trace
 from ..core.costs import CostModel
 from ..traces.graph import count_handoffs
 from ..traces.timeline import nominal_timeline
 from .config import SimConfig
 from .engine import SimResult, Simulator
-from .metrics import policy_report
+from .metrics import counted_calls, policy_report
 from ..core.programs import parse_spec
 from ..policies import REGISTRY, make_policy
 from ..solvers.bound import lower_bound
@@ -34,7 +34,7 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
     each policy (another knob setting than the registry's defaults)."""
     cost = CostModel(cluster, catalog, profile=profile)
     results, blocks = {}, {}
-    oracle = None
+    oracle, oracle_run = None, None  # the block, and the first oracle's (spec, policy)
     nominal = nominal_timeline(trace, catalog)
     for name in policies:
         base, queue, kv = parse_spec(name, REGISTRY)
@@ -43,6 +43,8 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
         res = sim.run(progress=(lambda t, n=name: progress(n, t)) if progress else None)
         results[name] = res
         blocks[name] = policy_report(res, trace.header.slo_classes, nominal, cost=cost)
+        if base == "oracle" and oracle_run is None:
+            oracle_run = (name, policy)
         if base == "oracle" and policy.result is not None:
             sol = policy.result.solution
             oracle = OracleBlock(status=sol.status, objective=round(sol.objective, 6),
@@ -71,6 +73,7 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
                 "handoff_stall_total": round(mine.mean * mine.n / (ref.mean * ref.n), 6) if ref.mean * ref.n > 0 else None,
                 "handoff_stall_p95": round(mine.p95 / ref.p95, 6) if ref.p95 > 0 else None,
             }
+        oracle.behind = behind(blocks, *oracle_run, results[oracle_run[0]], oracle.schedule)
         for block in blocks.values():
             # Total stall over the lower bound: at most this far from optimal.
             block.stall_total_vs_bound = round(block.stall_total_s / oracle.bound_total_stall_s, 6) \
@@ -80,6 +83,47 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
         trace=TraceSummary(programs=len(trace.programs), calls=trace.n_calls, handoffs=count_handoffs(trace)),
         policies=blocks, oracle=oracle, run=RunBlock(start=config.start, warmup_s=config.warmup_s, seed=config.seed))
     return Replay(report, results)
+
+
+# How the oracle placed a call (`Oracle.placed`), as the report's `behind.why` says it.
+PLACED = {"schedule": "on the schedule's group",
+          "no_group": "had no group in the schedule (the MILP let them wait)",
+          "no_room": "found no room on their group when they came",
+          "never_fits": "could never fit on their group"}
+# What the schedule does not model, that the closed loop has.
+UNMODELLED = {"milp": "The MILP plans on the zero-stall timeline, without compute, from every object on NVMe "
+                      "with no engine, so its groups and prefetch times are not the closed loop's (docs/milp.md).",
+              "relaxation": "The relaxation leaves out link sharing, KV restores, expert pages and three-way HBM "
+                            "conflicts (docs/bound.md)."}
+
+
+def behind(blocks: dict, name: str, policy, res: SimResult, schedule: str | None) -> OracleBehind | None:
+    """Why the oracle's replay `name` stalls more in total than the best other policy (None where
+    it does not): its counted, completed calls by how they were placed, and their stall."""
+    others = {n: b.stall_total_s for n, b in blocks.items() if n != name}
+    if not others:
+        return None
+    best = min(others, key=lambda n: (others[n], n))
+    mine = blocks[name].stall_total_s
+    if mine <= others[best]:
+        return None
+    calls, stall = dict.fromkeys(PLACED, 0), dict.fromkeys(PLACED, 0.0)
+    for c in counted_calls(res):
+        if c.state == "done":
+            how = policy.placed[(c.program, c.node)]
+            calls[how] += 1
+            stall[how] += c.ready - c.arrive
+    n, off = sum(calls.values()), sum(v for k, v in calls.items() if k != "schedule")
+    total, off_stall = sum(stall.values()), sum(v for k, v in stall.items() if k != "schedule")
+    parts = ", ".join(f"{calls[k]} {PLACED[k]}" for k in sorted(PLACED, key=lambda k: -calls[k])
+                      if k != "schedule" and calls[k])
+    why = (f"The replay of the {schedule or 'offline'} schedule stalls {mine:.1f} s in total, {best} "
+           f"{others[best]:.1f} s. Of its {n} counted calls, {calls['schedule']} ran on the schedule's group"
+           + (f" and {off} off it, carrying {off_stall / total:.0%} of its stall: {parts}" if off and total > 0
+              else f" and {off} off it" if off else "")
+           + ". " + UNMODELLED.get(schedule or "", "")).strip()
+    return OracleBehind(best=best, best_stall_total_s=others[best], stall_total_s=mine, calls=calls,
+                        stall_s={k: round(v, 6) for k, v in stall.items()}, why=why)
 
 
 def report_json(report: Report) -> str:

@@ -178,7 +178,9 @@ def test_oracle_cli_on_a_generated_trace(tmp_path):
 
 
 def test_replay_with_the_oracle_adds_its_block_and_ratios(tmp_path):
+    import html
     import json
+    import re
 
     from typer.testing import CliRunner
 
@@ -189,7 +191,8 @@ def test_replay_with_the_oracle_adds_its_block_and_ratios(tmp_path):
     write_trace(generate("swe-team", 3, 0.15), tmp_path / "t.jsonl")
     res = CliRunner().invoke(app, ["replay", "--cluster", "hetero16", "--catalog", "agent-team", "--trace",
                                    str(tmp_path / "t.jsonl"), "--policy", "ondemand,statebudget,oracle",
-                                   "--json", str(tmp_path / "r.json")])
+                                   "--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html"),
+                                   "--start", "cold"])
     assert res.exit_code == 0, res.output
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["oracle"]["status"] in ("OPTIMAL", "FEASIBLE")
@@ -199,6 +202,25 @@ def test_replay_with_the_oracle_adds_its_block_and_ratios(tmp_path):
         if o["p95"] > 0:
             assert ratio["handoff_stall_p95"] == pytest.approx(p["p95"] / o["p95"], rel=1e-5)
     assert "vs_oracle" not in doc["policies"]["oracle"]
+    # Behind another policy's total stall, the report says where the replay's calls ran and stalled.
+    totals = {n: p["stall_total_s"] for n, p in doc["policies"].items()}
+    others = {n: t for n, t in totals.items() if n != "oracle"}
+    if totals["oracle"] > min(others.values()):
+        behind = doc["oracle"]["behind"]
+        assert behind["best"] == min(others, key=others.get)
+        assert sum(behind["calls"].values()) == doc["policies"]["oracle"]["calls_completed"]
+        assert sum(behind["stall_s"].values()) == pytest.approx(totals["oracle"], rel=1e-6)
+        assert behind["best"] in behind["why"] and "docs/milp.md" in behind["why"]
+    else:
+        assert "behind" not in doc["oracle"]
+    from tests.browser import rendered_dom  # the page says it too, as a person sees it
+
+    dom = rendered_dom((tmp_path / "r.html").as_uri())
+    assert f"Lower bound on total stall: {doc['oracle']['bound_total_stall_s']:.2f} s" in dom
+    assert ("behind" in doc["oracle"]) == ('class="behind"' in dom)
+    if "behind" in doc["oracle"]:
+        shown = re.search(r'<p class="behind">(.*?)</p>', dom).group(1)
+        assert html.unescape(shown) == doc["oracle"]["behind"]["why"]
 
 
 # ---- group choice, call spans and waiting ---------------------------------------------------------

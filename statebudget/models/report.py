@@ -100,12 +100,14 @@ class TraceSummary(BaseModel):
 class OracleBehind(BaseModel):
     """Why the oracle's replay stalls more in total than the best other policy of the run: its
     counted calls by how they were placed against the schedule (`policies/oracle.py`: on its group,
-    or off it: no group, no room there now, never fits there) and the stall each kind carries."""
+    or off it: no group, no room there now, never fits there), the stall each kind carries and how
+    much of it waited for HBM room."""
     best: str                   # the other policy with the least total stall
     best_stall_total_s: float
     stall_total_s: float        # the oracle replay's
     calls: dict[str, int]       # counted, completed calls by placement
     stall_s: dict[str, float]   # their total stall, by the same
+    hbm_wait_s: dict[str, float]  # of it, the wait for HBM room (`metrics.hbm_wait_s`), by the same
     why: str                    # the above in a sentence, with what the MILP does not model
 
 

@@ -14,7 +14,7 @@ from ..traces.graph import count_handoffs
 from ..traces.timeline import nominal_timeline
 from .config import SimConfig
 from .engine import SimResult, Simulator
-from .metrics import counted_calls, policy_report
+from .metrics import counted_calls, hbm_wait_s, policy_report
 from ..core.programs import parse_spec
 from ..policies import REGISTRY, make_policy
 from ..solvers.bound import lower_bound
@@ -107,12 +107,13 @@ def behind(blocks: dict, name: str, policy, res: SimResult, schedule: str | None
     mine = blocks[name].stall_total_s
     if mine <= others[best]:
         return None
-    calls, stall = dict.fromkeys(PLACED, 0), dict.fromkeys(PLACED, 0.0)
+    calls, stall, wait = dict.fromkeys(PLACED, 0), dict.fromkeys(PLACED, 0.0), dict.fromkeys(PLACED, 0.0)
     for c in counted_calls(res):
         if c.state == "done":
             how = policy.placed[(c.program, c.node)]
             calls[how] += 1
             stall[how] += c.ready - c.arrive
+            wait[how] += hbm_wait_s(c)
     n, off = sum(calls.values()), sum(v for k, v in calls.items() if k != "schedule")
     total, off_stall = sum(stall.values()), sum(v for k, v in stall.items() if k != "schedule")
     parts = ", ".join(f"{calls[k]} {PLACED[k]}" for k in sorted(PLACED, key=lambda k: -calls[k])
@@ -121,9 +122,12 @@ def behind(blocks: dict, name: str, policy, res: SimResult, schedule: str | None
            f"{others[best]:.1f} s. Of its {n} counted calls, {calls['schedule']} ran on the schedule's group"
            + (f" and {off} off it, carrying {off_stall / total:.0%} of its stall: {parts}" if off and total > 0
               else f" and {off} off it" if off else "")
+           + (f". Of the stall on the schedule's group, {wait['schedule'] / stall['schedule']:.0%} waited for "
+              "HBM room" if stall["schedule"] > 0 else "")
            + ". " + UNMODELLED.get(schedule or "", "")).strip()
     return OracleBehind(best=best, best_stall_total_s=others[best], stall_total_s=mine, calls=calls,
-                        stall_s={k: round(v, 6) for k, v in stall.items()}, why=why)
+                        stall_s={k: round(v, 6) for k, v in stall.items()},
+                        hbm_wait_s={k: round(v, 6) for k, v in wait.items()}, why=why)
 
 
 def report_json(report: Report) -> str:

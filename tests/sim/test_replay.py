@@ -234,17 +234,19 @@ def test_the_oracle_block_says_why_the_replay_is_behind_and_only_then():
 
     from statebudget.sim.runner import behind
 
-    def c(node, stall, state="done"):
-        return NS(program="p", node=node, state=state, arrive=10.0, ready=10.0 + stall)
+    def c(node, stall, state="done", wait=0.0):
+        return NS(program="p", node=node, state=state, arrive=10.0, admitted=10.0 + wait, ready=10.0 + stall)
 
-    res = NS(calls=[c("a", 1.0), c("b", 6.0), c("x", 3.0, state="cancelled")], warmup_s=0.0)
+    res = NS(calls=[c("a", 1.0, wait=0.25), c("b", 6.0), c("x", 3.0, state="cancelled")], warmup_s=0.0)
     policy = NS(placed={("p", "a"): "schedule", ("p", "b"): "no_room", ("p", "x"): "no_group"})
     blocks = {"oracle": NS(stall_total_s=7.0), "lru": NS(stall_total_s=5.0), "static": NS(stall_total_s=2.0)}
     b = behind(blocks, "oracle", policy, res, "milp")
     assert b.best == "static" and b.best_stall_total_s == 2.0 and b.stall_total_s == 7.0
     assert b.calls == {"schedule": 1, "no_group": 0, "no_room": 1, "never_fits": 0}, "a cancelled call is not counted"
     assert b.stall_s["no_room"] == pytest.approx(6.0) and b.stall_s["schedule"] == pytest.approx(1.0)
+    assert b.hbm_wait_s["schedule"] == pytest.approx(0.25) and b.hbm_wait_s["no_room"] == 0.0
     assert "86%" in b.why and "1 found no room" in b.why and "docs/milp.md" in b.why
+    assert "25% waited for HBM room" in b.why
     blocks["oracle"].stall_total_s = 2.0  # tied with the best: not behind
     assert behind(blocks, "oracle", policy, res, "milp") is None
     assert behind({"oracle": NS(stall_total_s=7.0)}, "oracle", policy, res, "milp") is None, "no other policy"

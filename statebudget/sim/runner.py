@@ -122,8 +122,8 @@ def behind(blocks: dict, name: str, policy, res: SimResult, schedule: str | None
            f"{others[best]:.1f} s. Of its {n} counted calls, {calls['schedule']} ran on the schedule's group"
            + (f" and {off} off it, carrying {off_stall / total:.0%} of its stall: {parts}" if off and total > 0
               else f" and {off} off it" if off else "")
-           + (f". Of the stall on the schedule's group, {wait['schedule'] / stall['schedule']:.0%} waited for "
-              "HBM room" if stall["schedule"] > 0 else "")
+           + (f". Of all its stall, {sum(wait.values()) / total:.0%} waited for HBM room and the rest loaded "
+              "state" if total > 0 else "")
            + ". " + UNMODELLED.get(schedule or "", "")).strip()
     return OracleBehind(best=best, best_stall_total_s=others[best], stall_total_s=mine, calls=calls,
                         stall_s={k: round(v, 6) for k, v in stall.items()},

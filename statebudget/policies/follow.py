@@ -4,8 +4,8 @@ Per group the calls are kept in the schedule's order. On every event the replay 
 next `lookahead` pending calls of each group need (their weights, the expert pages they will
 touch, their program's KV), nearest first; a promote may only evict state the schedule needs
 later than the promoted state (Belady's rule with the schedule's foresight), evictions go by the
-same next use, and evicted weights sleep in host DRAM. A call runs on its scheduled group when it
-could ever fit there, else where the default placement puts it.
+same next use, and evicted weights sleep in host DRAM. Where a call runs is the `Oracle`'s choice
+(`group` gives the schedule's).
 """
 
 from __future__ import annotations

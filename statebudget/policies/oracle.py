@@ -57,9 +57,10 @@ class Oracle(Policy):
         self.result = None  # the MILP's, on a large trace
         self.bound = None   # the relaxation's, on a small one
         self.ptr = -1
-        # (program, node) -> how its call was placed: on the schedule's group ("schedule"), or off
-        # it: the schedule gives it none (the MILP let it wait: "no_group"), its group has no room
-        # now ("no_room") or could never hold it ("never_fits"). The report's `oracle.behind`.
+        # (program, node) -> how its call was placed (`PLACED` in `sim/runner.py`): on the
+        # schedule's group with room when it came ("schedule") or without ("no_room_there": the
+        # default placement kept it there), or elsewhere: its group had no room ("no_room"), the
+        # schedule gives it none ("no_group"), or its group could never hold it ("never_fits").
         self.placed: dict[tuple, str] = {}
 
     def _prepare(self, sim):
@@ -115,20 +116,24 @@ class Oracle(Policy):
         return self.follow.may_evict(sim, victim, key) if self.bound is not None else True
 
     def place(self, sim, call):
-        """The group the schedule chose; calls the MILP let wait, or that find no room there now,
-        go to wherever the default placement finds room (`placed` keeps which, per call)."""
+        """The group the schedule chose; calls the MILP let wait, that find no room there now, or
+        that could never fit there go to wherever the default placement puts them. The replay of
+        the relaxation does not fall back for room: it waits for its group."""
         self._prepare(sim)
         g = self.follow.group(call) if self.bound is not None else self.group_for.get((call.program, call.node))
         if g is None:
             why = "no_group"
         elif not sim.could_ever_fit(call, g):
             why = "never_fits"
-        elif self.bound is None and not sim.has_room_now(call, g):  # the small-trace replay waits for room
+        elif self.bound is None and not sim.has_room_now(call, g):
             why = "no_room"
         else:
             why = "schedule"
+        to = g if why == "schedule" else default_place(sim, call)
+        if why == "no_room" and to == g:
+            why = "no_room_there"
         self.placed[(call.program, call.node)] = why
-        return g if why == "schedule" else default_place(sim, call)
+        return to
 
     def on_call_arrive(self, sim, call):
         self._prepare(sim)

@@ -14,7 +14,7 @@ from ..traces.graph import count_handoffs
 from ..traces.timeline import nominal_timeline
 from .config import SimConfig
 from .engine import SimResult, Simulator
-from .metrics import counted_calls, hbm_wait_s, policy_report
+from .metrics import counted_done, hbm_wait_s, policy_report
 from ..core.programs import parse_spec
 from ..policies import REGISTRY, make_policy
 from ..solvers.bound import lower_bound
@@ -34,7 +34,7 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
     each policy (another knob setting than the registry's defaults)."""
     cost = CostModel(cluster, catalog, profile=profile)
     results, blocks = {}, {}
-    oracle, oracle_run = None, None  # the block, and the first oracle's (spec, policy)
+    first = None  # the first oracle spec and its policy: the report's `oracle` block is its
     nominal = nominal_timeline(trace, catalog)
     for name in policies:
         base, queue, kv = parse_spec(name, REGISTRY)
@@ -43,37 +43,21 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
         res = sim.run(progress=(lambda t, n=name: progress(n, t)) if progress else None)
         results[name] = res
         blocks[name] = policy_report(res, trace.header.slo_classes, nominal, cost=cost)
-        if base == "oracle" and oracle_run is None:
-            oracle_run = (name, policy)
-        if base == "oracle" and policy.result is not None:
-            sol = policy.result.solution
-            oracle = OracleBlock(status=sol.status, objective=round(sol.objective, 6),
-                                 bound=round(sol.bound, 6) if sol.bound == sol.bound else None,
-                                 gap=sol.gap, solve_s=round(sol.solve_s, 3), schedule="milp")
-        elif base == "oracle" and policy.bound is not None:  # the relaxation's schedule, replayed
-            b = policy.bound
-            oracle = OracleBlock(status=b.status, objective=b.total_stall_s, bound=b.total_stall_s, gap=0.0,
-                                 solve_s=b.solve_s, schedule="relaxation")
-        if base == "oracle" and oracle is not None and config.call_failure_rate > 0:
-            # a retry arrives again and a failed attempt's compute delays others: outside the relaxation
-            oracle.bound_status = "NOT_COMPUTED (call failures)"
-        elif base == "oracle" and oracle is not None:
-            # the oracle's own relaxation is this bound when no warm-up leaves calls out
-            lb = policy.bound if policy.bound is not None and config.warmup_s == 0 else \
-                lower_bound(cluster, catalog, trace, cost, warmup_s=config.warmup_s, start=config.start)
-            oracle.bound_total_stall_s, oracle.bound_status = lb.total_stall_s, lb.status
+        if base == "oracle" and first is None:
+            first = (name, policy)
+    oracle = _oracle_block(first[1], cluster, catalog, trace, cost, config) if first is not None else None
     if oracle is not None:
-        ref = next(b for n, b in blocks.items() if parse_spec(n, REGISTRY)[0] == "oracle").handoff_stall_s
-        for name, block in blocks.items():
-            if parse_spec(name, REGISTRY)[0] == "oracle":
-                continue
+        name_o = first[0]
+        ref = blocks[name_o].handoff_stall_s
+        online = {n: b for n, b in blocks.items() if parse_spec(n, REGISTRY)[0] != "oracle"}
+        for block in online.values():
             # Online policies against the oracle replayed in the same closed loop.
             mine = block.handoff_stall_s
             block.vs_oracle = {
                 "handoff_stall_total": round(mine.mean * mine.n / (ref.mean * ref.n), 6) if ref.mean * ref.n > 0 else None,
                 "handoff_stall_p95": round(mine.p95 / ref.p95, 6) if ref.p95 > 0 else None,
             }
-        oracle.behind = behind(blocks, *oracle_run, results[oracle_run[0]], oracle.schedule)
+        oracle.behind = behind(blocks[name_o], online, first[1], results[name_o], oracle.schedule)
         for block in blocks.values():
             # Total stall over the lower bound: at most this far from optimal.
             block.stall_total_vs_bound = round(block.stall_total_s / oracle.bound_total_stall_s, 6) \
@@ -85,11 +69,13 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
     return Replay(report, results)
 
 
-# How the oracle placed a call (`Oracle.placed`), as the report's `behind.why` says it.
-PLACED = {"schedule": "on the schedule's group",
-          "no_group": "had no group in the schedule (the MILP let them wait)",
-          "no_room": "found no room on their group when they came",
-          "never_fits": "could never fit on their group"}
+# How the oracle placed a call (`Oracle.placed`): on the schedule's group (with room when it came,
+# or without), or elsewhere, and why (as the report's `behind.why` says it).
+ON_GROUP = ("schedule", "no_room_there")
+PLACED = {"schedule": "with room", "no_room_there": "without room when they came",
+          "no_room": "their group had no room", "no_group": "the schedule gives them no group",
+          "never_fits": "their group could never hold them"}
+SCHEDULE = {"milp": "MILP", "relaxation": "relaxation's"}
 # What the schedule does not model, that the closed loop has.
 UNMODELLED = {"milp": "The MILP plans on the zero-stall timeline, without compute, from every object on NVMe "
                       "with no engine, so its groups and prefetch times are not the closed loop's (docs/milp.md).",
@@ -97,37 +83,64 @@ UNMODELLED = {"milp": "The MILP plans on the zero-stall timeline, without comput
                             "conflicts (docs/bound.md)."}
 
 
-def behind(blocks: dict, name: str, policy, res: SimResult, schedule: str | None) -> OracleBehind | None:
-    """Why the oracle's replay `name` stalls more in total than the best other policy (None where
-    it does not): its counted, completed calls by how they were placed, and their stall."""
-    others = {n: b.stall_total_s for n, b in blocks.items() if n != name}
-    if not others:
+def _oracle_block(policy, cluster, catalog, trace, cost, config) -> OracleBlock | None:
+    """The solve behind the oracle's replay and the lower bound on total stall (None: no schedule)."""
+    if policy.result is not None:
+        sol = policy.result.solution
+        oracle = OracleBlock(status=sol.status, objective=round(sol.objective, 6),
+                             bound=round(sol.bound, 6) if sol.bound == sol.bound else None,
+                             gap=sol.gap, solve_s=round(sol.solve_s, 3), schedule="milp")
+    elif policy.bound is not None:  # the relaxation's schedule, replayed
+        b = policy.bound
+        oracle = OracleBlock(status=b.status, objective=b.total_stall_s, bound=b.total_stall_s, gap=0.0,
+                             solve_s=b.solve_s, schedule="relaxation")
+    else:
         return None
-    best = min(others, key=lambda n: (others[n], n))
-    mine = blocks[name].stall_total_s
-    if mine <= others[best]:
+    if config.call_failure_rate > 0:
+        # a retry arrives again and a failed attempt's compute delays others: outside the relaxation
+        oracle.bound_status = "NOT_COMPUTED (call failures)"
+    else:
+        # the oracle's own relaxation is this bound when no warm-up leaves calls out
+        lb = policy.bound if policy.bound is not None and config.warmup_s == 0 else \
+            lower_bound(cluster, catalog, trace, cost, warmup_s=config.warmup_s, start=config.start)
+        oracle.bound_total_stall_s, oracle.bound_status = lb.total_stall_s, lb.status
+    return oracle
+
+
+def behind(mine, online: dict, policy, res: SimResult, schedule: str | None) -> OracleBehind | None:
+    """Why the oracle's replay (its block `mine`, its `policy` and `res`) stalls more in total than
+    the best of the `online` policies' blocks (None where it does not): its counted, completed
+    calls by how they were placed (`Oracle.placed`), their stall and its wait for HBM room."""
+    if not online:
+        return None
+    best = min(online, key=lambda n: (online[n].stall_total_s, n))
+    if mine.stall_total_s <= online[best].stall_total_s:
         return None
     calls, stall, wait = dict.fromkeys(PLACED, 0), dict.fromkeys(PLACED, 0.0), dict.fromkeys(PLACED, 0.0)
-    for c in counted_calls(res):
-        if c.state == "done":
-            how = policy.placed[(c.program, c.node)]
-            calls[how] += 1
-            stall[how] += c.ready - c.arrive
-            wait[how] += hbm_wait_s(c)
-    n, off = sum(calls.values()), sum(v for k, v in calls.items() if k != "schedule")
-    total, off_stall = sum(stall.values()), sum(v for k, v in stall.items() if k != "schedule")
-    parts = ", ".join(f"{calls[k]} {PLACED[k]}" for k in sorted(PLACED, key=lambda k: -calls[k])
-                      if k != "schedule" and calls[k])
-    why = (f"The replay of the {schedule or 'offline'} schedule stalls {mine:.1f} s in total, {best} "
-           f"{others[best]:.1f} s. Of its {n} counted calls, {calls['schedule']} ran on the schedule's group"
-           + (f" and {off} off it, carrying {off_stall / total:.0%} of its stall: {parts}" if off and total > 0
-              else f" and {off} off it" if off else "")
-           + (f". Of all its stall, {sum(wait.values()) / total:.0%} waited for HBM room and the rest loaded "
-              "state" if total > 0 else "")
-           + ". " + UNMODELLED.get(schedule or "", "")).strip()
-    return OracleBehind(best=best, best_stall_total_s=others[best], stall_total_s=mine, calls=calls,
+    for c in counted_done(res):
+        how = policy.placed[(c.program, c.node)]
+        calls[how] += 1
+        stall[how] += c.ready - c.arrive
+        wait[how] += hbm_wait_s(c)
+    total = sum(stall.values())
+
+    def part(keys) -> str:  # "N ... carrying X% of its stall"
+        n, st = sum(calls[k] for k in keys), sum(stall[k] for k in keys)
+        return f"{n}" + (f", carrying {st / total:.0%} of its stall" if total > 0 else "")
+    off = [k for k in sorted(PLACED, key=lambda k: -calls[k]) if k not in ON_GROUP and calls[k]]
+    why = [f"The replay of the {SCHEDULE.get(schedule, 'offline')} schedule stalls {mine.stall_total_s:.1f} s "
+           f"in total, {best} {online[best].stall_total_s:.1f} s.",
+           f"Of its {sum(calls.values())} counted calls, {part(ON_GROUP)}, ran on the schedule's group "
+           f"({calls['no_room_there']} {PLACED['no_room_there']})"
+           + (f" and {part(off)}, elsewhere: " + ", ".join(f"{calls[k]} as {PLACED[k]}" for k in off) if off else "")
+           + "."]
+    if total > 0:
+        why.append(f"Of all its stall, {sum(wait.values()) / total:.0%} waited for HBM room and the rest loaded state.")
+    why.append(UNMODELLED.get(schedule or "", ""))
+    return OracleBehind(best=best, best_stall_total_s=online[best].stall_total_s, stall_total_s=mine.stall_total_s,
+                        calls=calls,
                         stall_s={k: round(v, 6) for k, v in stall.items()},
-                        hbm_wait_s={k: round(v, 6) for k, v in wait.items()}, why=why)
+                        hbm_wait_s={k: round(v, 6) for k, v in wait.items()}, why=" ".join(w for w in why if w))
 
 
 def report_json(report: Report) -> str:

@@ -234,19 +234,24 @@ def test_the_oracle_block_says_why_the_replay_is_behind_and_only_then():
 
     from statebudget.sim.runner import behind
 
-    def c(node, stall, state="done", wait=0.0):
-        return NS(program="p", node=node, state=state, arrive=10.0, admitted=10.0 + wait, ready=10.0 + stall)
+    def c(node, stall, state="done", wait=0.0, start=0.0):
+        return NS(program=f"p{start:g}", node=node, state=state, arrive=10.0, admitted=10.0 + wait,
+                  ready=10.0 + stall)
 
-    res = NS(calls=[c("a", 1.0, wait=0.25), c("b", 6.0), c("x", 3.0, state="cancelled")], warmup_s=0.0)
-    policy = NS(placed={("p", "a"): "schedule", ("p", "b"): "no_room", ("p", "x"): "no_group"})
-    blocks = {"oracle": NS(stall_total_s=7.0), "lru": NS(stall_total_s=5.0), "static": NS(stall_total_s=2.0)}
-    b = behind(blocks, "oracle", policy, res, "milp")
-    assert b.best == "static" and b.best_stall_total_s == 2.0 and b.stall_total_s == 7.0
-    assert b.calls == {"schedule": 1, "no_group": 0, "no_room": 1, "never_fits": 0}, "a cancelled call is not counted"
-    assert b.stall_s["no_room"] == pytest.approx(6.0) and b.stall_s["schedule"] == pytest.approx(1.0)
+    calls = [c("a", 1.0, wait=0.25), c("b", 6.0), c("d", 0.5), c("x", 3.0, state="cancelled"), c("w", 9.0, start=1.0)]
+    res = NS(calls=calls, warmup_s=5.0, programs={"p0": NS(prog=NS(start=5.0)), "p1": NS(prog=NS(start=1.0))})
+    placed = {("p0", "a"): "schedule", ("p0", "b"): "no_room", ("p0", "d"): "no_room_there",
+              ("p0", "x"): "no_group", ("p1", "w"): "never_fits"}
+    policy = NS(placed=placed)
+    online = {"lru": NS(stall_total_s=5.0), "static": NS(stall_total_s=2.0)}
+    b = behind(NS(stall_total_s=7.5), online, policy, res, "milp")
+    assert b.best == "static" and b.best_stall_total_s == 2.0 and b.stall_total_s == 7.5
+    assert b.calls == {"schedule": 1, "no_room_there": 1, "no_room": 1, "no_group": 0, "never_fits": 0}, \
+        "a cancelled call and one of a program that started in the warm-up are not counted"
+    assert b.stall_s["no_room"] == pytest.approx(6.0) and b.stall_s["no_room_there"] == pytest.approx(0.5)
     assert b.hbm_wait_s["schedule"] == pytest.approx(0.25) and b.hbm_wait_s["no_room"] == 0.0
-    assert "86%" in b.why and "1 found no room" in b.why and "docs/milp.md" in b.why
-    assert "Of all its stall, 4% waited for HBM room" in b.why  # 0.25 s of 7
-    blocks["oracle"].stall_total_s = 2.0  # tied with the best: not behind
-    assert behind(blocks, "oracle", policy, res, "milp") is None
-    assert behind({"oracle": NS(stall_total_s=7.0)}, "oracle", policy, res, "milp") is None, "no other policy"
+    assert "2, carrying 20% of its stall, ran on the schedule's group (1 without room" in b.why
+    assert "1, carrying 80% of its stall, elsewhere: 1 as their group had no room." in b.why
+    assert "Of all its stall, 3% waited for HBM room" in b.why and "docs/milp.md" in b.why  # 0.25 s of 7.5
+    assert behind(NS(stall_total_s=2.0), online, policy, res, "milp") is None, "tied with the best: not behind"
+    assert behind(NS(stall_total_s=7.5), {}, policy, res, "milp") is None, "no online policy"

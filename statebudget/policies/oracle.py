@@ -10,11 +10,13 @@ schedule's next use. It often reaches the bound where the relaxation is tight (B
 On larger traces the schedule is the rolling MILP's (`solvers/milp/`). Its slots are the
 call arrivals of the zero-stall timeline; in the closed loop the clock shifts, so the replay is
 keyed on calls, not seconds: when the call of slot t arrives, the state the schedule holds in HBM
-for slot t+1 is promoted (prefetched as planned), what it holds in neither slot is demoted (to
-host DRAM where the schedule keeps it there), and eviction under pressure goes by the schedule's
-next use (Belady with the MILP's foresight). A call runs on the GPU group the MILP chose for its
-program and model; one the MILP let wait, or that finds no room there now (the closed loop's
-clock and compute differ from the zero-stall timeline), goes to the default placement.
+in any of the next `lead` slots is promoted (prefetched ahead of plan: one slot ahead, as the
+plan has it, left most of the replay's stall as loading on the presets), what it holds neither in
+slot t nor in those is demoted (to host DRAM where the schedule keeps it there), and eviction,
+under pressure or for a prefetch, goes by the schedule's next use (Belady with the MILP's
+foresight). A call runs on the GPU group the MILP chose for its program and model; one the MILP
+let wait, or that finds no room there now (the closed loop's clock and compute differ from the
+zero-stall timeline), goes to the default placement.
 
 `static` is the best single placement for the whole trace from the same model with time
 collapsed: a knapsack per GPU that keeps the models whose restores the trace would pay most often.
@@ -51,7 +53,8 @@ class Oracle(Policy):
     tick_s = 1e9
 
     def __init__(self, backend: str = "scip", window: int = 24, overlap: int = 8, time_limit_s: float = 10.0,
-                 max_calls: int = 60):
+                 max_calls: int = 60, lead: int = 64):
+        self.lead = lead  # slots ahead whose state an arrival prefetches (64: tuning seeds 1-3, BENCHMARKS.md)
         self.backend, self.window, self.overlap, self.time_limit_s = backend, window, overlap, time_limit_s
         self.max_calls = max_calls
         self.result = None  # the MILP's, on a large trace
@@ -82,6 +85,9 @@ class Oracle(Policy):
         self.keys = [state_keys(o.name, sim.catalog, self.hot_touch) for o in inst.objects]
         self.group_of = [o.gpus for o in inst.objects]
         self.obj_of = {(k, g): i for i, (ks, g) in enumerate(zip(self.keys, self.group_of)) for k in ks}
+        self.objs_of_key: dict[tuple, list[int]] = {}
+        for (k, _), i in self.obj_of.items():
+            self.objs_of_key.setdefault(k, []).append(i)
         # next slot (>= t) where each object is in HBM, for eviction by next use
         T = inst.T
         self.next_use = []
@@ -113,7 +119,16 @@ class Oracle(Policy):
         return "host"
 
     def may_evict_for_prefetch(self, sim, victim, key) -> bool:
-        return self.follow.may_evict(sim, victim, key) if self.bound is not None else True
+        """A prefetch evicts only what the schedule needs later than what it brings: with `lead`
+        slots prefetched, a later slot's state must not push out a sooner one's."""
+        if self.bound is not None:
+            return self.follow.may_evict(sim, victim, key)
+        objs = self.objs_of_key.get(key)
+        if not objs:
+            return True
+        t = min(self.ptr + 1, self.inst.T)
+        o = self.obj_of.get((victim.key, victim.group))
+        return o is None or self.next_use[o][t] > min(self.next_use[i][t] for i in objs)
 
     def place(self, sim, call):
         """The group the schedule chose; calls the MILP let wait, that find no room there now, or
@@ -151,7 +166,7 @@ class Oracle(Policy):
         out = []
         for o, ks in enumerate(self.keys):
             g = self.group_of[o]
-            if self.x[o, t] > 0.5:
+            if self.x[o, t:t + self.lead].max() > 0.5:
                 out += [Promote(k, g) for k in ks]
             elif self.x[o, t - 1] < 0.5:
                 to = "host" if self.y[o, t] > 0.5 else "none"

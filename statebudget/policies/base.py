@@ -36,7 +36,8 @@ class Policy:
     def demote_tier(self, sim, copy) -> str:
         return self.demote_to
 
-    def may_evict_for_prefetch(self, sim, victim, key) -> bool:
+    def may_evict_for_prefetch(self, sim, victim, key, group) -> bool:
+        """Whether a prefetch of `key` onto `group` may evict the copy `victim`."""
         return True
 
     def holds_kv(self, sim, kvk) -> bool:

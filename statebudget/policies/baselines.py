@@ -62,7 +62,7 @@ class Frequency(Policy):
         model = copy.key[2] if copy.key[0] == "kv" else copy.key[1]
         return (self.hotness(model, sim.now), copy.last_use)
 
-    def may_evict_for_prefetch(self, sim, victim, key):
+    def may_evict_for_prefetch(self, sim, victim, key, group):
         v = victim.key[2] if victim.key[0] == "kv" else victim.key[1]
         return self.hotness(v, sim.now) < self.hotness(key[1], sim.now)
 
@@ -161,7 +161,7 @@ class Static(Policy):
     def evict_priority(self, sim, copy):
         return NEVER if (copy.key, copy.group) in self.pinned else copy.last_use
 
-    def may_evict_for_prefetch(self, sim, victim, key):
+    def may_evict_for_prefetch(self, sim, victim, key, group):
         return (victim.key, victim.group) not in self.pinned
 
 

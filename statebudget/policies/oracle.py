@@ -10,9 +10,9 @@ schedule's next use. It often reaches the bound where the relaxation is tight (B
 On larger traces the schedule is the rolling MILP's (`solvers/milp/`). Its slots are the
 call arrivals of the zero-stall timeline; in the closed loop the clock shifts, so the replay is
 keyed on calls, not seconds: when the call of slot t arrives, the state the schedule holds in HBM
-in any of the next `lead` slots is promoted (prefetched ahead of plan: one slot ahead, as the
-plan has it, left most of the replay's stall as loading on the presets), what it holds neither in
-slot t nor in those is demoted (to host DRAM where the schedule keeps it there), and eviction,
+in any of the next `lead` slots is promoted (ahead of the plan, whose slots are the zero-stall
+timeline's: in the closed loop one slot's notice leaves loads on the critical path; the lead is
+measured, BENCHMARKS.md), what it holds neither in slot t nor in those is demoted (to host DRAM where the schedule keeps it there), and eviction,
 under pressure or for a prefetch, goes by the schedule's next use (Belady with the MILP's
 foresight). A call runs on the GPU group the MILP chose for its program and model; one the MILP
 let wait, or that finds no room there now (the closed loop's clock and compute differ from the
@@ -53,8 +53,8 @@ class Oracle(Policy):
     tick_s = 1e9
 
     def __init__(self, backend: str = "scip", window: int = 24, overlap: int = 8, time_limit_s: float = 10.0,
-                 max_calls: int = 60, lead: int = 64):
-        self.lead = lead  # slots ahead whose state an arrival prefetches (64: tuning seeds 1-3, BENCHMARKS.md)
+                 max_calls: int = 60, lead: int = 128):
+        self.lead = lead  # slots ahead whose state an arrival prefetches (tuning seeds 1-3, BENCHMARKS.md)
         self.backend, self.window, self.overlap, self.time_limit_s = backend, window, overlap, time_limit_s
         self.max_calls = max_calls
         self.result = None  # the MILP's, on a large trace
@@ -85,17 +85,7 @@ class Oracle(Policy):
         self.keys = [state_keys(o.name, sim.catalog, self.hot_touch) for o in inst.objects]
         self.group_of = [o.gpus for o in inst.objects]
         self.obj_of = {(k, g): i for i, (ks, g) in enumerate(zip(self.keys, self.group_of)) for k in ks}
-        self.objs_of_key: dict[tuple, list[int]] = {}
-        for (k, _), i in self.obj_of.items():
-            self.objs_of_key.setdefault(k, []).append(i)
-        # next slot (>= t) where each object is in HBM, for eviction by next use
-        T = inst.T
-        self.next_use = []
-        for o in range(len(inst.objects)):
-            nxt, row = [math.inf] * (T + 1), self.x[o]
-            for t in range(T - 1, -1, -1):
-                nxt[t] = t if row[t] > 0.5 else nxt[t + 1]
-            self.next_use.append(nxt)
+        self.next_use = next_uses(self.x)
 
     def on_program_start(self, sim, program):
         self._prepare(sim)
@@ -118,17 +108,20 @@ class Oracle(Policy):
     def demote_tier(self, sim, copy) -> str:
         return "host"
 
-    def may_evict_for_prefetch(self, sim, victim, key) -> bool:
-        """A prefetch evicts only what the schedule needs later than what it brings: with `lead`
-        slots prefetched, a later slot's state must not push out a sooner one's."""
+    def may_evict_for_prefetch(self, sim, victim, key, group) -> bool:
+        """A prefetch evicts only what the schedule needs later than what it brings (Belady over
+        the schedule): with `lead` slots prefetched, a later slot's state must not push out a
+        sooner one's."""
         if self.bound is not None:
             return self.follow.may_evict(sim, victim, key)
-        objs = self.objs_of_key.get(key)
-        if not objs:
+        o, brought = self.obj_of.get((victim.key, victim.group)), self.obj_of.get((key, group))
+        if o is None or brought is None:  # the victim is not in the schedule, or this prefetch is not its
             return True
-        t = min(self.ptr + 1, self.inst.T)
-        o = self.obj_of.get((victim.key, victim.group))
-        return o is None or self.next_use[o][t] > min(self.next_use[i][t] for i in objs)
+        return self.next_use[o][self._slot()] > self.next_use[brought][self._slot()]
+
+    def _slot(self) -> int:
+        """The next slot of the schedule, from the latest call arrived (`next_use`'s index)."""
+        return min(self.ptr + 1, self.inst.T)
 
     def place(self, sim, call):
         """The group the schedule chose; calls the MILP let wait, that find no room there now, or
@@ -166,7 +159,7 @@ class Oracle(Policy):
         out = []
         for o, ks in enumerate(self.keys):
             g = self.group_of[o]
-            if self.x[o, t:t + self.lead].max() > 0.5:
+            if self.next_use[o][t] < t + self.lead:  # held in a slot of t .. t + lead - 1
                 out += [Promote(k, g) for k in ks]
             elif self.x[o, t - 1] < 0.5:
                 to = "host" if self.y[o, t] > 0.5 else "none"
@@ -181,8 +174,21 @@ class Oracle(Policy):
         o = self.obj_of.get((copy.key, copy.group)) if self.result is not None else None
         if o is None:
             return (-math.inf, copy.last_use)  # nothing the schedule keeps: first to go
-        nxt = self.next_use[o][min(self.ptr + 1, self.inst.T)] if self.ptr + 1 <= self.inst.T else math.inf
+        nxt = self.next_use[o][self._slot()]
         return (-nxt, copy.last_use)  # needed later -> lower -> evicted first
+
+
+def next_uses(x) -> list[list[float]]:
+    """Per object, per slot t (0..T): the first slot >= t where the schedule `x` [objects x T]
+    holds it in HBM (inf: never again)."""
+    T = x.shape[1]
+    out = []
+    for row in x:
+        nxt = [math.inf] * (T + 1)
+        for t in range(T - 1, -1, -1):
+            nxt[t] = t if row[t] > 0.5 else nxt[t + 1]
+        out.append(nxt)
+    return out
 
 
 class MilpStatic(Static):

@@ -90,7 +90,7 @@ class StateBudget(Policy):
     def evict_priority(self, sim, copy):
         return (self._core(sim).evict_priority(copy), copy.last_use)
 
-    def may_evict_for_prefetch(self, sim, victim, key):
+    def may_evict_for_prefetch(self, sim, victim, key, group):
         """A promotion evicts only state worth less per byte; an admitted lease evicts anything
         no live lease holds (it was admitted against the deadline, not against the others)."""
         core = self._core(sim)

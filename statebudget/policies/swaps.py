@@ -195,7 +195,7 @@ class ForecastPrewarm(Policy):
     def evict_priority(self, sim, copy):
         return (self.forecast(_model_of(copy.key)), copy.last_use)
 
-    def may_evict_for_prefetch(self, sim, victim, key):
+    def may_evict_for_prefetch(self, sim, victim, key, group):
         v, m = _model_of(victim.key), _model_of(key)
         return v != m and self.forecast(v) < self.forecast(m) and sim.running_models.get((v, victim.group), 0) == 0
 
@@ -239,7 +239,7 @@ class ForecastPrewarm(Policy):
         """Whether evicting lower-forecast, idle state would make room for `model` on `group`."""
         key = weights_key(model)
         return sim.plan_eviction(group, per_gpu, protect={(key, group)},
-                                 allow=lambda v: self.may_evict_for_prefetch(sim, v, key)) is not None
+                                 allow=lambda v: self.may_evict_for_prefetch(sim, v, key, group)) is not None
 
 
 SWAPS = {p.name: p for p in (LlamaSwap, SleepSwap, ForecastPrewarm)}

@@ -350,7 +350,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
             return
         per_gpu = self.size_of(key) / len(group)
         victims = self.plan_eviction(group, per_gpu + self.tiers.engine_need(key, group), protect={(key, group)},
-                                     allow=lambda v: self.policy.may_evict_for_prefetch(self, v, key)
+                                     allow=lambda v: self.policy.may_evict_for_prefetch(self, v, key, group)
                                      and not self.held_back(v.key, gpu_tier(v.group)))
         if victims is None or (background and victims):
             return

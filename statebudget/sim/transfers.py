@@ -397,7 +397,7 @@ class TransfersMixin:
         per_gpu = self.size_of(key) / len(group) + self.tiers.engine_need(key, group)
         if self._held_for_another(group):
             return False
-        allow = (lambda v: False) if background else (lambda v: self.policy.may_evict_for_prefetch(self, v, key))
+        allow = (lambda v: False) if background else (lambda v: self.policy.may_evict_for_prefetch(self, v, key, group))
         victims = self.plan_eviction(group, per_gpu, protect={(key, group)}, allow=allow)
         if victims is None:
             return False

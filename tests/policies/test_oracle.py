@@ -6,51 +6,55 @@ from types import SimpleNamespace as NS
 import numpy as np
 
 from statebudget.core.decisions import Promote
-from statebudget.policies.oracle import Oracle
+from statebudget.policies.oracle import Oracle, next_uses
+
+A, B = (0,), (1,)  # two single-GPU groups
 
 
-def _oracle(lead: int, held: dict[str, list[int]], T: int = 8) -> Oracle:
-    """An oracle over objects "a", "b", ... (one state key each, on group (0,)), in HBM in the
-    slots `held` gives; next uses as `_prepare` computes them."""
+def _oracle(lead: int, held: dict[tuple, list[int]], T: int = 8) -> Oracle:
+    """An oracle over objects (model name, group), each one weights key on its group, in HBM in
+    the slots `held` gives; the rest as `_prepare` makes it from a solved MILP."""
     o = Oracle(lead=lead)
-    names = sorted(held)
+    objs = sorted(held)
     o.inst = NS(T=T)
-    o.x = np.zeros((len(names), T))
-    o.y = np.zeros((len(names), T))
-    for i, n in enumerate(names):
-        o.x[i, held[n]] = 1.0
-    o.keys = [[("w", n)] for n in names]
-    o.group_of = [(0,)] * len(names)
-    o.obj_of = {(("w", n), (0,)): i for i, n in enumerate(names)}
-    o.objs_of_key = {("w", n): [i] for i, n in enumerate(names)}
-    o.next_use = []
-    for i in range(len(names)):
-        nxt = [float("inf")] * (T + 1)
-        for t in range(T - 1, -1, -1):
-            nxt[t] = t if o.x[i, t] > 0.5 else nxt[t + 1]
-        o.next_use.append(nxt)
+    o.x = np.zeros((len(objs), T))
+    o.y = np.zeros((len(objs), T))
+    for i, ob in enumerate(objs):
+        o.x[i, held[ob]] = 1.0
+    o.keys = [[("w", n)] for n, _ in objs]
+    o.group_of = [g for _, g in objs]
+    o.obj_of = {(("w", n), g): i for i, (n, g) in enumerate(objs)}
+    o.next_use = next_uses(o.x)
     return o
 
 
-def _promoted(o: Oracle, t: int) -> set[str]:
-    sim = NS(tiers=NS(gpu={}), gpus=[NS(node="n0")])
-    return {d.key[1] for d in o._plan_for(sim, t) if isinstance(d, Promote)}
+def _promoted(o: Oracle, t: int) -> set[tuple]:
+    sim = NS(tiers=NS(gpu={}), gpus=[NS(node="n0"), NS(node="n0")])
+    return {(d.key[1], d.group) for d in o._plan_for(sim, t) if isinstance(d, Promote)}
+
+
+def test_next_uses_gives_the_first_slot_held_from_each_slot_on():
+    x = np.array([[0, 1, 0, 0, 1], [0, 0, 0, 0, 0]], float)
+    assert next_uses(x) == [[1, 1, 4, 4, 4, np.inf], [np.inf] * 6]
 
 
 def test_an_arrival_prefetches_what_the_schedule_holds_in_the_next_lead_slots():
-    held = {"a": [2], "b": [5], "c": [7]}
-    assert _promoted(_oracle(1, held), 2) == {"a"}, "one slot ahead, as the plan has it"
-    assert _promoted(_oracle(4, held), 2) == {"a", "b"}
-    assert _promoted(_oracle(64, held), 2) == {"a", "b", "c"}
+    held = {("a", A): [2], ("b", A): [5], ("c", A): [6], ("d", A): [7]}
+    assert _promoted(_oracle(1, held), 2) == {("a", A)}, "one slot ahead, as the plan has it"
+    assert _promoted(_oracle(4, held), 2) == {("a", A), ("b", A)}, "slots 2..5: not 6, the first past the lead"
+    assert _promoted(_oracle(64, held), 2) == {("a", A), ("b", A), ("c", A), ("d", A)}
 
 
-def test_a_prefetch_evicts_only_what_the_schedule_needs_later():
-    o = _oracle(64, {"a": [2], "b": [5], "c": [7]})
+def test_a_prefetch_evicts_only_what_the_schedule_needs_later_on_the_group_it_goes_to():
+    # b is needed on group A at slot 5 and on group B at slot 2
+    o = _oracle(64, {("a", A): [3], ("b", A): [5], ("b", B): [2], ("c", A): [7], ("e", A): [5]})
     o.ptr = 1  # next slot 2
 
-    def victim(n):
-        return NS(key=("w", n), group=(0,))
-    assert o.may_evict_for_prefetch(None, victim("c"), ("w", "b")), "c is needed after b"
-    assert not o.may_evict_for_prefetch(None, victim("a"), ("w", "b")), "a is needed before b"
-    assert o.may_evict_for_prefetch(None, NS(key=("w", "z"), group=(0,)), ("w", "b")), "z: not in the schedule"
-    assert o.may_evict_for_prefetch(None, victim("a"), ("w", "z")), "a prefetch the schedule does not know"
+    def may(victim, key, group):
+        return o.may_evict_for_prefetch(None, NS(key=("w", victim), group=A), ("w", key), group)
+
+    assert may("c", "b", A), "c (slot 7) is needed after b on A (slot 5)"
+    assert not may("a", "b", A), "a (slot 3) is needed before b on A, though b is needed at 2 on B"
+    assert not may("e", "b", A), "a tie keeps what is there"
+    assert may("z", "b", A), "z: not in the schedule"
+    assert may("a", "z", A) and may("a", "b", (2,)), "a prefetch the schedule does not make"

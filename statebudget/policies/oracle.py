@@ -12,11 +12,12 @@ call arrivals of the zero-stall timeline; in the closed loop the clock shifts, s
 keyed on calls, not seconds: when the call of slot t arrives, the state the schedule holds in HBM
 in any of the next `lead` slots is promoted (ahead of the plan, whose slots are the zero-stall
 timeline's: in the closed loop one slot's notice leaves loads on the critical path; the lead is
-measured, BENCHMARKS.md), what it holds neither in slot t nor in those is demoted (to host DRAM where the schedule keeps it there), and eviction,
-under pressure or for a prefetch, goes by the schedule's next use (Belady with the MILP's
-foresight). A call runs on the GPU group the MILP chose for its program and model; one the MILP
-let wait, or that finds no room there now (the closed loop's clock and compute differ from the
-zero-stall timeline), goes to the default placement.
+measured, BENCHMARKS.md), what it holds neither in slot t nor in those is demoted (to host DRAM
+where the schedule keeps it there), and eviction, under pressure or for a prefetch onto a group,
+goes by the schedule's next use there (Belady with the MILP's foresight). A call runs on the GPU
+group the MILP chose for its program and model; one the MILP let wait, or that finds no room there
+now (the closed loop's clock and compute differ from the zero-stall timeline), goes to the default
+placement.
 
 `static` is the best single placement for the whole trace from the same model with time
 collapsed: a knapsack per GPU that keeps the models whose restores the trace would pay most often.
@@ -115,7 +116,7 @@ class Oracle(Policy):
         if self.bound is not None:
             return self.follow.may_evict(sim, victim, key)
         o, brought = self.obj_of.get((victim.key, victim.group)), self.obj_of.get((key, group))
-        if o is None or brought is None:  # the victim is not in the schedule, or this prefetch is not its
+        if o is None or brought is None:  # the victim, or what the prefetch brings, is not the schedule's there
             return True
         return self.next_use[o][self._slot()] > self.next_use[brought][self._slot()]
 

@@ -108,7 +108,7 @@ class OracleBehind(BaseModel):
     calls: dict[str, int]       # counted, completed calls by placement
     stall_s: dict[str, float]   # their total stall, by the same
     hbm_wait_s: dict[str, float]  # of it, the wait for HBM room (`metrics.hbm_wait_s`), by the same
-    why: str                    # the above in a sentence, with what the MILP does not model
+    why: str                    # the above in sentences, with what the schedule does not model
 
 
 class OracleBlock(BaseModel):

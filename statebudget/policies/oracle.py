@@ -47,6 +47,16 @@ def state_keys(name: str, catalog, hot_touch: float) -> list[tuple]:
     return [weights_key(m.name)] + pages
 
 
+# How `Oracle.place` placed a call, as the report's `oracle.behind` counts and words it: on the
+# schedule's group with room when it came, or without (the default placement kept it there); or
+# elsewhere, because its group had no room, the schedule gives it none (the MILP let it wait), or
+# its group could never hold it.
+PLACED = {"schedule": "with room", "no_room_there": "without room when they came",
+          "no_room": "their group had no room", "no_group": "the schedule gives them no group",
+          "never_fits": "their group could never hold them"}
+ON_GROUP = ("schedule", "no_room_there")  # the labels of calls that ran on the schedule's group
+
+
 class Oracle(Policy):
     name = "oracle"
     demote_to = "host"
@@ -61,11 +71,7 @@ class Oracle(Policy):
         self.result = None  # the MILP's, on a large trace
         self.bound = None   # the relaxation's, on a small one
         self.ptr = -1
-        # (program, node) -> how its call was placed (`PLACED` in `sim/runner.py`): on the
-        # schedule's group with room when it came ("schedule") or without ("no_room_there": the
-        # default placement kept it there), or elsewhere: its group had no room ("no_room"), the
-        # schedule gives it none ("no_group"), or its group could never hold it ("never_fits").
-        self.placed: dict[tuple, str] = {}
+        self.placed: dict[tuple, str] = {}  # (program, node) -> how its call was placed (`PLACED`)
 
     def _prepare(self, sim):
         if self.result is not None or self.bound is not None:

@@ -17,6 +17,7 @@ from .engine import SimResult, Simulator
 from .metrics import counted_done, hbm_wait_s, policy_report
 from ..core.programs import parse_spec
 from ..policies import REGISTRY, make_policy
+from ..policies.oracle import ON_GROUP, PLACED
 from ..solvers.bound import lower_bound
 
 
@@ -34,7 +35,7 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
     each policy (another knob setting than the registry's defaults)."""
     cost = CostModel(cluster, catalog, profile=profile)
     results, blocks = {}, {}
-    first = None  # the first oracle spec and its policy: the report's `oracle` block is its
+    first = None  # the first oracle spec and its policy, which the report's `oracle` block describes
     nominal = nominal_timeline(trace, catalog)
     for name in policies:
         base, queue, kv = parse_spec(name, REGISTRY)
@@ -69,12 +70,6 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
     return Replay(report, results)
 
 
-# How the oracle placed a call (`Oracle.placed`): on the schedule's group (with room when it came,
-# or without), or elsewhere, and why (as the report's `behind.why` says it).
-ON_GROUP = ("schedule", "no_room_there")
-PLACED = {"schedule": "with room", "no_room_there": "without room when they came",
-          "no_room": "their group had no room", "no_group": "the schedule gives them no group",
-          "never_fits": "their group could never hold them"}
 SCHEDULE = {"milp": "MILP", "relaxation": "relaxation's"}
 # What the schedule does not model, that the closed loop has.
 UNMODELLED = {"milp": "The MILP plans on the zero-stall timeline, without compute, from every object on NVMe "

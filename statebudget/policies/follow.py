@@ -93,5 +93,6 @@ class FollowSchedule:
         """What no pending call on its group needs goes first, then what is needed last."""
         return (-self.next_use(sim, copy), copy.last_use)
 
-    def may_evict(self, sim, victim, key) -> bool:
-        return self.next_use(sim, victim) > self.need.get((key, victim.group), math.inf)
+    def may_evict(self, sim, victim, key, group) -> bool:
+        """A prefetch of `key` onto `group` evicts only what its own group's schedule needs later."""
+        return self.next_use(sim, victim) > self.need.get((key, group), math.inf)

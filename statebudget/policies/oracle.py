@@ -120,7 +120,7 @@ class Oracle(Policy):
         the schedule): with `lead` slots prefetched, a later slot's state must not push out a
         sooner one's."""
         if self.bound is not None:
-            return self.follow.may_evict(sim, victim, key)
+            return self.follow.may_evict(sim, victim, key, group)
         o, brought = self.obj_of.get((victim.key, victim.group)), self.obj_of.get((key, group))
         if o is None or brought is None:  # the victim, or what the prefetch brings, is not the schedule's there
             return True

@@ -1,11 +1,13 @@
-"""The oracle's replay of a MILP schedule (`policies/oracle.py`): what an arrival prefetches and
-what a prefetch may evict, on a hand-made schedule."""
+"""The oracle's replays of a MILP schedule (`policies/oracle.py`) and of the small-trace schedule
+(`policies/follow.py`): what an arrival prefetches and what a prefetch may evict, on hand-made
+schedules."""
 
 from types import SimpleNamespace as NS
 
 import numpy as np
 
 from statebudget.core.decisions import Promote
+from statebudget.policies.follow import FollowSchedule
 from statebudget.policies.oracle import Oracle, next_uses
 
 A, B = (0,), (1,)  # two single-GPU groups
@@ -58,3 +60,16 @@ def test_a_prefetch_evicts_only_what_the_schedule_needs_later_on_the_group_it_go
     assert not may("e", "b", A), "a tie keeps what is there"
     assert may("z", "b", A), "z: not in the schedule"
     assert may("a", "z", A) and may("a", "b", (2,)), "a prefetch the schedule does not make"
+
+
+def test_the_small_trace_replay_weighs_a_prefetch_by_its_own_groups_schedule():
+    # a (tp 1, on GPU 0) is next needed at 5 s; b is prefetched onto the tp-2 group (0, 1)
+    fs = FollowSchedule.__new__(FollowSchedule)
+    fs.plan = {("p1", "c1"): ((0,), 5.0, 6.0), ("p2", "c1"): ((0, 1), 2.0, 3.0)}
+    fs.uses, fs.ptr = {((0,), ("m", "a")): [("p1", "c1")]}, {}
+    sim, victim = NS(programs={}), NS(key=("w", "a"), group=(0,))
+    fs.need = {(("w", "b"), (0, 1)): 2.0}
+    assert fs.may_evict(sim, victim, ("w", "b"), (0, 1)), "b is needed on (0, 1) at 2 s, before a at 5 s"
+    fs.need = {(("w", "b"), (0, 1)): 9.0}
+    assert not fs.may_evict(sim, victim, ("w", "b"), (0, 1)), "a is needed first"
+    assert not fs.may_evict(sim, victim, ("w", "z"), (0, 1)), "z: a prefetch the schedule does not make"

@@ -65,11 +65,16 @@ def test_a_prefetch_evicts_only_what_the_schedule_needs_later_on_the_group_it_go
 def test_the_small_trace_replay_weighs_a_prefetch_by_its_own_groups_schedule():
     # a (tp 1, on GPU 0) is next needed at 5 s; b is prefetched onto the tp-2 group (0, 1)
     fs = FollowSchedule.__new__(FollowSchedule)
-    fs.plan = {("p1", "c1"): ((0,), 5.0, 6.0), ("p2", "c1"): ((0, 1), 2.0, 3.0)}
+    fs.plan = {("p1", "c1"): ((0,), 5.0, 6.0)}
     fs.uses, fs.ptr = {((0,), ("m", "a")): [("p1", "c1")]}, {}
+    o = Oracle()
+    o.bound, o.follow = object(), fs  # a small trace: the oracle asks the replay of the relaxation
     sim, victim = NS(programs={}), NS(key=("w", "a"), group=(0,))
-    fs.need = {(("w", "b"), (0, 1)): 2.0}
-    assert fs.may_evict(sim, victim, ("w", "b"), (0, 1)), "b is needed on (0, 1) at 2 s, before a at 5 s"
-    fs.need = {(("w", "b"), (0, 1)): 9.0}
-    assert not fs.may_evict(sim, victim, ("w", "b"), (0, 1)), "a is needed first"
-    assert not fs.may_evict(sim, victim, ("w", "z"), (0, 1)), "z: a prefetch the schedule does not make"
+
+    def may(key, need_s):
+        fs.need = {(("w", "b"), (0, 1)): need_s}
+        return o.may_evict_for_prefetch(sim, victim, ("w", key), (0, 1))
+
+    assert may("b", 2.0), "b is needed on (0, 1) at 2 s, before a at 5 s"
+    assert not may("b", 9.0), "a is needed first"
+    assert not may("z", 2.0), "z: a prefetch the schedule does not make"

@@ -8,10 +8,21 @@ from __future__ import annotations
 import numpy as np
 
 
-# Two-sided 95 % Student t quantiles t(0.975, df), df = 1..30; beyond 30 the normal's 1.96 is
-# within 2 % (no scipy in the environment).
+# Two-sided 95 % Student t quantiles t(0.975, df), df = 1..30 (no scipy in the environment);
+# beyond 30, `_t975` expands about the normal's quantile.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+_Z975 = 1.959964
+
+
+def _t975(df: int) -> float:
+    """t(0.975, df): the table up to 30; beyond, the Cornish-Fisher expansion in 1/df (within
+    1e-4 there; the normal's 1.96 alone is 3 % narrow at df 39)."""
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = _Z975
+    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
 
 
 def paired_change(base: list[float], other: list[float], resamples: int = 10_000, seed: int = 0) -> dict:
@@ -35,7 +46,7 @@ def t_interval(values: list[float]) -> dict:
     m = float(a.mean())
     if a.size < 2:
         return {"mean": m, "ci95": None, "n": 1}
-    t = _T975[a.size - 2] if a.size - 1 <= len(_T975) else 1.96
+    t = _t975(a.size - 1)
     hw = t * float(a.std(ddof=1)) / np.sqrt(a.size)
     return {"mean": m, "ci95": [float(m - hw), float(m + hw)], "n": int(a.size)}
 

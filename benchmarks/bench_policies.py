@@ -8,6 +8,8 @@ the same table from a cold start beside it.
     .venv/bin/python benchmarks/bench_policies.py [--hours 2] [--seeds 100-109] [--warmup 1800] [--cold]
         [--traces ...] [--policies ...] [--workers N] [--json out/bench_policies.json] [--markdown out/bench_policies.md]
         [--planner "scale_out_calls=3"]   # PlannerConfig fields for our planners, to judge a knob on fair ground
+    .venv/bin/python benchmarks/bench_policies.py --from out/a.json,out/b.json [--seeds ...] [--markdown ...]
+        # no replays: the rows of runs with the same settings tabled together, paired by seed
 
 One job = one (start, trace, seed, policy) replay, run on the sweep's local process pool
 (`statebudget/sim/sweep.py`), progress on stderr. The oracle (the offline MILP) is left out: it
@@ -51,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from bench_config import parse_overrides
-from paired import paired_diff, t_interval
+from paired import load_rows, paired_diff, t_interval
 from statebudget import __version__
 from statebudget.policies import REGISTRY
 from statebudget.models.errors import InputError
@@ -242,7 +244,7 @@ def markdown(out: dict) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hours", type=float, default=2.0)
-    ap.add_argument("--seeds", default="100-109", help="evaluation seeds (>= 100): 100-109, 100..109 or 100,101")
+    ap.add_argument("--seeds", default=None, help="evaluation seeds (>= 100): 100-109 (the default), 100..109 or 100,101")
     ap.add_argument("--tuning", action="store_true", help="allow seeds below 100 (tuning seeds 1-10)")
     ap.add_argument("--warmup", type=float, default=None,
                     help="seconds simulated but left out of every metric (default 1800, or a quarter of a shorter trace)")
@@ -257,8 +259,13 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None)
+    ap.add_argument("--from", dest="rows_from", default=None, metavar="JSON[,JSON...]",
+                    help="no replays: table the rows of earlier runs' --json files together, paired by seed "
+                         "(each trace with the policies that have every seed; --seeds, --traces, --policies filter)")
     args = ap.parse_args(argv)
-    seeds = parse_seeds(args.seeds)
+    if args.rows_from:
+        return tabulate_saved(args)
+    seeds = parse_seeds(args.seeds or "100-109")
     if min(seeds) < 100 and not args.tuning:
         raise SystemExit(f"--seeds {args.seeds}: seeds below 100 are tuning seeds (DESIGN.md §4); figures for docs "
                          f"come from seeds >= 100. Pass --tuning to run them anyway.")
@@ -325,6 +332,65 @@ def main(argv=None):
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(md)
     print(f"{len(rows)} replays in {wall:.0f} s", file=sys.stderr)
+    return out
+
+
+def tabulate_saved(args) -> dict:
+    """`--from`: the fair table of rows saved by earlier runs (warm and cold as they have them)."""
+    try:
+        rows = load_rows(args.rows_from)
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"--from {args.rows_from}: {e}") from None
+    if args.seeds:
+        keep = set(parse_seeds(args.seeds))
+        rows = [r for r in rows if r["seed"] in keep]
+    if args.traces:
+        rows = [r for r in rows if r["trace"] in args.traces.split(",")]
+    if args.policies:
+        rows = [r for r in rows if r["policy"] in args.policies.split(",")]
+    seen: dict[tuple, str] = {}
+    for r in rows:
+        k = (r["start"], r["trace"], r["policy"], r["seed"], r.get("load", 1.0))
+        if k in seen:
+            raise SystemExit(f"--from: two rows for {k}: the files overlap; name fewer files or filter with --seeds")
+        seen[k] = r
+    if not rows:
+        raise SystemExit(f"--from {args.rows_from}: no rows left to table")
+    same = ("cluster", "catalog", "hours", "warmup_s", "load")
+    for f in same:  # a table pairs like with like
+        if len({r.get(f) for r in rows}) > 1:
+            raise SystemExit(f"--from: the rows differ in {f} ({sorted({str(r.get(f)) for r in rows})}); filter them")
+    seeds = sorted({r["seed"] for r in rows})
+    starts = [st for st in ("warm", "cold") if any(r["start"] == st for r in rows)]
+    tables, policies = {}, []
+    for st in starts:
+        tables[st] = {}
+        for tr in sorted({r["trace"] for r in rows if r["start"] == st}):
+            group = [r for r in rows if r["start"] == st and r["trace"] == tr]
+            have = {p: {r["seed"] for r in group if r["policy"] == p} for p in {r["policy"] for r in group}}
+            pols = sorted(p for p, ss in have.items() if ss == set(seeds))
+            left = sorted(set(have) - set(pols))
+            if left:
+                print(f"note: {st} {tr}: left out {', '.join(left)} (not every seed)", file=sys.stderr)
+            tables[st][tr] = summarise(group, seeds, pols)
+            policies += [p for p in pols if p not in policies]
+    out = {"benchmark": "bench_policies", "statebudget": __version__, "from": args.rows_from,
+           "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]), "git": git_commit(),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           **{f: rows[0].get(f) for f in same}, "seeds": seeds, "tuning": min(seeds) < 100,
+           "starts": starts, "traces": sorted({r["trace"] for r in rows}),
+           "policies": policies, "ours": [p for p in OURS if p in policies],
+           "baselines": [p for p in policies if p not in OURS], "excluded": list(EXCLUDED),
+           "metrics": {m: {"label": lab, "better": b} for m, (lab, b) in METRICS.items()}, "described": DESCRIBED,
+           "tables": tables, "rows": rows}
+    md = markdown(out)
+    print(md)
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(md)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
     return out
 
 

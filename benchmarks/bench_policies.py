@@ -310,19 +310,42 @@ def main(argv=None):
     rows = sw.run_local(todo, args.workers, progress)
     print(file=sys.stderr)
     wall = time.time() - t0
-    tables = {st: {tr: summarise([r for r in rows if r["start"] == st and r["trace"] == tr], seeds, policies)
-                   for tr in traces} for st in starts}
-    out = {"benchmark": "bench_policies", "statebudget": __version__,
-           "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]), "python": sys.executable,
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "git": git_commit(),
-           "cluster": args.cluster, "catalog": args.catalog, "hours": args.hours, "load": args.load, "seeds": seeds,
-           "tuning": args.tuning,
-           "starts": starts, "warmup_s": warmup, "traces": traces, "policies": policies, "ours": [p for p in OURS if p in policies],
-           "baselines": [p for p in policies if p not in OURS], "excluded": list(EXCLUDED),
-           "metrics": {m: {"label": lab, "better": b} for m, (lab, b) in METRICS.items()}, "described": DESCRIBED,
-           "comparison": "paired difference ours - best baseline per seed, 95 % Student t interval; ratio = "
-                         "1 + diff / mean(best); verdict wins/loses only when the interval excludes 0",
-           "workers": args.workers, "wall_s": round(wall, 1), "tables": tables, "rows": rows}
+    out = _output(rows, seeds, starts, traces, policies, python=sys.executable, cluster=args.cluster,
+                  catalog=args.catalog, hours=args.hours, load=args.load, tuning=args.tuning, warmup_s=warmup,
+                  workers=args.workers, wall_s=round(wall, 1))
+    _write(out, args)
+    print(f"{len(rows)} replays in {wall:.0f} s", file=sys.stderr)
+    return out
+
+
+def _output(rows: list[dict], seeds: list[int], starts: list[str], traces: list[str], policies: list[str],
+            **fields) -> dict:
+    """The run's JSON: the fair table per start and trace (each with the policies that have a row
+    for every seed, in `policies` order), what it compares and how, and `fields`."""
+    tables = {}
+    for st in starts:
+        tables[st] = {}
+        for tr in [t for t in traces if any(r["start"] == st and r["trace"] == t for r in rows)]:
+            group = [r for r in rows if r["start"] == st and r["trace"] == tr]
+            have = {(r["policy"], r["seed"]) for r in group}
+            pols = [p for p in policies if all((p, s) in have for s in seeds)]
+            left = sorted({r["policy"] for r in group} - set(pols))
+            if left:
+                print(f"note: {st} {tr}: left out {', '.join(left)} (not every seed)", file=sys.stderr)
+            tables[st][tr] = summarise(group, seeds, pols)
+    return {"benchmark": "bench_policies", "statebudget": __version__,
+            "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "git": git_commit(),
+            **fields, "seeds": seeds, "starts": starts, "traces": traces, "policies": policies, "ours": [p for p in OURS if p in policies],
+            "baselines": [p for p in policies if p not in OURS], "excluded": list(EXCLUDED),
+            "metrics": {m: {"label": lab, "better": b} for m, (lab, b) in METRICS.items()}, "described": DESCRIBED,
+            "comparison": "paired difference ours - best baseline per seed, 95 % Student t interval; ratio = "
+                          "1 + diff / mean(best); verdict wins/loses only when the interval excludes 0",
+            "tables": tables, "rows": rows}
+
+
+def _write(out: dict, args) -> None:
+    """The fair table as markdown on stdout, and to `--json` / `--markdown` where given."""
     md = markdown(out)
     print(md)
     if args.json:
@@ -331,8 +354,6 @@ def main(argv=None):
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(md)
-    print(f"{len(rows)} replays in {wall:.0f} s", file=sys.stderr)
-    return out
 
 
 def tabulate_saved(args) -> dict:
@@ -348,12 +369,12 @@ def tabulate_saved(args) -> dict:
         rows = [r for r in rows if r["trace"] in args.traces.split(",")]
     if args.policies:
         rows = [r for r in rows if r["policy"] in args.policies.split(",")]
-    seen: dict[tuple, str] = {}
+    seen = set()
     for r in rows:
         k = (r["start"], r["trace"], r["policy"], r["seed"], r.get("load", 1.0))
         if k in seen:
             raise SystemExit(f"--from: two rows for {k}: the files overlap; name fewer files or filter with --seeds")
-        seen[k] = r
+        seen.add(k)
     if not rows:
         raise SystemExit(f"--from {args.rows_from}: no rows left to table")
     same = ("cluster", "catalog", "hours", "warmup_s", "load")
@@ -362,35 +383,9 @@ def tabulate_saved(args) -> dict:
             raise SystemExit(f"--from: the rows differ in {f} ({sorted({str(r.get(f)) for r in rows})}); filter them")
     seeds = sorted({r["seed"] for r in rows})
     starts = [st for st in ("warm", "cold") if any(r["start"] == st for r in rows)]
-    tables, policies = {}, []
-    for st in starts:
-        tables[st] = {}
-        for tr in sorted({r["trace"] for r in rows if r["start"] == st}):
-            group = [r for r in rows if r["start"] == st and r["trace"] == tr]
-            have = {p: {r["seed"] for r in group if r["policy"] == p} for p in {r["policy"] for r in group}}
-            pols = sorted(p for p, ss in have.items() if ss == set(seeds))
-            left = sorted(set(have) - set(pols))
-            if left:
-                print(f"note: {st} {tr}: left out {', '.join(left)} (not every seed)", file=sys.stderr)
-            tables[st][tr] = summarise(group, seeds, pols)
-            policies += [p for p in pols if p not in policies]
-    out = {"benchmark": "bench_policies", "statebudget": __version__, "from": args.rows_from,
-           "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]), "git": git_commit(),
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           **{f: rows[0].get(f) for f in same}, "seeds": seeds, "tuning": min(seeds) < 100,
-           "starts": starts, "traces": sorted({r["trace"] for r in rows}),
-           "policies": policies, "ours": [p for p in OURS if p in policies],
-           "baselines": [p for p in policies if p not in OURS], "excluded": list(EXCLUDED),
-           "metrics": {m: {"label": lab, "better": b} for m, (lab, b) in METRICS.items()}, "described": DESCRIBED,
-           "tables": tables, "rows": rows}
-    md = markdown(out)
-    print(md)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(md)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    out = _output(rows, seeds, starts, sorted({r["trace"] for r in rows}), sorted({r["policy"] for r in rows}),
+                  **{"from": args.rows_from}, **{f: rows[0].get(f) for f in same}, tuning=min(seeds) < 100)
+    _write(out, args)
     return out
 
 

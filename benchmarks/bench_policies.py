@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from bench_config import parse_overrides
-from paired import load_rows, paired_diff, t_interval
+from paired import load_rows, paired_diff, t_interval, within_factor
 from statebudget import __version__
 from statebudget.policies import REGISTRY
 from statebudget.models.errors import InputError
@@ -79,6 +79,11 @@ METRICS = {
     # shortens its latencies, so the count stands beside them
     "unplaceable_calls": ("unplaceable calls", "lower"),
 }
+# Issue 22's "done when" bounds on ours: (row key, factor, against), against = "best" (the best
+# baseline for that metric) or a policy; met when ours - factor x against is below 0 by the paired
+# interval (`paired.within_factor`).
+TARGETS = (("handoff_p95_s", 0.6, "best"), ("wasted_tb", 0.5, "prefetch-all"),
+           ("lease_late_p99_s", 0.5, "prefetch-all"))
 # Shown per policy, never compared: where the handoff stall comes from, not how good it is.
 DESCRIBED = {"handoff_hbm_wait_share": "handoff stall waiting for HBM room (share)"}
 
@@ -164,7 +169,45 @@ def summarise(rows: list[dict], seeds: list[int], policies: list[str]) -> dict:
                            "better_on_seeds": d["lower_on"] if better == "lower" else len(seeds) - d["lower_on"],
                            "verdict": verdict}
     return {"policies": table, "baselines": baselines, "best_baseline": best, "ours_vs_best": vs,
+            "targets": _targets(val, seeds, policies, best),
             "drop_more_calls": [p for p in policies if drops.get(p, 0.0) > fewest + 0.5]}
+
+
+def _targets(val: dict, seeds: list[int], policies: list[str], best: dict) -> list[dict]:
+    """Each of `TARGETS` that this group's rows can test: against whom, and per policy of ours
+    `paired.within_factor` (ratio of means, its upper end, met)."""
+    out = []
+    for key, factor, against in TARGETS:
+        ref = best.get(key) if against == "best" else (against if against in policies else None)
+        if ref is None:
+            continue
+        got = {}
+        for ours in [p for p in OURS if p in policies]:
+            pairs = [(val[ref, s].get(key), val[ours, s].get(key)) for s in seeds]
+            if all(a is not None and b is not None for a, b in pairs):
+                got[ours] = within_factor([a for a, _ in pairs], [b for _, b in pairs], factor)
+        if got:
+            out.append({"metric": key, "factor": factor, "against": ref, "ours": got})
+    return out
+
+
+def _target_lines(targets: list[dict]) -> list[str]:
+    if not targets:
+        return []
+    ours = list(targets[0]["ours"])
+    lines = ["Targets: ratio of means [upper end of the 95 % interval]; met when the upper end is within the factor.",
+             "", "| target | " + " | ".join(ours) + " |", "|---|" + "---|" * len(ours)]
+    for t in targets:
+        cells = []
+        for o in ours:
+            r = t["ours"].get(o)
+            if r is None or r["ratio"] is None:
+                cells.append("n/a")
+            else:
+                up = f" [{r['upper']:.2f}]" if r["upper"] is not None else ""
+                cells.append(f"{r['ratio']:.2f}{up} " + {True: "**met**", False: "not met", None: "(one seed)"}[r["met"]])
+        lines.append(f"| {t['metric']} ≤ {t['factor']:g} × {t['against']} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _cell(s: dict | None) -> str:
@@ -235,6 +278,7 @@ def markdown(out: dict) -> str:
                             cells.append(f"diff {c['diff_mean']:+.3g} (one seed, no interval)")
                     lines.append(f"| {METRICS[m][0]} | {b} ({g['policies'][b][m]['mean']:.3g}) | " + " | ".join(cells) + " |")
                 lines.append("")
+            lines += _target_lines(g.get("targets", []))
     lines.append(f"Command: `{out['command']}` (commit {out['git']}, {out['date']}). Best baseline per metric over "
                  f"{', '.join(out['baselines'])}; oracle left out (offline MILP). Verdict `wins` only when the paired "
                  f"difference's 95 % interval excludes parity.")

@@ -60,22 +60,6 @@ def paired_diff(base: list[float], other: list[float]) -> dict:
     return dict(t_interval(list(o - b)), lower_on=int((o < b).sum()))
 
 
-def within_factor(ref: list[float], ours: list[float], factor: float) -> dict:
-    """Is `ours` at most `factor` x `ref` (a target such as "waste <= 0.5 x prefetch-all's")?
-    The test is the 95 % t interval of ours - factor x ref, seed by seed: `met` when its upper end
-    is at most 0. For reading, the ratio of means and its upper end, factor + (that upper end) /
-    mean(ref) (None when ref's mean is 0), so `met` is exactly `upper <= factor`."""
-    b, o = np.asarray(ref, float), np.asarray(ours, float)
-    if b.shape != o.shape or b.size == 0:
-        raise ValueError(f"within_factor needs equal, non-empty lists (got {b.size} and {o.size})")
-    d = t_interval(list(o - factor * b))
-    bm = float(b.mean())
-    hi = d["ci95"][1] if d["ci95"] is not None else None
-    return {"factor": factor, "ratio": float(o.mean()) / bm if bm > 0 else None,
-            "upper": factor + hi / bm if (hi is not None and bm > 0) else None,
-            "met": None if hi is None else hi <= 0, "seeds": int(b.size)}
-
-
 def fmt(c: dict) -> str:
     """'-3.1 % [-5.0, -1.2], lower on 8/10 seeds'."""
     return (f"{100 * c['mean']:+.1f} % [{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}], "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -59,9 +60,11 @@ def replay(
                                                            "metric leaves out", min=0.0)] = 0.0,
     by_model: Annotated[bool, typer.Option("--by-model", help="also print, per policy, each model's stall and the "
                                                               "GPU groups its calls ran on")] = False,
+    timeline: Annotated[Optional[Path], typer.Option(help="write every load, eviction and engine stop of models' "
+                                                          "weights, with its cause, here (JSON lines, one per event)")] = None,
 ):
     """Replay a trace against policies; print a table, write the report and plots."""
-    check_outputs(files=[("--json", json_out), ("--html", html_out)], folders=[("--plots", plots)])
+    check_outputs(files=[("--json", json_out), ("--html", html_out), ("--timeline", timeline)], folders=[("--plots", plots)])
     from ..models.load import check_compatible, load_catalog, load_cluster, load_trace
     from ..core.programs import parse_admit_starve
     from ..sim.config import SimConfig
@@ -91,7 +94,8 @@ def replay(
             from ..engine_adapters.local.profile import load_profile
             prof = load_profile(profile, cl)
         config = SimConfig(seed=seed, check_invariants=check, prefill_slots=prefill_slots, max_batch=max_batch,
-                           admit_starve_s=starve, call_failure_rate=call_failure_rate, start=start, warmup_s=warmup)
+                           admit_starve_s=starve, call_failure_rate=call_failure_rate, start=start, warmup_s=warmup,
+                           timeline=timeline is not None)
         result = run_replay(cl, cat, tr, names, config, progress=progress, profile=prof)
         for n in names:
             prog.update(tasks[n], completed=horizon)
@@ -104,6 +108,13 @@ def replay(
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(report_json(rep))
         console.print(f"report: {json_out}")
+    if timeline:
+        timeline.parent.mkdir(parents=True, exist_ok=True)
+        with timeline.open("w") as f:
+            for n in names:
+                for e in result.results[n].timeline:
+                    f.write(json.dumps({"policy": n, **e}) + "\n")
+        console.print(f"timeline: {timeline} ({sum(len(result.results[n].timeline) for n in names)} events)")
     if plots:
         from ..sim.plots import write_plots
 

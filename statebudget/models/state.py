@@ -37,3 +37,12 @@ def kv_key(program: str, model: str) -> StateKey:
 
 def state_kind(key: StateKey) -> str:
     return {"w": "weights", "e": "experts", "kv": "kv"}[key[0]]
+
+
+def describe(key: StateKey) -> str:
+    """A key in words: "reviewer weights", "reasoner expert page 3", "KV of p7 on coder"."""
+    if key[0] == "w":
+        return f"{key[1]} weights"
+    if key[0] == "e":
+        return f"{key[1]} expert page {key[2]}"
+    return f"KV of {key[1]} on {key[2]}"

@@ -181,13 +181,13 @@ class AdmissionMixin:
             if not v.ready:
                 self.cancel_load(v)
                 continue
-            drains += self._evict(v, self.policy.demote_tier(self, v))
+            drains += self._evict(v, self.policy.demote_tier(self, v), cause=f"call {c.program}/{c.node} ({c.model})")
         c.state, c.admitted = "loading", self.now
         loads = []
         for key in keys:
             copy = self.tiers.gpu.get((key, group))
             if copy is None:
-                copy = self._new_gpu_copy(key, group, prefetch=False)
+                copy = self._new_gpu_copy(key, group, prefetch=False, cause=f"call {c.program}/{c.node}")
                 loads.append(copy)
             copy.pins += 1
             c.pins.append(copy)

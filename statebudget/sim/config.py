@@ -35,6 +35,8 @@ class SimConfig:
         also in host DRAM of every node that can hold them (a page cache, no engine awake).
     warmup_s: the first seconds the run simulates but no metric counts: calls that arrive, and
         programs that start, before it are left out; bytes and the warm tax count from it on.
+    timeline: keep every change of where models' weights live (`SimResult.timeline`): loads,
+        evictions and engine stops, each with its cause. Decides nothing.
     """
 
     seed: int = 0
@@ -49,6 +51,7 @@ class SimConfig:
     retry_keeps_service: bool = True
     start: str = "cold"
     warmup_s: float = 0.0
+    timeline: bool = False
 
     def __post_init__(self):
         if self.start not in START_MODES:

@@ -94,6 +94,8 @@ class Simulator(ProgramsMixin, AdmissionMixin, CallsMixin, TransfersMixin, Event
         self.kv_of_program: dict[str, set] = {}
         self.last_use: dict[str, float] = {}      # model -> last call arrival
         self.recorder = Recorder(self.tiers, self.running_models, self.sample_dt)
+        if config.timeline:
+            self.recorder.timeline = []
         self._open_programs = 0
         overridden = {name for name in dir(Policy)
                       if name.startswith("on_") and getattr(type(policy), name, None) is not getattr(Policy, name)}

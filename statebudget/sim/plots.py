@@ -120,6 +120,8 @@ def write_plots(results: dict[str, SimResult], out_dir: str | Path) -> list[Path
 
     paths.append(_stall_by_model(results, out))
     paths.append(_placement(results, out))
+    if any(res.timeline for res in results.values()):  # replayed with SimConfig.timeline
+        paths.append(_residency(results, out))
 
     n = len(results)
     fig, axes = plt.subplots(n, 1, figsize=(8, 1.9 * n + 0.6), sharex=True, squeeze=False)
@@ -252,3 +254,54 @@ def _placement(results: dict[str, SimResult], out: Path) -> Path:
     axes[-1, 0].set_xlabel("minutes (call arrival" + ("; shaded: warm-up" if warm else "") + "; faint: not counted)")
     fig.suptitle("Where each model's calls ran")
     return _save(fig, out / "placement.png")
+
+
+def residency_intervals(timeline: list[dict], end: float) -> list[tuple[int, str, float, float]]:
+    """(GPU, model, from s, to s) of every stay of a model's weights on a GPU, from a replay's
+    timeline (`SimResult.timeline`): from the load or prefetch that brought them to the eviction
+    that took them (`end` if none did)."""
+    open_at: dict[tuple, float] = {}
+    out = []
+    for e in timeline:
+        for i in e["gpus"]:
+            k = (i, e["model"])
+            if e["event"] in ("load", "prefetch"):
+                open_at.setdefault(k, e["t"])
+            elif e["event"] == "evict" and k in open_at:
+                out.append((i, e["model"], open_at.pop(k), e["t"]))
+    out += [(i, m, t0, max(end, t0)) for (i, m), t0 in open_at.items()]
+    return sorted(out, key=lambda x: (x[0], x[2]))
+
+
+def _residency(results: dict[str, SimResult], out: Path) -> Path:
+    """Per policy, each GPU's row with a bar for every stay of a model's weights there (one colour
+    per model, a thin lane each where several shared the GPU), and a cross at each cold start:
+    homes that thrash show as short bars taking turns."""
+    models = sorted({e["model"] for res in results.values() for e in res.timeline})
+    colour = {m: plt.cm.tab10.colors[i % 10] for i, m in enumerate(models)}
+    n_gpu = max((i + 1 for res in results.values() for e in res.timeline for i in e["gpus"]), default=1)
+    fig, axes = plt.subplots(len(results), 1, figsize=(10, 1.2 + (0.2 * n_gpu + 0.6) * len(results)), sharex=True,
+                             squeeze=False, layout="constrained")
+    for ax, (name, res) in zip(axes[:, 0], results.items()):
+        stays = residency_intervals(res.timeline, res.sim_end)
+        lanes: dict[int, list] = {}  # GPU -> the models that ever lived there, one thin lane each
+        for i, m, _, _ in stays:
+            if m not in lanes.setdefault(i, []):
+                lanes[i].append(m)
+        for i, m, t0, t1 in stays:
+            h = 0.8 / len(lanes[i])
+            ax.broken_barh([(t0 / 60, max(t1 - t0, 1.0) / 60)], (i - 0.4 + h * lanes[i].index(m), h), color=colour[m])
+        cold = [(e["t"] / 60, i) for e in res.timeline if e.get("engine") == "cold" for i in e["gpus"]]
+        if cold:
+            ax.scatter(*zip(*cold), marker="x", color="black", s=14, linewidths=0.8)
+        if res.warmup_s > 0:
+            ax.axvspan(0, res.warmup_s / 60, color="0.92", zorder=0)
+        ax.set_ylim(n_gpu - 0.5, -0.5)
+        ax.set_yticks(range(n_gpu), [f"GPU {i}" for i in range(n_gpu)], fontsize=6)
+        ax.set_title(name, fontsize=9)
+    handles = [plt.Line2D([], [], color=colour[m], linewidth=6, label=m) for m in models]
+    handles.append(plt.Line2D([], [], color="black", marker="x", linestyle="", label="cold start"))
+    fig.legend(handles=handles, loc="outside right center", fontsize=7, title="weights of")
+    axes[-1, 0].set_xlabel("minutes")
+    fig.suptitle("Where each model's weights lived")
+    return _save(fig, out / "residency.png")

@@ -35,6 +35,7 @@ class SimResult:
     queue_switches: list = field(default_factory=list)  # `auto`'s switches (`ProgramSizes.changes`)
     warmup_s: float = 0.0  # SimConfig.warmup_s: the metrics leave out what came before it
     cost: object = None    # the run's CostModel (ideal TTFT, `metrics.py`)
+    timeline: list = field(default_factory=list)  # `Recorder.weights_event`s, with SimConfig.timeline
 
 
 class Recorder:
@@ -59,6 +60,13 @@ class Recorder:
         self._wt_integral = 0.0
         self.warmup_s, self.flows, self.cost = 0.0, None, None
         self._base: tuple | None = None  # the byte counters at the end of the warm-up
+        self.timeline: list | None = None  # a list when SimConfig.timeline asks for it
+
+    def weights_event(self, t: float, event: str, model: str, group, **detail) -> None:
+        """One change of where a model's weights live (`SimConfig.timeline`), e.g. `load` (a call
+        brings them), `prefetch`, `evict`, `engine-stop`: when, on which GPUs, and why."""
+        if self.timeline is not None:
+            self.timeline.append({"t": round(t, 3), "event": event, "model": model, "gpus": list(group), **detail})
 
     def measure_from(self, warmup_s: float, flows, cost) -> None:
         """Count bytes and the warm tax from `warmup_s` on (`flows`: whose per-link bytes to
@@ -124,4 +132,4 @@ class Recorder:
             hbm_total=sum(self.tiers.hbm_cap), kv_actions=kvw.actions, kv_hbm_byte_s=self.kv_hbm_byte_s,
             recomputed_tokens=self.recomputed_tokens, ttl_errors=kvw.ttl_errors,
             failed_attempts=self.failed_attempts, failed_service_s=self.failed_service_s,
-            queue_switches=sizes.changes, warmup_s=self.warmup_s, cost=self.cost)
+            queue_switches=sizes.changes, warmup_s=self.warmup_s, cost=self.cost, timeline=self.timeline or [])

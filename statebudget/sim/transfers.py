@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..core.books import Engine, GpuCopy, HostCopy
 from ..core.decisions import Cancel, Demote, Promote, PromoteHost
 from ..core.toolwait import BACKGROUND_SHARE
+from ..models.state import describe
 from .loop import PRIO_FLOW, PRIO_TIMER
 
 
@@ -51,11 +52,13 @@ class TransfersMixin:
             for fid in copy.transfer.fids:
                 self._push_all(self._flow_events(self.flows.reweight(self.now, fid, 1.0)))
 
-    def _new_gpu_copy(self, key, group, prefetch: bool) -> GpuCopy:
+    def _new_gpu_copy(self, key, group, prefetch: bool, cause: str = "") -> GpuCopy:
         per_gpu = self.size_of(key) / len(group)
         wake = False
         if key[0] == "w":
             wake = self.tiers.asleep_on(key, group)
+            self.recorder.weights_event(self.now, "prefetch" if prefetch else "load", key[1], group,
+                                        engine="wake" if wake else "cold", cause=cause)
             self.tiers.start_engine(key, group, self.now)
         ok = self.tiers.alloc_gpu(group, per_gpu)
         assert ok, "allocation planned by plan_eviction must succeed"
@@ -209,12 +212,16 @@ class TransfersMixin:
         self._retry_waiting()  # a copy that was loading can now be evicted for a waiting call
         return events
 
-    def _evict(self, copy: GpuCopy, to: str, weight: float = 1.0) -> list[HostCopy]:
+    def _evict(self, copy: GpuCopy, to: str, weight: float = 1.0, cause: str = "") -> list[HostCopy]:
         """Demote a copy out of HBM (`host` or `none`); returns the host copies being written,
-        which must be whole before the freed HBM is written. `weight` < 1: a background copy-out."""
+        which must be whole before the freed HBM is written. `weight` < 1: a background copy-out.
+        `cause`: who needed the room, for the timeline."""
         if isinstance(copy, Engine):  # an asleep engine stops; its host copy stays, as a cache
+            self.recorder.weights_event(self.now, "engine-stop", copy.key[1], copy.group, cause=cause)
             self.tiers.stop_engine(copy.key, copy.group)
             return []
+        if copy.key[0] == "w":
+            self.recorder.weights_event(self.now, "evict", copy.key[1], copy.group, to=to, cause=cause)
         if not copy.used:
             self.recorder.wasted_bytes += copy.nbytes
         key = copy.key
@@ -353,7 +360,7 @@ class TransfersMixin:
         waits until its bytes are out (`_outgoing`), as for an eviction."""
         copy = self.tiers.gpu.get((d.key, d.group))
         if copy is not None and copy.pins == 0 and copy.ready:
-            for hc in self._evict(copy, d.to):
+            for hc in self._evict(copy, d.to, cause="the policy demoted it"):
                 for i in copy.group:
                     self._draining.setdefault(i, []).append(hc)
 
@@ -402,9 +409,10 @@ class TransfersMixin:
         if victims is None:
             return False
         drains = []
+        why = f"prefetch of {describe(key)}" + (f" (lease {lease})" if lease is not None else "")
         for v in victims:
-            drains += self._evict(v, self.policy.demote_tier(self, v))
-        copy = self._new_gpu_copy(key, group, prefetch=True)
+            drains += self._evict(v, self.policy.demote_tier(self, v), cause=why)
+        copy = self._new_gpu_copy(key, group, prefetch=True, cause="lease" if lease is not None else "promote")
         copy.background = background or (lease is None and self.policy.speculation_yields)
         if lease is not None:
             copy.lease = (lease,)

@@ -32,14 +32,20 @@ class Pinned(Policy):
             "host_used": t.host_used["n0"], "hbm_used": list(t.hbm_used)}
 
 
-def replay():
+def scenario():
+    """Two GPUs of 20 GB, two 14 GB models: p1 runs a, b, a on GPU 0 (each evicts the other), p2
+    runs a on GPU 1 meanwhile."""
     cl = cluster(gpus=2, hbm_gb=20.0, h2d=H2D, nvme_read=7.0, wake=WAKE, cold=COLD, overhead=OVERHEAD)
     cat = catalog(("a", 14.0), ("b", 14.0))
     tr = trace(program("p1", [call("a1", "a"), call("b1", "b", ["a1"]), tool("t", ["b1"], duration=100.0),
                               call("a2", "a", ["t"])]),
                program("p2", [call("a", "a")], start=60.0))
+    return cl, cat, tr
+
+
+def replay():
     pol = Pinned()
-    res = Simulator(cl, cat, tr, pol, config=SimConfig(check_invariants=True)).run()
+    res = Simulator(*scenario(), pol, config=SimConfig(check_invariants=True)).run()
     return {(c.program, c.node): c for c in res.calls}, pol.seen
 
 
@@ -135,3 +141,20 @@ def test_eviction_stops_an_engine_rather_than_let_it_sleep_when_its_overhead_is_
         sim._evict(v, "host")
     assert not sim.tiers.engines and sim.tiers.hbm_used[0] == pytest.approx(0.0)
     sim.tiers.check()
+
+
+def test_the_timeline_says_what_moved_weights_and_why():
+    plain = Simulator(*scenario(), Pinned(), config=SimConfig()).run()
+    res = Simulator(*scenario(), Pinned(), config=SimConfig(timeline=True)).run()
+    got = [(e["event"], e["model"], tuple(e["gpus"]), e.get("engine"), e["cause"]) for e in res.timeline]
+    assert got == [
+        ("load", "a", (0,), "cold", "call p1/a1"),
+        ("evict", "a", (0,), None, "call p1/b1 (b)"),  # b needs GPU 0: a goes to sleep there
+        ("load", "b", (0,), "cold", "call p1/b1"),
+        ("load", "a", (1,), "cold", "call p2/a"),
+        ("evict", "b", (0,), None, "call p1/a2 (a)"),
+        ("load", "a", (0,), "wake", "call p1/a2"),     # a's engine slept on GPU 0: a wake
+    ]
+    assert all(e["to"] == "host" for e in res.timeline if e["event"] == "evict")
+    assert [(c.ready, c.end) for c in res.calls] == [(c.ready, c.end) for c in plain.calls]  # it decides nothing
+    assert plain.timeline == []

@@ -255,3 +255,34 @@ def test_the_oracle_block_says_why_the_replay_is_behind_and_only_then():
     assert "Of all its stall, 3% waited for HBM room" in b.why and "docs/milp.md" in b.why  # 0.25 s of 7.5
     assert behind(NS(stall_total_s=2.0), online, policy, res, "milp") is None, "tied with the best: not behind"
     assert behind(NS(stall_total_s=7.5), {}, policy, res, "milp") is None, "no online policy"
+
+
+def test_the_timeline_file_and_the_residency_plot(tmp_path):
+    tr = generate("swe-team", 1, 0.2)
+    write_trace(tr, tmp_path / "t.jsonl")
+    base = ["replay", "--cluster", "hetero16", "--catalog", "agent-team", "--trace", str(tmp_path / "t.jsonl"),
+            "--policy", "ondemand,statebudget-lease", "--plots"]
+    res = CliRunner().invoke(app, base + [str(tmp_path / "plain")])
+    assert res.exit_code == 0, res.output
+    assert not (tmp_path / "plain" / "residency.png").exists()  # no timeline asked for: no plot of it
+    res = CliRunner().invoke(app, base + [str(tmp_path / "plots"), "--timeline", str(tmp_path / "tl.jsonl")])
+    assert res.exit_code == 0, res.output
+    events = [json.loads(line) for line in (tmp_path / "tl.jsonl").read_text().splitlines()]
+    assert {e["policy"] for e in events} == {"ondemand", "statebudget-lease"}
+    mine = [e for e in events if e["policy"] == "ondemand"]
+    assert [e["t"] for e in mine] == sorted(e["t"] for e in mine)
+    # ondemand moves weights only for calls: no prefetch
+    assert {e["event"] for e in mine} <= {"load", "evict", "engine-stop"}
+    assert all(e["cause"].startswith("call ") for e in mine if e["event"] == "load")
+    assert (tmp_path / "plots" / "residency.png").stat().st_size > 5000
+
+
+def test_residency_intervals_pair_each_load_with_the_eviction_that_ends_it():
+    from statebudget.sim.plots import residency_intervals
+    tl = [{"t": 1.0, "event": "load", "model": "a", "gpus": [0, 1]},
+          {"t": 2.0, "event": "prefetch", "model": "b", "gpus": [1]},
+          {"t": 5.0, "event": "evict", "model": "a", "gpus": [0, 1]},
+          {"t": 6.0, "event": "engine-stop", "model": "a", "gpus": [0, 1]},
+          {"t": 7.0, "event": "load", "model": "a", "gpus": [0]}]
+    assert residency_intervals(tl, 10.0) == [(0, "a", 1.0, 5.0), (0, "a", 7.0, 10.0), (1, "a", 1.0, 5.0),
+                                             (1, "b", 2.0, 10.0)]

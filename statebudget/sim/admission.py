@@ -179,7 +179,7 @@ class AdmissionMixin:
         drains = []
         for v in victims:
             if not v.ready:
-                self.cancel_load(v)
+                self.cancel_load(v, cause=f"call {c.program}/{c.node} ({c.model})")
                 continue
             drains += self._evict(v, self.policy.demote_tier(self, v), cause=f"call {c.program}/{c.node} ({c.model})")
         c.state, c.admitted = "loading", self.now
@@ -187,7 +187,7 @@ class AdmissionMixin:
         for key in keys:
             copy = self.tiers.gpu.get((key, group))
             if copy is None:
-                copy = self._new_gpu_copy(key, group, prefetch=False, cause=f"call {c.program}/{c.node}")
+                copy = self._new_gpu_copy(key, group, prefetch=False, cause=f"call {c.program}/{c.node} ({c.model})")
                 loads.append(copy)
             copy.pins += 1
             c.pins.append(copy)

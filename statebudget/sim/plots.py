@@ -259,7 +259,7 @@ def _placement(results: dict[str, SimResult], out: Path) -> Path:
 def residency_intervals(timeline: list[dict], end: float) -> list[tuple[int, str, float, float]]:
     """(GPU, model, from s, to s) of every stay of a model's weights on a GPU, from a replay's
     timeline (`SimResult.timeline`): from the load or prefetch that brought them to the eviction
-    that took them (`end` if none did)."""
+    or cancel that took them (`end` if none did)."""
     open_at: dict[tuple, float] = {}
     out = []
     for e in timeline:
@@ -267,7 +267,7 @@ def residency_intervals(timeline: list[dict], end: float) -> list[tuple[int, str
             k = (i, e["model"])
             if e["event"] in ("load", "prefetch"):
                 open_at.setdefault(k, e["t"])
-            elif e["event"] == "evict" and k in open_at:
+            elif e["event"] in ("evict", "cancel") and k in open_at:
                 out.append((i, e["model"], open_at.pop(k), e["t"]))
     out += [(i, m, t0, max(end, t0)) for (i, m), t0 in open_at.items()]
     return sorted(out, key=lambda x: (x[0], x[2]))
@@ -275,8 +275,8 @@ def residency_intervals(timeline: list[dict], end: float) -> list[tuple[int, str
 
 def _residency(results: dict[str, SimResult], out: Path) -> Path:
     """Per policy, each GPU's row with a bar for every stay of a model's weights there (one colour
-    per model, a thin lane each where several shared the GPU), and a cross at each cold start:
-    homes that thrash show as short bars taking turns."""
+    per model, a thin lane each where several shared the GPU), a cross at each cold start and a
+    tick at each eviction: homes that thrash show as short bars taking turns."""
     models = sorted({e["model"] for res in results.values() for e in res.timeline})
     colour = {m: plt.cm.tab10.colors[i % 10] for i, m in enumerate(models)}
     n_gpu = max((i + 1 for res in results.values() for e in res.timeline for i in e["gpus"]), default=1)
@@ -291,6 +291,9 @@ def _residency(results: dict[str, SimResult], out: Path) -> Path:
         for i, m, t0, t1 in stays:
             h = 0.8 / len(lanes[i])
             ax.broken_barh([(t0 / 60, max(t1 - t0, 1.0) / 60)], (i - 0.4 + h * lanes[i].index(m), h), color=colour[m])
+        gone = [(e["t"] / 60, i) for e in res.timeline if e["event"] in ("evict", "cancel") for i in e["gpus"]]
+        if gone:  # a stay cut short shows even where the bars meet again
+            ax.scatter(*zip(*gone), marker="|", color="0.25", s=30, linewidths=0.8)
         cold = [(e["t"] / 60, i) for e in res.timeline if e.get("engine") == "cold" for i in e["gpus"]]
         if cold:
             ax.scatter(*zip(*cold), marker="x", color="black", s=14, linewidths=0.8)
@@ -301,6 +304,7 @@ def _residency(results: dict[str, SimResult], out: Path) -> Path:
         ax.set_title(name, fontsize=9)
     handles = [plt.Line2D([], [], color=colour[m], linewidth=6, label=m) for m in models]
     handles.append(plt.Line2D([], [], color="black", marker="x", linestyle="", label="cold start"))
+    handles.append(plt.Line2D([], [], color="0.25", marker="|", linestyle="", label="evicted"))
     fig.legend(handles=handles, loc="outside right center", fontsize=7, title="weights of")
     axes[-1, 0].set_xlabel("minutes")
     fig.suptitle("Where each model's weights lived")

@@ -176,11 +176,13 @@ class TransfersMixin:
             self._push_all(self._flow_events(events))
         return done
 
-    def cancel_load(self, copy: GpuCopy) -> bool:
+    def cancel_load(self, copy: GpuCopy, cause: str = "") -> bool:
         """Abandon a copy still being written into HBM that no call waits for: its flows stop, its
         space is freed, and it never becomes ready (half-moved state is never usable)."""
         if copy.ready or copy.pins > 0 or self.tiers.gpu.get((copy.key, copy.group)) is not copy:
             return False
+        if copy.key[0] == "w":  # its engine, started for it, stops with it
+            self.recorder.weights_event(self.now, "cancel", copy.key[1], copy.group, cause=cause)
         moved = self.cancel_transfer(copy.transfer) if copy.transfer is not None else 0.0
         if copy.transfer is None:
             copy.transfer = Transfer()
@@ -220,8 +222,6 @@ class TransfersMixin:
             self.recorder.weights_event(self.now, "engine-stop", copy.key[1], copy.group, cause=cause)
             self.tiers.stop_engine(copy.key, copy.group)
             return []
-        if copy.key[0] == "w":
-            self.recorder.weights_event(self.now, "evict", copy.key[1], copy.group, to=to, cause=cause)
         if not copy.used:
             self.recorder.wasted_bytes += copy.nbytes
         key = copy.key
@@ -243,6 +243,9 @@ class TransfersMixin:
                 if key[0] == "w":  # the engine sleeps on its group (vLLM sleep level 1)
                     self.tiers.sleep_engine(key, copy.group, hc)
         self._remove_copy(copy)
+        if key[0] == "w":  # an engine not put to sleep stopped with its copy
+            self.recorder.weights_event(self.now, "evict", key[1], copy.group, to=to, cause=cause,
+                                        engine="asleep" if (key, copy.group) in self.tiers.engines else "stopped")
         self.recorder.dirty = True
         return drains
 
@@ -306,6 +309,9 @@ class TransfersMixin:
         for hc in cands:
             if free >= nbytes:
                 break
+            if hc.engine is not None:  # the engine asleep on this copy stops with it
+                self.recorder.weights_event(self.now, "engine-stop", hc.key[1], hc.engine,
+                                            cause=f"host DRAM room on {node}")
             self.tiers.remove_host_copy(hc)
             free += hc.nbytes
             if hc.key[0] == "kv" and (hc.key, node) not in self.tiers.nvme and self.tiers.alloc_nvme(hc.key, node, hc.nbytes):
@@ -381,7 +387,7 @@ class TransfersMixin:
         """Stop a load nobody waits for."""
         copy = self.tiers.gpu.get((d.key, d.group))
         if copy is not None:
-            self.cancel_load(copy)
+            self.cancel_load(copy, cause="the policy cancelled it")
 
     def _prefetch(self, key, group, lease=None, background: bool = False) -> bool:
         """Bring a copy into HBM ahead of use, evicting only what the policy allows. A lease id
@@ -412,7 +418,7 @@ class TransfersMixin:
         why = f"prefetch of {describe(key)}" + (f" (lease {lease})" if lease is not None else "")
         for v in victims:
             drains += self._evict(v, self.policy.demote_tier(self, v), cause=why)
-        copy = self._new_gpu_copy(key, group, prefetch=True, cause="lease" if lease is not None else "promote")
+        copy = self._new_gpu_copy(key, group, prefetch=True, cause=f"lease {lease}" if lease is not None else "promote")
         copy.background = background or (lease is None and self.policy.speculation_yields)
         if lease is not None:
             copy.lease = (lease,)

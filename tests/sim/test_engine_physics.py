@@ -148,13 +148,36 @@ def test_the_timeline_says_what_moved_weights_and_why():
     res = Simulator(*scenario(), Pinned(), config=SimConfig(timeline=True)).run()
     got = [(e["event"], e["model"], tuple(e["gpus"]), e.get("engine"), e["cause"]) for e in res.timeline]
     assert got == [
-        ("load", "a", (0,), "cold", "call p1/a1"),
-        ("evict", "a", (0,), None, "call p1/b1 (b)"),  # b needs GPU 0: a goes to sleep there
-        ("load", "b", (0,), "cold", "call p1/b1"),
-        ("load", "a", (1,), "cold", "call p2/a"),
-        ("evict", "b", (0,), None, "call p1/a2 (a)"),
-        ("load", "a", (0,), "wake", "call p1/a2"),     # a's engine slept on GPU 0: a wake
+        ("load", "a", (0,), "cold", "call p1/a1 (a)"),
+        ("evict", "a", (0,), "asleep", "call p1/b1 (b)"),  # b needs GPU 0: a goes to sleep there
+        ("load", "b", (0,), "cold", "call p1/b1 (b)"),
+        ("load", "a", (1,), "cold", "call p2/a (a)"),
+        ("evict", "b", (0,), "asleep", "call p1/a2 (a)"),
+        ("load", "a", (0,), "wake", "call p1/a2 (a)"),     # a's engine slept on GPU 0: a wake
     ]
     assert all(e["to"] == "host" for e in res.timeline if e["event"] == "evict")
     assert [(c.ready, c.end) for c in res.calls] == [(c.ready, c.end) for c in plain.calls]  # it decides nothing
     assert plain.timeline == []
+
+
+def test_the_timeline_records_cancels_stopped_engines_and_evictions_to_nothing():
+    from statebudget.core.decisions import Cancel
+    from statebudget.sim.plots import residency_intervals
+    sim = Simulator(cluster(gpus=2, hbm_gb=20.0, overhead=OVERHEAD), catalog(("a", 4.0), ("b", 4.0)),
+                    trace(program("p", [call("1", "a")])), Pinned(), config=SimConfig(timeline=True))
+    wa, wb = weights_key("a"), weights_key("b")
+    sim._prefetch(wa, (0,), lease="L1")
+    sim.cancel(Cancel(wa, (0,)))  # still loading: its engine stops with it
+    sim._new_gpu_copy(wa, (1,), prefetch=False).ready = True
+    sim._evict(sim.tiers.gpu[(wa, (1,))], "host", cause="test")
+    sim._run_loop(None)  # a sleeps on GPU 1
+    sim._make_host_room("n0", sim.tiers.host_cap["n0"])  # all of DRAM: a's pinned copy goes, and its engine
+    sim._new_gpu_copy(wb, (0,), prefetch=False).ready = True
+    sim._evict(sim.tiers.gpu[(wb, (0,))], "none", cause="test")
+    got = [(e["event"], e["model"], tuple(e["gpus"]), e.get("engine"), e["cause"]) for e in sim.recorder.timeline]
+    assert got == [("prefetch", "a", (0,), "cold", "lease L1"), ("cancel", "a", (0,), None, "the policy cancelled it"),
+                   ("load", "a", (1,), "cold", ""), ("evict", "a", (1,), "asleep", "test"),
+                   ("engine-stop", "a", (1,), None, "host DRAM room on n0"),
+                   ("load", "b", (0,), "cold", ""), ("evict", "b", (0,), "stopped", "test")]
+    assert not sim.tiers.engines
+    assert [(i, m) for i, m, _, _ in residency_intervals(sim.recorder.timeline, 100.0)] == [(0, "a"), (0, "b"), (1, "a")]

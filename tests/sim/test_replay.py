@@ -262,11 +262,14 @@ def test_the_timeline_file_and_the_residency_plot(tmp_path):
     write_trace(tr, tmp_path / "t.jsonl")
     base = ["replay", "--cluster", "hetero16", "--catalog", "agent-team", "--trace", str(tmp_path / "t.jsonl"),
             "--policy", "ondemand,statebudget-lease", "--plots"]
-    res = CliRunner().invoke(app, base + [str(tmp_path / "plain")])
+    res = CliRunner().invoke(app, base + [str(tmp_path / "plain"), "--json", str(tmp_path / "a.json")])
     assert res.exit_code == 0, res.output
     assert not (tmp_path / "plain" / "residency.png").exists()  # no timeline asked for: no plot of it
-    res = CliRunner().invoke(app, base + [str(tmp_path / "plots"), "--timeline", str(tmp_path / "tl.jsonl")])
+    res = CliRunner().invoke(app, base + [str(tmp_path / "plots"), "--timeline", str(tmp_path / "tl.jsonl"),
+                                          "--json", str(tmp_path / "b.json")])
     assert res.exit_code == 0, res.output
+    a, b = (_strip_decision_ms(json.loads((tmp_path / f).read_text())) for f in ("a.json", "b.json"))
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # recording decides nothing
     events = [json.loads(line) for line in (tmp_path / "tl.jsonl").read_text().splitlines()]
     assert {e["policy"] for e in events} == {"ondemand", "statebudget-lease"}
     mine = [e for e in events if e["policy"] == "ondemand"]
@@ -274,6 +277,8 @@ def test_the_timeline_file_and_the_residency_plot(tmp_path):
     # ondemand moves weights only for calls: no prefetch
     assert {e["event"] for e in mine} <= {"load", "evict", "engine-stop"}
     assert all(e["cause"].startswith("call ") for e in mine if e["event"] == "load")
+    ours = [e for e in events if e["policy"] == "statebudget-lease"]
+    assert any(e["event"] == "prefetch" and e["cause"] == "promote" for e in ours)  # it speculates; ondemand does not
     assert (tmp_path / "plots" / "residency.png").stat().st_size > 5000
 
 

@@ -177,17 +177,18 @@ class AdmissionMixin:
         if victims is None or (held and victims):
             return False
         drains = []
+        why = f"call {c.program}/{c.node} ({c.model})"  # for the timeline
         for v in victims:
             if not v.ready:
-                self.cancel_load(v, cause=f"call {c.program}/{c.node} ({c.model})")
+                self.cancel_load(v, cause=why)
                 continue
-            drains += self._evict(v, self.policy.demote_tier(self, v), cause=f"call {c.program}/{c.node} ({c.model})")
+            drains += self._evict(v, self.policy.demote_tier(self, v), cause=why)
         c.state, c.admitted = "loading", self.now
         loads = []
         for key in keys:
             copy = self.tiers.gpu.get((key, group))
             if copy is None:
-                copy = self._new_gpu_copy(key, group, prefetch=False, cause=f"call {c.program}/{c.node} ({c.model})")
+                copy = self._new_gpu_copy(key, group, prefetch=False, cause=why)
                 loads.append(copy)
             copy.pins += 1
             c.pins.append(copy)

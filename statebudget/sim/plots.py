@@ -277,9 +277,15 @@ def _residency(results: dict[str, SimResult], out: Path) -> Path:
     """Per policy, each GPU's row with a bar for every stay of a model's weights there (one colour
     per model, a thin lane each where several shared the GPU), a cross at each cold start and a
     tick at each eviction: homes that thrash show as short bars taking turns."""
-    models = sorted({e["model"] for res in results.values() for e in res.timeline})
-    colour = {m: plt.cm.tab10.colors[i % 10] for i, m in enumerate(models)}
-    n_gpu = max((i + 1 for res in results.values() for e in res.timeline for i in e["gpus"]), default=1)
+    cost = next((res.cost for res in results.values() if res.cost is not None), None)
+    seen = {e["model"] for res in results.values() for e in res.timeline}
+    # one colour per model of the catalog, so plots of different runs agree
+    order = [m.name for m in cost.catalog.models] if cost is not None else sorted(seen)
+    colour = {m: plt.cm.tab10.colors[i % 10] for i, m in enumerate(order)}
+    models = [m for m in order if m in seen]
+    cluster = cost.cluster if cost is not None else None
+    n_gpu = len(cluster.gpus) if cluster is not None else \
+        max((i + 1 for res in results.values() for e in res.timeline for i in e["gpus"]), default=1)
     fig, axes = plt.subplots(len(results), 1, figsize=(10, 1.2 + (0.2 * n_gpu + 0.6) * len(results)), sharex=True,
                              squeeze=False, layout="constrained")
     for ax, (name, res) in zip(axes[:, 0], results.items()):

@@ -53,8 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from bench_config import parse_overrides
-from paired import load_rows, paired_diff, t_interval
-from statebudget.sim.paired import ratio_of_means
+from paired import load_rows, paired_diff, ratio_of_means, t_interval
 from statebudget import __version__
 from statebudget.policies import REGISTRY
 from statebudget.models.errors import InputError
@@ -80,7 +79,7 @@ METRICS = {
     # shortens its latencies, so the count stands beside them
     "unplaceable_calls": ("unplaceable calls", "lower"),
 }
-# Issue 22's "done when" bounds on ours: (row key, factor, against), against = "best" (the best
+# Bounds our planners are held to: (row key, factor, against), against = "best" (the best
 # baseline for that metric) or a policy; met when the upper end of the ratio of means' bootstrap
 # 95 % interval (`paired.ratio_of_means`, as the evidence report's claims test theirs) is at most
 # the factor.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from statebudget.sim.paired import _matches, fmt, paired_change, paired_diff, series, t_interval  # noqa: F401
+from statebudget.sim.paired import _matches, fmt, paired_change, paired_diff, ratio_of_means, series, t_interval  # noqa: F401
 
 
 def save(path: Path | None, rows: list[dict], paired: dict) -> None:

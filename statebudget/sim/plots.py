@@ -213,6 +213,11 @@ def group_styles(groups, cluster=None) -> dict[tuple, tuple]:
     return out
 
 
+def _cost(results: dict[str, SimResult]):
+    """The runs' CostModel (its cluster and catalog), None if no run kept one."""
+    return next((res.cost for res in results.values() if res.cost is not None), None)
+
+
 def _placement(results: dict[str, SimResult], out: Path) -> Path:
     """Per policy, each call as a tick at its arrival on its model's row, coloured by the GPU group
     it ran on, with the calls that stalled `STALLED_S` or more ringed: homes that move, replicas,
@@ -220,7 +225,8 @@ def _placement(results: dict[str, SimResult], out: Path) -> Path:
     do not count (the warm-up's programs, calls that did not complete) are faint."""
     points = {name: placement_points(res) for name, res in results.items()}
     models = sorted({m for pts in points.values() for m in pts})
-    cluster = next((res.cost.cluster for res in results.values() if res.cost is not None), None)
+    cost = _cost(results)
+    cluster = cost.cluster if cost is not None else None
     style = group_styles({g for pts in points.values() for calls in pts.values() for _, g, _, _ in calls}, cluster)
     n, rows = len(results), max(len(models), 1)
     fig, axes = plt.subplots(n, 1, figsize=(10, 1.2 + (0.35 * rows + 0.5) * n), sharex=True, squeeze=False,
@@ -277,7 +283,7 @@ def _residency(results: dict[str, SimResult], out: Path) -> Path:
     """Per policy, each GPU's row with a bar for every stay of a model's weights there (one colour
     per model, a thin lane each where several shared the GPU), a cross at each cold start and a
     tick at each eviction: homes that thrash show as short bars taking turns."""
-    cost = next((res.cost for res in results.values() if res.cost is not None), None)
+    cost = _cost(results)
     seen = {e["model"] for res in results.values() for e in res.timeline}
     # one colour per model of the catalog, so plots of different runs agree
     order = [m.name for m in cost.catalog.models] if cost is not None else sorted(seen)

@@ -268,6 +268,8 @@ def bench_planner_cmd(
                 d = res["decision_ms_least"]
                 console.print(f"  each hook's least time over the {repeat} runs: p50 {fmt(d['p50'])} ms, "
                               f"p99 {fmt(d['p99'])} ms, max {fmt(d['max'])} ms")
+            slow = sorted(res["decision_ms_by_hook"].items(), key=lambda kv: -(kv[1]["p99"] or 0.0))
+            console.print("  by hook (p99): " + ", ".join(f"{n} {fmt(d['p99'])} ms ({d['hooks']})" for n, d in slow))
     if json_out:
         write_json(json_out, {"results": out})
 

@@ -61,6 +61,12 @@ class PlannerConfig:
     # below capacity (`overload.py`), not only the running calls' expected ends. Opt-in: it cuts
     # swe-team's handoff P95 at 3x load and raises it at 1x (docs/planner.md, "Past capacity").
     place_queue_wait: bool = False
+    # A call waiting for HBM moves to another ready copy of its model with room now when its first
+    # token comes there in under this share of the time it would where it waits
+    # (`StateBudget.on_waiting`); None: off. On tuning seeds 1-10 (lease) it cuts real-sessions'
+    # total stall 18 % and swe-team's 11 %; moves to groups without the weights reshaped homes
+    # and doubled swe-team-shuffled's handoff P95 (docs/planner.md, "Waiting calls move").
+    move_waiting_share: float | None = 0.5
     overload_wait_s: float | None = 90.0  # a group whose queued calls would keep a new one waiting this long is past capacity (`overload.py`); None: off
     # A call of a dense model that has waited this long for HBM at its group, with no group clear
     # of the queue holding the model, adds a replica there (`homes.scale_out`); None: off. 20 s on

@@ -2,7 +2,8 @@
 applies them. Every method receives the mechanism as a read-only view (`sim`).
 
 An `on_*` hook returns a list of decisions (`core/decisions.py`: Promote, PromoteHost, Demote,
-Cancel), or None.
+Cancel), or None; `on_waiting` alone returns calls to move (the simulator's: the service binds a
+call to a group only when it starts).
 
 Eviction is a key function (`evict_priority`: lower goes first) and a tier (`demote_tier`): the
 structure that evicts does not know which policy it serves.
@@ -86,6 +87,13 @@ class Policy:
     def on_tick(self, sim):
         return None
 
+    def on_waiting(self, sim, calls):
+        """After each pass that admits waiting calls, `calls` (oldest first) still wait for HBM:
+        returns [(program, node, group)]: calls to move there, not decisions. The mechanism moves a call only where
+        it is admitted at once. None: every call waits where it was placed, as in the tools people
+        run today, which bind a request to an instance when it arrives."""
+        return None
+
 
 def restore_estimate_s(sim, call, group) -> float:
     """Uncontended seconds to make a call's state ready on `group`, from the best tiers now."""
@@ -163,13 +171,18 @@ def place_under_load(sim, call, load, compute: float = 0.0):
         est = restore_estimate_s(sim, call, g) + (compute * sim.cost.prefill_s(m, new_tokens, g) if compute else 0.0)
         if est >= best_s:  # a wait only adds: it cannot win (nor tie first)
             continue
-        keys, new, private = sim.call_need(call, g)
-        victims = sim.plan_eviction(g, new + private, protect={(k, g) for k in keys})
-        if victims is None or any(v.key[0] == "w" and v.key[1] != call.model for v in victims):
+        if not room_keeping_weights(sim, call, g):
             est += wait_s(sim, g, load)
         if est < best_s:
             best, best_s = g, est
     return best
+
+
+def room_keeping_weights(sim, call, group) -> bool:
+    """The call has room on `group` now without evicting another model's weights."""
+    keys, new, private = sim.call_need(call, group)
+    victims = sim.plan_eviction(group, new + private, protect={(k, group) for k in keys})
+    return victims is not None and not any(v.key[0] == "w" and v.key[1] != call.model for v in victims)
 
 
 NEVER = math.inf

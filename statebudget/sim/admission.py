@@ -260,9 +260,25 @@ class AdmissionMixin:
                     still.append(c)
             self.waiting = still
             if held is None or held.state == "waiting" or not self.waiting:
-                return
+                return self._move_waiting()
             # The starving call got in: the next one, if any, holds its GPUs, and the calls it
             # held back try again under the new reservation.
+
+    def _move_waiting(self) -> None:
+        """The policy may move calls still waiting to another group (`Policy.on_waiting`); a move
+        is carried out only where the call is admitted at once, else it stays where it waits."""
+        moves = self._hook("on_waiting", self.waiting) if self.waiting else None
+        for program, node, group in moves or ():
+            c = next((w for w in self.waiting if w.program == program and w.node == node), None)
+            if c is None or c.state != "waiting" or group == c.group or self._held_for_another(group) \
+                    or not self.has_room_now(c, group):
+                continue
+            self.waiting_sums.discard(c)
+            c.group = group
+            self.recorder.moved_calls += 1
+            admitted = self._admit(c)
+            assert admitted, "room was there a moment ago"
+            self.waiting.remove(c)
 
     def has_room_now(self, c: CallRec, group) -> bool:
         """Whether the call could be admitted on `group` now, evicting only unpinned ready state (and

@@ -18,7 +18,8 @@ A shared machine adds its own noise to a hook's wall time, and a single run's p9
 With `repeat` > 1 the final replay runs that many times: it makes the same decisions each time
 (same seed), so hook k is the same work in every run, and the least time each hook took over the
 runs is its cost with most of the machine's noise taken out. Both are reported: each run's
-percentiles, and those of the per-hook least times (`decision_ms_least`). Every run's decisions
+percentiles, and those of the per-hook least times (`decision_ms_least`), also per hook
+(`decision_ms_by_hook`: least times, else the final run's). Every run's decisions
 are hashed: a policy whose solver stops on a wall-clock limit (`statebudget-track`'s MILP, `static`)
 can decide differently on a loaded machine, and then there is no least time (`decisions_differ`)."""
 
@@ -50,6 +51,7 @@ class _TimedSim(Simulator):
         super().__init__(*a, **kw)
         self.window_from, self.window_to = window_from, window_to
         self.hook_ms: list[float] = []
+        self.hook_names: list[str] = []
         self.live_seen: list[int] = []
         self.decisions = hashlib.sha256()  # what every timed hook decided, in order
 
@@ -63,6 +65,7 @@ class _TimedSim(Simulator):
         out = super()._decide(fn, *args)
         if self.now >= self.window_from:
             self.hook_ms.append(self.recorder.decision_ms[-1])
+            self.hook_names.append(getattr(fn, "__name__", ""))
             self.live_seen.append(self.live())
             self.decisions.update(repr((self.now, getattr(fn, "__name__", ""), out)).encode())
         return out
@@ -89,7 +92,7 @@ def replayed_decisions(cluster: Cluster, catalog: Catalog, policy: str, preset: 
     except _Stop:  # the timed window is over: the rest of the replay is not needed
         pass
     a = np.asarray(sim.hook_ms) if sim.hook_ms else np.zeros(0)
-    return {"decision_ms": _percentiles(a), "hooks": int(a.size), "hook_ms": a,
+    return {"decision_ms": _percentiles(a), "hooks": int(a.size), "hook_ms": a, "hook_names": sim.hook_names,
             "decisions_sha256": sim.decisions.hexdigest(),
             "live_mean": round(float(np.mean(sim.live_seen)), 1) if sim.live_seen else 0.0,
             "live_max": int(max(sim.live_seen)) if sim.live_seen else 0, "load": round(load, 4),
@@ -126,7 +129,12 @@ def bench_planner(cluster: Cluster, catalog: Catalog, programs: int, policy: str
     # Hook k is the same work in every run only if every run decided the same.
     differ = len({(r["hooks"], r["decisions_sha256"]) for r in runs}) > 1
     least = np.min([r["hook_ms"] for r in runs], axis=0) if res["hooks"] and not differ else np.zeros(0)
-    res = {k: v for k, v in res.items() if k != "hook_ms"}
+    # per hook: which is slow, and what a cheap hook that runs often does to the percentiles
+    by_hook = least if least.size else res["hook_ms"]
+    names = np.asarray(res["hook_names"])
+    res = {k: v for k, v in res.items() if k not in ("hook_ms", "hook_names")}
+    res["decision_ms_by_hook"] = {n: {"hooks": int((names == n).sum()), **_percentiles(by_hook[names == n])}
+                                  for n in sorted(set(names.tolist()))} if by_hook.size else {}
     res["decision_ms_runs"] = [r["decision_ms"] for r in runs]
     res["decisions_differ"] = differ
     res["decision_ms_least"] = _percentiles(least)

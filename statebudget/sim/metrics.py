@@ -137,6 +137,7 @@ def program_metrics(res: SimResult, nominal: dict | None) -> dict:
         "ttl_error_s": Dist.of(res.ttl_errors),
         "failed_attempts": res.failed_attempts,
         "failed_service_s": round(res.failed_service_s, 6),
+        "moved_calls": res.moved_calls,
         "queue_switches": res.queue_switches,
     }
 

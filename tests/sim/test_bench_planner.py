@@ -52,6 +52,10 @@ def test_repeated_runs_time_the_same_hooks_and_the_least_is_below_each_run():
     for run in res["decision_ms_runs"]:
         assert least["p50"] <= run["p50"] and least["p99"] <= run["p99"] and least["max"] <= run["max"]
     assert res["decision_ms_runs"][0] == res["decision_ms"]
+    # per hook, the same least times: every hook counted once, none slower than the slowest
+    by = res["decision_ms_by_hook"]
+    assert "on_call_end" in by and sum(d["hooks"] for d in by.values()) == res["hooks"]
+    assert max(d["max"] for d in by.values()) == least["max"]
 
 
 def test_repeated_runs_must_decide_the_same(monkeypatch):

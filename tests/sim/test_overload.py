@@ -8,11 +8,11 @@ from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 
 
-def _replay(tr, overload_wait_s, scale_out_wait_s=None, place_queue_wait=False):
+def _replay(tr, overload_wait_s, scale_out_wait_s=None, place_queue_wait=False, move_waiting_share=None):
     # two 40 GB GPUs, a 30 GB model whose calls reserve 6-9 GB of KV each: one call per GPU
     cl, cat = cluster(gpus=2, hbm_gb=40.0, cold=10.0, wake=0.5), catalog(("m", 30.0, 3_000_000))
     cfg = PlannerConfig(overload_wait_s=overload_wait_s, scale_out_wait_s=scale_out_wait_s,
-                        place_queue_wait=place_queue_wait)
+                        place_queue_wait=place_queue_wait, move_waiting_share=move_waiting_share)
     return Simulator(cl, cat, tr, StateBudget(cfg), config=SimConfig(check_invariants=True, start="warm")).run()
 
 
@@ -63,6 +63,58 @@ def test_a_queue_at_the_only_copy_adds_a_replica_on_the_idle_gpu():
     assert all(c.state == "done" for c in scaled.calls)
 
 
+class _Placed(StateBudget):
+    """Keeps the group each call was placed on at its arrival."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.placed = {}
+
+    def place(self, sim, call):
+        group = self.placed[(call.program, call.node)] = super().place(sim, call)
+        return group
+
+
+def test_calls_waiting_at_the_only_copy_move_to_its_new_replica():
+    tr = _burst(20, 6.0)
+    cl, cat = cluster(gpus=2, hbm_gb=40.0, cold=10.0, wake=0.5), catalog(("m", 30.0, 3_000_000))
+    runs = {}
+    for share in (0.5, None):
+        policy = _Placed(PlannerConfig(overload_wait_s=None, scale_out_wait_s=20.0, move_waiting_share=share))
+        res = Simulator(cl, cat, tr, policy, config=SimConfig(check_invariants=True, start="warm")).run()
+        runs[share] = res, [c for c in res.calls if c.group != policy.placed[(c.program, c.node)]]
+    (moved, gone), (stay, none) = runs[0.5], runs[None]
+    assert stay.moved_calls == 0 and none == []
+    # calls placed on GPU 0 (the only copy) run on the replica the queue there added
+    assert moved.moved_calls == len(gone) > 0 and all(c.group == (1,) for c in gone)
+    assert sum(c.ready - c.arrive for c in moved.calls) < sum(c.ready - c.arrive for c in stay.calls)
+    assert all(c.state == "done" for c in moved.calls)
+
+
+class _MoveAway(_Placed):
+    """Asks to move every waiting call to the other GPU, with room there or not."""
+
+    def on_waiting(self, sim, calls):
+        return [(c.program, c.node, (1,) if c.group == (0,) else (0,)) for c in calls]
+
+
+def test_a_move_is_carried_out_only_where_the_call_is_admitted_at_once():
+    # one GPU runs a call of n (30 GB) while longer calls of m queue on the other: a move to n's
+    # GPU waits for n's call to end and its weights to be evicted
+    cl = cluster(gpus=2, hbm_gb=40.0, cold=10.0, wake=0.5)
+    cat = catalog(("m", 30.0, 3_000_000), ("n", 30.0, 3_000_000))
+    tr = trace(program("pn", [call("a", "n", ctx=1000, out=500, max_tokens=500)]),
+               *(program(f"p{i}", [call("a", "m", ctx=1000, out=2000, max_tokens=2000)], start=1.0 + i)
+                 for i in range(4)))
+    policy = _MoveAway(PlannerConfig(overload_wait_s=None, scale_out_wait_s=None))
+    res = Simulator(cl, cat, tr, policy, config=SimConfig(check_invariants=True, start="warm")).run()
+    n_call = next(c for c in res.calls if c.model == "n")
+    gone = [c for c in res.calls if c.group != policy.placed[(c.program, c.node)]]
+    assert res.moved_calls == len(gone) >= 1
+    assert all(c.group == n_call.group and c.admitted >= n_call.end for c in gone)
+    assert all(c.state == "done" for c in res.calls)
+
+
 def test_below_capacity_the_overload_mode_changes_no_call():
     tr = _burst(6, 40.0)  # each call ends (~11 s) before the next arrives: no queue ever forms
     on, off = _replay(tr, 30.0), _replay(tr, None)
@@ -81,8 +133,10 @@ def test_at_3x_the_swe_team_load_the_overload_mode_cuts_the_stall():
     stall, handoff = {}, {}
     for w in (90.0, None):
         # without the price of wasted bytes, which on its own keeps this queue from forming
-        # and without replicas on queue wait (`scale_out_wait_s`), which spread the queue too
-        cfg = PlannerConfig(overload_wait_s=w, waste_price_s_per_gb=0.0, scale_out_wait_s=None)
+        # and without replicas on queue wait (`scale_out_wait_s`) or moves of waiting calls to
+        # them (`move_waiting_share`), which spread the queue too
+        cfg = PlannerConfig(overload_wait_s=w, waste_price_s_per_gb=0.0, scale_out_wait_s=None,
+                            move_waiting_share=None)
         res = Simulator(cl, cat, tr, StateBudget(cfg), config=SimConfig(seed=1, start="warm")).run()
         done = [c for c in res.calls if c.ready >= 0]
         stall[w] = sum(c.ready - c.arrive for c in done)

@@ -64,8 +64,8 @@ class PlannerConfig:
     # A call waiting for HBM moves to another ready copy of its model with room now when its first
     # token comes there in under this share of the time it would where it waits
     # (`StateBudget.on_waiting`); None: off. On tuning seeds 1-10 (lease) it cuts real-sessions'
-    # total stall 18 % and swe-team's 11 %; moves to groups without the weights reshaped homes
-    # and doubled swe-team-shuffled's handoff P95 (docs/planner.md, "Waiting calls move").
+    # total stall 18 % and swe-team's 11 %; moves that load the weights on a group with room
+    # reshaped homes (docs/planner.md, "Waiting calls move").
     move_waiting_share: float | None = 0.5
     overload_wait_s: float | None = 90.0  # a group whose queued calls would keep a new one waiting this long is past capacity (`overload.py`); None: off
     # A call of a dense model that has waited this long for HBM at its group, with no group clear

@@ -2,8 +2,9 @@
 applies them. Every method receives the mechanism as a read-only view (`sim`).
 
 An `on_*` hook returns a list of decisions (`core/decisions.py`: Promote, PromoteHost, Demote,
-Cancel), or None; `on_waiting` alone returns calls to move (the simulator's: the service binds a
-call to a group only when it starts).
+Cancel), or None; `on_waiting` alone returns calls to move. The simulator binds a call to a
+group when it arrives, and `on_waiting` may move it while it waits; the service binds a call only
+when it starts.
 
 Eviction is a key function (`evict_priority`: lower goes first) and a tier (`demote_tier`): the
 structure that evicts does not know which policy it serves.
@@ -88,10 +89,11 @@ class Policy:
         return None
 
     def on_waiting(self, sim, calls):
-        """After each pass that admits waiting calls, `calls` (oldest first) still wait for HBM:
-        returns [(program, node, group)]: calls to move there, not decisions. The mechanism moves a call only where
-        it is admitted at once. None: every call waits where it was placed, as in the tools people
-        run today, which bind a request to an instance when it arrives."""
+        """After each pass that admits waiting calls, `calls` (in the queue's order) still wait
+        for HBM. Returns [(program, node, group)], calls to move there (not decisions); the
+        mechanism moves a call only where it is admitted at once. None: every call waits where it
+        was placed, as in the tools people run today, which bind a request to an instance when it
+        arrives."""
         return None
 
 
@@ -117,6 +119,15 @@ def restore_estimate_s(sim, call, group) -> float:
     return total
 
 
+def ready_s(sim, call, group, compute: float = 0.0) -> float:
+    """`restore_estimate_s` + `compute` x the prefill of the call's new tokens on `group` (with
+    `compute` 1: when its first token would come, were it admitted now)."""
+    if not compute:
+        return restore_estimate_s(sim, call, group)
+    new = max(0, call.context_tokens - sim.kv_tokens.get(kv_key(call.program, call.model), 0))
+    return restore_estimate_s(sim, call, group) + compute * sim.cost.prefill_s(sim.catalog.by_name[call.model], new, group)
+
+
 def wait_s(sim, group, load=None) -> float:
     """Seconds a call placed on `group` now is expected to wait for HBM: until the running calls
     there are expected to end, and with the admission queue's pressure `load` (`overload.py`) at
@@ -136,10 +147,8 @@ def default_place(sim, call, groups=None, compute: float = 0.0, load=None):
 
     m = sim.catalog.by_name[call.model]
     footprint = sim.call_footprint(call)
-    new_tokens = max(0, call.context_tokens - sim.kv_tokens.get(kv_key(call.program, call.model), 0))
     ranked = sorted(
-        (restore_estimate_s(sim, call, g) + (compute * sim.cost.prefill_s(m, new_tokens, g) if compute else 0.0),
-         sum(sim.running_on[i] for i in g), -min(sim.tiers.gpu_free(i) for i in g), g)
+        (ready_s(sim, call, g, compute), sum(sim.running_on[i] for i in g), -min(sim.tiers.gpu_free(i) for i in g), g)
         for g in (groups if groups is not None else sim.model_groups(m)) if sim.could_ever_fit(call, g, footprint))
     if not ranked:
         return None
@@ -163,12 +172,11 @@ def place_under_load(sim, call, load, compute: float = 0.0):
     move on in turn (a cascade of reloads). Ties go to the lower index. None if no group fits."""
     m = sim.catalog.by_name[call.model]
     footprint = sim.call_footprint(call)
-    new_tokens = max(0, call.context_tokens - sim.kv_tokens.get(kv_key(call.program, call.model), 0))
     best, best_s = None, math.inf
     for g in sim.model_groups(m):
         if not sim.could_ever_fit(call, g, footprint):
             continue
-        est = restore_estimate_s(sim, call, g) + (compute * sim.cost.prefill_s(m, new_tokens, g) if compute else 0.0)
+        est = ready_s(sim, call, g, compute)
         if est >= best_s:  # a wait only adds: it cannot win (nor tie first)
             continue
         if not room_keeping_weights(sim, call, g):

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.state import kv_key, weights_key
+from ..models.state import kv_key
 from ..planner.core import PlannerConfig, PlannerCore, lease_config
 from ..planner.target import TargetTracker, TrackConfig
 from ..planner.leases import LeaseRequest
-from .base import Policy, default_place, place_under_load, restore_estimate_s, room_keeping_weights, wait_s
+from .base import Policy, default_place, place_under_load, ready_s, room_keeping_weights, wait_s
 from .baselines import place_model
 from ..core.decisions import Cancel, Promote
 
-MOVE_LOOK = 16  # waiting calls looked at a pass, oldest first, one per model: bounds the hook's time
+MOVE_LOOK = 16  # waiting calls looked at a pass, in the queue's order, one per model: bounds the hook's time
 
 
 class StateBudget(Policy):
@@ -50,14 +50,13 @@ class StateBudget(Policy):
         return place_under_load(sim, call, load, w) or group
 
     def on_waiting(self, sim, calls):
-        """Calls waiting for HBM move to another ready copy of their model's weights with room for
-        them now (evicting no other model's weights) where their first token comes in less than
-        `move_waiting_share` of the time it would where they wait: restore + prefill there against
-        restore + prefill + the wait here. The wait is the latest expected end of the calls holding
-        the group (or the queue ahead past capacity), an upper end, hence the share. The service
-        binds a call to a group only when it starts (`start_group`); the simulator binds it at
-        arrival, and this lets it change its mind. Only the oldest waiting call of each model is
-        looked at: the next moves at the next pass."""
+        """A call waiting for HBM moves to another ready copy of its model's weights with room for
+        it now (evicting no other model's weights) where its first token comes in under
+        `move_waiting_share` of the time it would where it waits: `ready_s` there, against
+        `ready_s` + `wait_s` where it waits. That wait is the latest expected end of the calls on
+        its group or, with calls queued there, the queued work per running call, this call's and
+        that of the calls behind it included: an upper end, hence the share. Only the first
+        waiting call of each model is looked at; the next moves at the next pass."""
         core = self._core(sim)
         share = core.cfg.move_waiting_share
         if share is None:
@@ -68,16 +67,12 @@ class StateBudget(Policy):
             if c.state != "waiting" or c.model in seen:
                 continue
             seen.add(c.model)
-            wk = weights_key(c.model)
-            others = [g for g in sim.tiers.groups_of.get(wk, ()) if g != c.group and sim.tiers.gpu[(wk, g)].ready]
+            others = [copy.group for copy in sim.copies_of(c.model) if copy.ready and copy.group != c.group]
             if not others:
                 continue
-            m = sim.catalog.by_name[c.model]
-            new = max(0, c.context_tokens - sim.kv_tokens.get(kv_key(c.program, c.model), 0))
-            first = lambda g: restore_estimate_s(sim, c, g) + sim.cost.prefill_s(m, new, g)  # noqa: E731
-            best, best_s = None, share * (first(c.group) + wait_s(sim, c.group, load))
+            best, best_s = None, share * (ready_s(sim, c, c.group, 1.0) + wait_s(sim, c.group, load))
             for g in others:
-                s = first(g)
+                s = ready_s(sim, c, g, 1.0)
                 if s < best_s and sim.could_ever_fit(c, g) and room_keeping_weights(sim, c, g):
                     best, best_s = g, s
             if best is not None:

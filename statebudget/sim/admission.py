@@ -259,26 +259,32 @@ class AdmissionMixin:
                 if not self._admit(c):
                     still.append(c)
             self.waiting = still
-            if held is None or held.state == "waiting" or not self.waiting:
-                return self._move_waiting()
-            # The starving call got in: the next one, if any, holds its GPUs, and the calls it
-            # held back try again under the new reservation.
+            if held is not None and held.state != "waiting" and self.waiting:
+                continue  # the starving call got in: the calls it held back try again
+            if not self._move_waiting(held) or not self.waiting:
+                return
+            # The starving call moved and got in elsewhere: the same again.
 
-    def _move_waiting(self) -> None:
+    def _move_waiting(self, held: CallRec | None) -> bool:
         """The policy may move calls still waiting to another group (`Policy.on_waiting`); a move
-        is carried out only where the call is admitted at once, else it stays where it waits."""
+        is carried out only where the call is admitted at once, else it stays where it waits.
+        True if `held`, the call holding its GPUs against starvation, moved (and got in)."""
         moves = self._hook("on_waiting", self.waiting) if self.waiting else None
+        moved = set()
         for program, node, group in moves or ():
-            c = next((w for w in self.waiting if w.program == program and w.node == node), None)
+            c = self.programs[program].calls.get(node)
             if c is None or c.state != "waiting" or group == c.group or self._held_for_another(group) \
                     or not self.has_room_now(c, group):
                 continue
             self.waiting_sums.discard(c)
             c.group = group
+            if not self._admit(c):
+                raise RuntimeError(f"call {program}/{node} had room on {group} a moment ago")
             self.recorder.moved_calls += 1
-            admitted = self._admit(c)
-            assert admitted, "room was there a moment ago"
-            self.waiting.remove(c)
+            moved.add(id(c))
+        if moved:
+            self.waiting = [w for w in self.waiting if id(w) not in moved]
+        return held is not None and id(held) in moved
 
     def has_room_now(self, c: CallRec, group) -> bool:
         """Whether the call could be admitted on `group` now, evicting only unpinned ready state (and

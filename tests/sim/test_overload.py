@@ -79,12 +79,14 @@ def test_calls_waiting_at_the_only_copy_move_to_its_new_replica():
     tr = _burst(20, 6.0)
     cl, cat = cluster(gpus=2, hbm_gb=40.0, cold=10.0, wake=0.5), catalog(("m", 30.0, 3_000_000))
     runs = {}
-    for share in (0.5, None):
+    for share in (0.5, 1e-6, None):
         policy = _Placed(PlannerConfig(overload_wait_s=None, scale_out_wait_s=20.0, move_waiting_share=share))
         res = Simulator(cl, cat, tr, policy, config=SimConfig(check_invariants=True, start="warm")).run()
         runs[share] = res, [c for c in res.calls if c.group != policy.placed[(c.program, c.node)]]
     (moved, gone), (stay, none) = runs[0.5], runs[None]
     assert stay.moved_calls == 0 and none == []
+    # the share is read: a first token a millionth as soon is never on offer
+    assert runs[1e-6][0].moved_calls == 0 and runs[1e-6][1] == []
     # calls placed on GPU 0 (the only copy) run on the replica the queue there added
     assert moved.moved_calls == len(gone) > 0 and all(c.group == (1,) for c in gone)
     assert sum(c.ready - c.arrive for c in moved.calls) < sum(c.ready - c.arrive for c in stay.calls)

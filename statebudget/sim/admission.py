@@ -273,13 +273,12 @@ class AdmissionMixin:
         moved = set()
         for program, node, group in moves or ():
             c = self.programs[program].calls.get(node)
-            if c is None or c.state != "waiting" or group == c.group or self._held_for_another(group) \
-                    or not self.has_room_now(c, group):
+            if c is None or c.state != "waiting" or group == c.group or self._held_for_another(group):
                 continue
-            self.waiting_sums.discard(c)
-            c.group = group
-            if not self._admit(c):
-                raise RuntimeError(f"call {program}/{node} had room on {group} a moment ago")
+            old, c.group = c.group, group
+            if not self._admit(c):  # no room there now: it waits where it was
+                c.group = old
+                continue
             self.recorder.moved_calls += 1
             moved.add(id(c))
         if moved:

@@ -64,10 +64,11 @@ class _TimedSim(Simulator):
             raise _Stop
         out = super()._decide(fn, *args)
         if self.now >= self.window_from:
+            name = getattr(fn, "__name__", "")
             self.hook_ms.append(self.recorder.decision_ms[-1])
-            self.hook_names.append(getattr(fn, "__name__", ""))
+            self.hook_names.append(name)
             self.live_seen.append(self.live())
-            self.decisions.update(repr((self.now, getattr(fn, "__name__", ""), out)).encode())
+            self.decisions.update(repr((self.now, name, out)).encode())
         return out
 
 

@@ -27,7 +27,9 @@ class WaitingSums:
 
     def __init__(self, n_gpu: int):
         self.n_gpu = n_gpu
-        self.calls: dict[int, tuple[CallRec, int]] = {}  # id -> (call, its run ns as summed)
+        # id -> (call, its run ns as summed, the group it is summed on: a call the policy moves
+        # (`on_waiting`) leaves the group it joined)
+        self.calls: dict[int, tuple[CallRec, int, tuple]] = {}
         self.at: dict[tuple, dict[int, CallRec]] = {}    # group -> id -> call, first arrived first
         self.of_model: dict[str, dict[tuple, dict[int, CallRec]]] = {}  # model -> group -> id -> call
         self.count_at: dict[str, int] = {}              # model -> estimate count its runs were taken at
@@ -36,7 +38,7 @@ class WaitingSums:
 
     def add(self, c: CallRec, run_s: float) -> None:
         ns, g = round(run_s * NS), c.group
-        self.calls[id(c)] = (c, ns)
+        self.calls[id(c)] = (c, ns, g)
         self.at.setdefault(g, {})[id(c)] = c
         self.of_model.setdefault(c.model, {}).setdefault(g, {})[id(c)] = c
         self.ns[g] = self.ns.get(g, 0) + ns
@@ -46,7 +48,7 @@ class WaitingSums:
         got = self.calls.pop(id(c), None)
         if got is None:
             return
-        g = c.group
+        g = got[2]
         del self.at[g][id(c)]
         del self.of_model[c.model][g][id(c)]
         self.ns[g] -= got[1]
@@ -84,7 +86,7 @@ class WaitingSums:
             for c, g, ns in zip(got, at, new):
                 old = calls[id(c)][1]
                 if ns != old:
-                    calls[id(c)] = (c, ns)
+                    calls[id(c)] = (c, ns, g)
                     self.ns[g] += ns - old
             self._load = None
         if self._load is None:

@@ -284,7 +284,7 @@ class Predictor:
             dirty.clear()
             return a
         if a is None:  # first step, or an id started again (`program_started`)
-            progs = list(self.live.values())
+            progs, first = list(self.live.values()), 0
             a = self._fresh(progs)
         else:
             if self._gone:
@@ -292,10 +292,12 @@ class Predictor:
                 progs = list(compress(progs, keep))
                 a = a[np.fromiter(keep, bool, len(keep))]
             born = [lp for lp in born if lp.row != -2]
+            # with none cut out, the kept rows keep their places: only the born are numbered
+            first = 0 if self._gone else len(progs)
             progs = progs + born
             a = np.concatenate((a, self._fresh(born))) if born else a
-        for i, lp in enumerate(progs):
-            lp.row = i
+        for i in range(first, len(progs)):
+            progs[i].row = i
         for lp in dirty:
             if lp.row >= 0 and lp.rec is None:
                 a[lp.row] = self._row(lp)

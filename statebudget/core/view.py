@@ -116,6 +116,8 @@ class ResidencyView:
                     if copy.pins == 0 and k not in protect and (copy.ready or (cancel is not None and cancel(copy))) \
                             and (allow is None or allow(copy)):
                         cands[k] = copy
+        if _short_whatever_goes(deficit, asleep.values(), cands.values(), self.tiers.engines):
+            return None
         order = sorted(asleep.values(), key=lambda e: (e.last_use, e.key, e.group)) + \
             sorted(cands.values(), key=lambda cp: (cp.ready, self.policy.evict_priority(self, cp), cp.key, cp.group))
         victims = []
@@ -141,6 +143,30 @@ class ResidencyView:
         if not all(d <= 1.0 for d in deficit.values()):
             return None
         return _prune(victims, deficit, self.tiers.engines)
+
+
+# Bytes by which `_short_whatever_goes` must find a GPU short before it answers for the exact pass:
+# far above any rounding of sums of GB-sized floats taken in another order.
+_SHORT_MARGIN = 1024.0
+
+
+def _short_whatever_goes(deficit: dict, asleep, cands, engines: dict) -> bool:
+    """Whether a GPU stays short of room even if every candidate went, with the awake engines of
+    the weights among them: then `plan_eviction`, which takes some of them, finds no room in any
+    order, and need not rank them (most placements ask of groups full of pinned state)."""
+    left = dict(deficit)
+    for unit in (asleep, cands):
+        for v in unit:
+            for i in v.group:
+                if i in left:
+                    left[i] -= v.per_gpu
+    for v in cands:
+        e = engines.get((v.key, v.group)) if v.key[0] == "w" else None
+        if e is not None and e.host is None and e.per_gpu:
+            for i in e.group:
+                if i in left:
+                    left[i] -= e.per_gpu
+    return any(d > 1.0 + _SHORT_MARGIN for d in left.values())
 
 
 def _prune(victims: list, deficit: dict, engines: dict) -> list:

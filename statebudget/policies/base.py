@@ -128,28 +128,35 @@ def ready_s(sim, call, group, compute: float = 0.0) -> float:
     return restore_estimate_s(sim, call, group) + compute * sim.cost.prefill_s(sim.catalog.by_name[call.model], new, group)
 
 
-def wait_s(sim, group, load=None) -> float:
+def wait_s(sim, group, load=None, ends=None) -> float:
     """Seconds a call placed on `group` now is expected to wait for HBM: until the running calls
     there are expected to end, and with the admission queue's pressure `load` (`overload.py`) at
-    least the queued work ahead."""
-    running = sim.expected_wait_s(group)
+    least the queued work ahead. `ends`: the view's `latest_ends()`, read once for many groups."""
+    if ends is None:
+        running = sim.expected_wait_s(group)
+    else:
+        running = max((ends[i] for i in group if ends[i] is not None), default=sim.now) - sim.now
     return running if load is None else max(running, load.wait_s(group))
 
 
-def default_place(sim, call, groups=None, compute: float = 0.0, load=None):
+def default_place(sim, call, groups=None, compute: float = 0.0, load=None, ready: dict | None = None):
     """The group where the call's state is ready soonest (with `compute` > 0: the least restore +
     `compute` x the prefill of its new tokens on that group's GPUs; 1 = the soonest first token),
     preferring groups with room now (after evicting unpinned state) over groups where it would
     wait unless waiting for the best group (`wait_s`; with the pressure `load`, the queue ahead
     counts while that group is below capacity) costs less than the difference; ties go to the
     less busy, then the one with more free HBM, then the lower index. Groups that could never
-    hold the call are skipped."""
+    hold the call are skipped. `ready`: a dict that keeps each group's estimate for a next pass
+    of the same hook (`place_under_load`)."""
 
     m = sim.catalog.by_name[call.model]
     footprint = sim.call_footprint(call)
-    ranked = sorted(
-        (ready_s(sim, call, g, compute), sum(sim.running_on[i] for i in g), -min(sim.tiers.gpu_free(i) for i in g), g)
-        for g in (groups if groups is not None else sim.model_groups(m)) if sim.could_ever_fit(call, g, footprint))
+    ready = {} if ready is None else ready
+    for g in (groups if groups is not None else sim.model_groups(m)):
+        if sim.could_ever_fit(call, g, footprint):
+            ready[g] = ready_s(sim, call, g, compute)
+    ranked = sorted((est, sum(sim.running_on[i] for i in g), -min(sim.tiers.gpu_free(i) for i in g), g)
+                    for g, est in ready.items())
     if not ranked:
         return None
     best_s, best = ranked[0][0], ranked[0][-1]
@@ -164,23 +171,32 @@ def default_place(sim, call, groups=None, compute: float = 0.0, load=None):
     return best
 
 
-def place_under_load(sim, call, load, compute: float = 0.0):
+def place_under_load(sim, call, load, compute: float = 0.0, ready: dict | None = None):
     """The group where restore (+ `compute` x prefill) + the wait is least: no wait where the call
     has room now without evicting another model's weights, else the queue ahead (`load.wait_s`,
     `planner/overload.py`) or, with no queue, the running calls' expected ends. Evicting weights
     counts as no room: past capacity the model evicted is queued for too, and its calls would
-    move on in turn (a cascade of reloads). Ties go to the lower index. None if no group fits."""
+    move on in turn (a cascade of reloads). Ties go to the lower index. None if no group fits.
+    `ready`: the estimates `default_place` kept in this hook (the same `compute`)."""
     m = sim.catalog.by_name[call.model]
     footprint = sim.call_footprint(call)
     best, best_s = None, math.inf
+    ends = None  # `latest_ends`, read at the first group without room (most have none past capacity)
     for g in sim.model_groups(m):
-        if not sim.could_ever_fit(call, g, footprint):
+        if ready is not None:
+            est = ready.get(g)
+            if est is None:  # it could never fit
+                continue
+        elif not sim.could_ever_fit(call, g, footprint):
             continue
-        est = ready_s(sim, call, g, compute)
+        else:
+            est = ready_s(sim, call, g, compute)
         if est >= best_s:  # a wait only adds: it cannot win (nor tie first)
             continue
         if not room_keeping_weights(sim, call, g):
-            est += wait_s(sim, g, load)
+            if ends is None:
+                ends = sim.latest_ends()
+            est += wait_s(sim, g, load, ends)
         if est < best_s:
             best, best_s = g, est
     return best

@@ -44,10 +44,11 @@ class StateBudget(Policy):
         core = self._core(sim)
         w = core.cfg.place_prefill_weight
         load = core.pressure(sim)
-        group = default_place(sim, call, compute=w, load=load if core.cfg.place_queue_wait else None)
+        ready: dict = {}
+        group = default_place(sim, call, compute=w, load=load if core.cfg.place_queue_wait else None, ready=ready)
         if group is None or load is None or not load.past_capacity(group):
             return group
-        return place_under_load(sim, call, load, w) or group
+        return place_under_load(sim, call, load, w, ready) or group
 
     def on_waiting(self, sim, calls):
         """A call waiting for HBM moves to another ready copy of its model's weights with room for

@@ -79,6 +79,17 @@ class AdmissionMixin:
         return max((self._est_end(a) for a in self.active.values() if not gs.isdisjoint(a.group)),
                    default=self.now) - self.now
 
+    def latest_ends(self) -> list[float | None]:
+        """Per GPU: the latest expected end of the calls holding room on it (None: no call), for
+        `expected_wait_s` of many groups in one pass over the running calls."""
+        ends: list[float | None] = [None] * len(self.gpus)
+        for a in self.active.values():
+            end = self._est_end(a)
+            for i in a.group:
+                if ends[i] is None or end > ends[i]:
+                    ends[i] = end
+        return ends
+
     def admission_queue(self) -> list[tuple[str, tuple[int, ...], float, float]]:
         """(model, group, expected run seconds, seconds waited) of each call waiting for HBM
         (`ResidencyView`); the run is `_est_end`'s, from the output estimate, never a call's true

@@ -35,6 +35,7 @@ class WaitingSums:
         self.count_at: dict[str, int] = {}              # model -> estimate count its runs were taken at
         self.ns: dict[tuple, int] = {}
         self._load: QueueLoad | None = None              # None: changed since built
+        self._oldest: dict[tuple, float] | None = None   # `oldest`; None: a call joined or left since
 
     def add(self, c: CallRec, run_s: float) -> None:
         ns, g = round(run_s * NS), c.group
@@ -42,7 +43,7 @@ class WaitingSums:
         self.at.setdefault(g, {})[id(c)] = c
         self.of_model.setdefault(c.model, {}).setdefault(g, {})[id(c)] = c
         self.ns[g] = self.ns.get(g, 0) + ns
-        self._load = None
+        self._load = self._oldest = None
 
     def discard(self, c: CallRec) -> None:
         got = self.calls.pop(id(c), None)
@@ -52,13 +53,16 @@ class WaitingSums:
         del self.at[g][id(c)]
         del self.of_model[c.model][g][id(c)]
         self.ns[g] -= got[1]
-        self._load = None
+        self._load = self._oldest = None
 
     def oldest(self) -> dict[tuple, float]:
         """(model, group) -> when the longest-waiting call of that model there arrived: the first
-        to join, as calls join at the instant they arrive."""
-        return {(model, g): next(iter(calls.values())).arrive
-                for model, of_group in self.of_model.items() for g, calls in of_group.items() if calls}
+        to join, as calls join at the instant they arrive. Kept until a call joins or leaves (every
+        planning step asks); the caller only reads it."""
+        if self._oldest is None:
+            self._oldest = {(model, g): next(iter(calls.values())).arrive
+                            for model, of_group in self.of_model.items() for g, calls in of_group.items() if calls}
+        return self._oldest
 
     def depth(self) -> dict[tuple, int]:
         """(model, group) -> how many calls of that model wait there."""

@@ -197,11 +197,10 @@ class PlannerCore:
             # engine sleeps, else it pays a cold start.
             restore = self.cost.weights_restore_s(m, "host", node, home,
                                                   wake=home in held or tiers.asleep_on(wk, home))
-            src = view.best_source(wk, home)
             c = gpu_copies.get((wk, home))
             dense = m.dense_bytes / len(home)
             push(wk, home, c, p_m, p_m * restore, dense,
-                 None if c is not None else self._path_bytes(src, home, dense, shared=True))
+                 None if c is not None else self._path_bytes(view.best_source(wk, home), home, dense, shared=True))
             for g in (g for g in held if g != home):  # held: a copy is there
                 push(wk, g, gpu_copies[(wk, g)], 0.0, 0.25 * pm * restore, 0.0, None)
             if m.moe:
@@ -284,7 +283,10 @@ class PlannerCore:
         cap = np.asarray(tiers.hbm_cap)
         budget = cap * (1 - cfg.gpu_headroom) - np.asarray(pinned)
         backlog = view.link_backlog()
-        link_budget = {l: b - backlog.get(l, 0.0) for l, b in self._link_window().items()}
+        link_budget = dict(self._link_window())
+        for l, b in backlog.items():  # few links carry a backlog: the rest keep the whole window
+            if l in link_budget:
+                link_budget[l] -= b
         cands = Candidates(keys, groups, member & ~is_pinned[:, None], np.asarray(per_gpu), np.asarray(values),
                            res_arr & ~is_pinned, paths)
         plan = solve(cands, budget, link_budget, cfg.hysteresis)

@@ -250,18 +250,31 @@ class ProgramEvents:
         if row["status"] == CallStatus.STARTED and row["group"]:
             group = tuple(row["group"])
         else:
-            held = [c for c in self.copies_of(row["model"]) if c.ready]
-            group = max(held, key=lambda c: c.last_use).group if held else None
+            group = self.ready_group(row["model"], rec.program)
         node = self.cluster.gpus[group[0]].node if group else None
         return CallReady(call, row["status"], group is not None and row["status"] in (CallStatus.ARRIVED, CallStatus.STARTED),
                          gpu_tier(group) if group else None, node)
 
-    def start_group(self, model: str, program: str) -> tuple[int, ...] | None:
-        """The GPU group a call of `model` starts on now: the most recently used ready copy of its
-        weights (the copy `call_ready` names), else where a prefetch for `program` would go
-        (`place_model`); None if it fits no group."""
+    def ready_group(self, model: str, program: str) -> tuple[int, ...] | None:
+        """Of the ready copies of `model`'s weights, the group a call of `program` starts on: the
+        one holding the program's ready KV, then the one running the fewest calls of the model (its
+        engine has the most free slots), then the most recently used; None if none is ready. The
+        simulator's order (`default_place`): the state ready soonest, then the least busy."""
         held = [c for c in self.copies_of(model) if c.ready]
-        return max(held, key=lambda c: c.last_use).group if held else place_model(self, model, program)
+        if not held:
+            return None
+        kvk, gpu = kv_key(program, model), self.tiers.gpu
+
+        def rank(c):
+            kv = gpu.get((kvk, c.group))
+            return kv is not None and kv.ready, -self.running_models.get((model, c.group), 0), c.last_use
+        return max(held, key=rank).group
+
+    def start_group(self, model: str, program: str) -> tuple[int, ...] | None:
+        """The GPU group a call of `model` starts on now: `ready_group` (the copy `call_ready`
+        names), else where a prefetch for `program` would go (`place_model`); None if it fits no
+        group."""
+        return self.ready_group(model, program) or place_model(self, model, program)
 
     def _call_started(self, rec: ProgramRec, ev: dict) -> CallAck | CallStartedAck:
         self._live(rec, "call start")

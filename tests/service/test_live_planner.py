@@ -1,11 +1,13 @@
 """The live planner's books on their hardest paths: refusals are durable, a lease
 waits for an in-flight copy, a shared transfer survives one lease's cancel, the engine's own KV is
-not dropped when it grows, a failed demotion adopts its source, and a lease with no room says so."""
+not dropped when it grows, a failed demotion adopts its source, a lease with no room says so, and
+a call starts on the ready copy with its KV, else the least busy."""
 
 import pytest
 
-from tests.helpers import report_op
+from tests.helpers import make_live_planner, report_op
 from statebudget.models.load import load_catalog, load_cluster
+from statebudget.planner.core import lease_config
 from statebudget.service.ledger import Store
 from statebudget.service.live import Conflict, LivePlanner
 from statebudget.core.decisions import Demote, Promote, apply
@@ -128,3 +130,38 @@ def test_a_restart_rebuilds_the_engines_of_awake_weights(tmp_path):
     assert q.residency().engines == [{"model": "planner", "tier": "gpu:0", "state": "awake"}]
     q.tiers.check()
 
+
+
+def test_a_call_starts_on_the_ready_copy_with_its_kv_else_the_least_busy():
+    """Two ready copies of a model: a call starts where its program's KV is, else where fewer calls
+    of the model run (its engine has free slots), not on the copy used last; `call_ready` names the
+    same group the start takes."""
+    p = make_live_planner(config=lease_config(promote_min_p=1.01))  # no speculative promotes
+    for group in ((0,), (1,)):
+        with p.store.tx():
+            apply([Promote(W, group)], p)
+        report_op(p, next(r.op for r in p.ops.values() if r.op.object == list(W) and r.op.dst == f"gpu:{group[0]}"))
+
+    def start(prog, call):
+        p.event("a", {"type": "call_arrived", "program": prog, "call": call, "model": "planner"})
+        ready = p.call_ready("a", prog, call)
+        ack = p.event("a", {"type": "call_started", "program": prog, "call": call})
+        assert ready.ready and ready.group == ack.group
+        return ack.group
+
+    for prog in ("k", "x", "y"):
+        p.event("a", {"type": "program_started", "program": prog})
+    first = start("k", "c1")
+    p.clock.t += 1
+    second = start("x", "c1")
+    assert {first, second} == {"gpu:0", "gpu:1"}  # the copy used last already runs a call
+    p.clock.t += 1
+    p.event("a", {"type": "call_finished", "program": "k", "call": "c1", "tokens": 1000})
+    p.event("a", {"type": "call_finished", "program": "x", "call": "c1", "tokens": 1000})
+    for rec in list(p.ops.values()):
+        report_op(p, rec.op)
+    assert p.tiers.gpu[(("kv", "k", "planner"), (int(first[4:]),))].ready
+    p.clock.t += 1
+    assert start("k", "c2") == first  # its KV is there, though the other copy was used last
+    p.clock.t += 1
+    assert start("y", "c1") == second  # no KV anywhere: the copy with no call running

@@ -134,8 +134,8 @@ class ResidencyView:
         for copy in list(victims):
             if all(d <= 1.0 for d in deficit.values()):
                 break
-            e = self.tiers.engines.get((copy.key, copy.group)) if copy.key[0] == "w" else None
-            if e is not None and e.host is None and e.per_gpu and any(deficit.get(i, 0) > 1.0 for i in e.group):
+            e = _stops_with(copy, self.tiers.engines)
+            if e is not None and any(deficit.get(i, 0) > 1.0 for i in e.group):
                 victims.append(e)
                 for i in e.group:
                     if i in deficit:
@@ -161,12 +161,20 @@ def _short_whatever_goes(deficit: dict, asleep, cands, engines: dict) -> bool:
                 if i in left:
                     left[i] -= v.per_gpu
     for v in cands:
-        e = engines.get((v.key, v.group)) if v.key[0] == "w" else None
-        if e is not None and e.host is None and e.per_gpu:
+        e = _stops_with(v, engines)
+        if e is not None:
             for i in e.group:
                 if i in left:
                     left[i] -= e.per_gpu
     return any(d > 1.0 + _SHORT_MARGIN for d in left.values())
+
+
+def _stops_with(victim, engines: dict):
+    """The awake engine that `plan_eviction` may stop with an evicted weights copy (its overhead
+    freed too), else None. One rule for the exact pass and `_short_whatever_goes`: were the bound to
+    free less than the pass may, it would answer 'no room' wrongly."""
+    e = engines.get((victim.key, victim.group)) if victim.key[0] == "w" else None
+    return e if e is not None and e.host is None and e.per_gpu else None
 
 
 def _prune(victims: list, deficit: dict, engines: dict) -> list:

@@ -146,12 +146,15 @@ def default_place(sim, call, groups=None, compute: float = 0.0, load=None, ready
     wait unless waiting for the best group (`wait_s`; with the pressure `load`, the queue ahead
     counts while that group is below capacity) costs less than the difference; ties go to the
     less busy, then the one with more free HBM, then the lower index. Groups that could never
-    hold the call are skipped. `ready`: a dict that keeps each group's estimate for a next pass
-    of the same hook (`place_under_load`)."""
+    hold the call are skipped. `ready`: an empty dict, filled with each group's estimate for
+    `place_under_load` in the same hook; only with `groups` None (it must hold every group)."""
 
     m = sim.catalog.by_name[call.model]
     footprint = sim.call_footprint(call)
-    ready = {} if ready is None else ready
+    if ready is None:
+        ready = {}
+    elif ready or groups is not None:
+        raise ValueError("`ready` must be an empty dict, and `groups` None: it is to hold every group")
     for g in (groups if groups is not None else sim.model_groups(m)):
         if sim.could_ever_fit(call, g, footprint):
             ready[g] = ready_s(sim, call, g, compute)
@@ -177,7 +180,7 @@ def place_under_load(sim, call, load, compute: float = 0.0, ready: dict | None =
     `planner/overload.py`) or, with no queue, the running calls' expected ends. Evicting weights
     counts as no room: past capacity the model evicted is queued for too, and its calls would
     move on in turn (a cascade of reloads). Ties go to the lower index. None if no group fits.
-    `ready`: the estimates `default_place` kept in this hook (the same `compute`)."""
+    `ready`: the estimates `default_place` kept in this hook (the same `compute`, every group)."""
     m = sim.catalog.by_name[call.model]
     footprint = sim.call_footprint(call)
     best, best_s = None, math.inf

@@ -257,18 +257,16 @@ class ProgramEvents:
 
     def ready_group(self, model: str, program: str) -> tuple[int, ...] | None:
         """Of the ready copies of `model`'s weights, the group a call of `program` starts on: the
-        one holding the program's ready KV, then the one running the fewest calls of the model (its
-        engine has the most free slots), then the most recently used; None if none is ready. The
-        simulator's order (`default_place`): the state ready soonest, then the least busy."""
+        one holding the program's KV (ready or being restored there, as `place_model` places a
+        lease and the simulator's `restore_estimate_s` counts it), then the one running the fewest
+        calls of the model (its engine has the most free slots), then the most recently used;
+        None if none is ready."""
         held = [c for c in self.copies_of(model) if c.ready]
         if not held:
             return None
         kvk, gpu = kv_key(program, model), self.tiers.gpu
-
-        def rank(c):
-            kv = gpu.get((kvk, c.group))
-            return kv is not None and kv.ready, -self.running_models.get((model, c.group), 0), c.last_use
-        return max(held, key=rank).group
+        return max(held, key=lambda c: ((kvk, c.group) in gpu, -self.running_models.get((model, c.group), 0),
+                                        c.last_use)).group
 
     def start_group(self, model: str, program: str) -> tuple[int, ...] | None:
         """The GPU group a call of `model` starts on now: `ready_group` (the copy `call_ready`

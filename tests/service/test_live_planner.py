@@ -165,3 +165,35 @@ def test_a_call_starts_on_the_ready_copy_with_its_kv_else_the_least_busy():
     assert start("k", "c2") == first  # its KV is there, though the other copy was used last
     p.clock.t += 1
     assert start("y", "c1") == second  # no KV anywhere: the copy with no call running
+
+
+def test_a_call_starts_where_its_kv_is_being_restored_even_on_the_busier_copy():
+    p = make_live_planner(config=lease_config(promote_min_p=1.01))
+    for group in ((0,), (1,)):
+        with p.store.tx():
+            apply([Promote(W, group)], p)
+        report_op(p, next(r.op for r in p.ops.values() if r.op.object == list(W) and r.op.dst == f"gpu:{group[0]}"))
+    groups = {}
+    for prog in ("k", "x", "z"):
+        p.event("a", {"type": "program_started", "program": prog})
+    for prog in ("k", "x"):  # the second goes to the other copy: the first runs a call
+        p.clock.t += 1
+        p.event("a", {"type": "call_arrived", "program": prog, "call": "c1", "model": "planner"})
+        groups[prog] = p.event("a", {"type": "call_started", "program": prog, "call": "c1"}).group
+    for prog in ("k", "x"):
+        p.event("a", {"type": "call_finished", "program": prog, "call": "c1", "tokens": 1000})
+    for rec in list(p.ops.values()):
+        report_op(p, rec.op)
+    kvk, home, other = ("kv", "k", "planner"), (int(groups["k"][4:]),), (int(groups["x"][4:]),)
+    assert home != other
+    with p.store.tx():
+        apply([Demote(kvk, home, "host")], p)
+    for rec in [r for r in p.ops.values() if tuple(r.op.object) == kvk]:
+        report_op(p, rec.op)
+    with p.store.tx():
+        apply([Promote(kvk, other)], p)  # not reported: still being restored there
+    assert not p.tiers.gpu[(kvk, other)].ready and (kvk, home) not in p.tiers.gpu
+    p.event("a", {"type": "call_arrived", "program": "z", "call": "c1", "model": "planner"})
+    assert p.event("a", {"type": "call_started", "program": "z", "call": "c1"}).group == groups["x"]  # used last
+    p.event("a", {"type": "call_arrived", "program": "k", "call": "c2", "model": "planner"})
+    assert p.event("a", {"type": "call_started", "program": "k", "call": "c2"}).group == groups["x"]

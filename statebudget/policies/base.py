@@ -132,10 +132,7 @@ def wait_s(sim, group, load=None, ends=None) -> float:
     """Seconds a call placed on `group` now is expected to wait for HBM: until the running calls
     there are expected to end, and with the admission queue's pressure `load` (`overload.py`) at
     least the queued work ahead. `ends`: the view's `latest_ends()`, read once for many groups."""
-    if ends is None:
-        running = sim.expected_wait_s(group)
-    else:
-        running = max((ends[i] for i in group if ends[i] is not None), default=sim.now) - sim.now
+    running = sim.expected_wait_s(group, ends)
     return running if load is None else max(running, load.wait_s(group))
 
 

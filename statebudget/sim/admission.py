@@ -72,16 +72,15 @@ class AdmissionMixin:
         return max((self._est_end(a, tokens=a.max_tokens) for a in self.active.values() if not gs.isdisjoint(a.group)),
                    default=self.now)
 
-    def expected_wait_s(self, group) -> float:
+    def expected_wait_s(self, group, ends: list | None = None) -> float:
         """Seconds until the calls holding room on `group` are expected to end (placement's guess
-        at the wait for a busy group; estimates only, no call's true output)."""
-        gs = set(group)
-        return max((self._est_end(a) for a in self.active.values() if not gs.isdisjoint(a.group)),
-                   default=self.now) - self.now
+        at the wait for a busy group; estimates only, no call's true output). `ends`: `latest_ends`
+        read once for many groups."""
+        ends = self.latest_ends() if ends is None else ends
+        return max((ends[i] for i in group if ends[i] is not None), default=self.now) - self.now
 
     def latest_ends(self) -> list[float | None]:
-        """Per GPU: the latest expected end of the calls holding room on it (None: no call), for
-        `expected_wait_s` of many groups in one pass over the running calls."""
+        """Per GPU: the latest expected end of the calls holding room on it (None: no call)."""
         ends: list[float | None] = [None] * len(self.gpus)
         for a in self.active.values():
             end = self._est_end(a)

@@ -128,6 +128,16 @@ def ready_s(sim, call, group, compute: float = 0.0) -> float:
     return restore_estimate_s(sim, call, group) + compute * sim.cost.prefill_s(sim.catalog.by_name[call.model], new, group)
 
 
+def ready_by_group(sim, call, compute: float = 0.0, groups=None) -> dict:
+    """{group: `ready_s`} over `groups` (default: every group of the call's model) that could ever
+    hold the call: what `default_place` ranks and `place_under_load` adds waits to, computed
+    once when a hook asks both."""
+    footprint = sim.call_footprint(call)
+    return {g: ready_s(sim, call, g, compute)
+            for g in (groups if groups is not None else sim.model_groups(sim.catalog.by_name[call.model]))
+            if sim.could_ever_fit(call, g, footprint)}
+
+
 def wait_s(sim, group, load=None, ends=None) -> float:
     """Seconds a call placed on `group` now is expected to wait for HBM: until the running calls
     there are expected to end, and with the admission queue's pressure `load` (`overload.py`) at
@@ -143,18 +153,11 @@ def default_place(sim, call, groups=None, compute: float = 0.0, load=None, ready
     wait unless waiting for the best group (`wait_s`; with the pressure `load`, the queue ahead
     counts while that group is below capacity) costs less than the difference; ties go to the
     less busy, then the one with more free HBM, then the lower index. Groups that could never
-    hold the call are skipped. `ready`: an empty dict, filled with each group's estimate for
-    `place_under_load` in the same hook; only with `groups` None (it must hold every group)."""
+    hold the call are skipped. `ready`: `ready_by_group`'s estimates (same `compute` and
+    `groups`) where the caller has them already."""
 
-    m = sim.catalog.by_name[call.model]
-    footprint = sim.call_footprint(call)
     if ready is None:
-        ready = {}
-    elif ready or groups is not None:
-        raise ValueError("`ready` must be an empty dict, and `groups` None: it is to hold every group")
-    for g in (groups if groups is not None else sim.model_groups(m)):
-        if sim.could_ever_fit(call, g, footprint):
-            ready[g] = ready_s(sim, call, g, compute)
+        ready = ready_by_group(sim, call, compute, groups)
     ranked = sorted((est, sum(sim.running_on[i] for i in g), -min(sim.tiers.gpu_free(i) for i in g), g)
                     for g, est in ready.items())
     if not ranked:
@@ -177,20 +180,15 @@ def place_under_load(sim, call, load, compute: float = 0.0, ready: dict | None =
     `planner/overload.py`) or, with no queue, the running calls' expected ends. Evicting weights
     counts as no room: past capacity the model evicted is queued for too, and its calls would
     move on in turn (a cascade of reloads). Ties go to the lower index. None if no group fits.
-    `ready`: the estimates `default_place` kept in this hook (the same `compute`, every group)."""
-    m = sim.catalog.by_name[call.model]
-    footprint = sim.call_footprint(call)
+    `ready`: `ready_by_group`'s estimates (same `compute`) where the caller has them already."""
+    if ready is None:
+        ready = ready_by_group(sim, call, compute)
     best, best_s = None, math.inf
     ends = None  # `latest_ends`, read at the first group without room (most have none past capacity)
-    for g in sim.model_groups(m):
-        if ready is not None:
-            est = ready.get(g)
-            if est is None:  # it could never fit
-                continue
-        elif not sim.could_ever_fit(call, g, footprint):
+    for g in sim.model_groups(sim.catalog.by_name[call.model]):
+        est = ready.get(g)
+        if est is None:  # it could never fit
             continue
-        else:
-            est = ready_s(sim, call, g, compute)
         if est >= best_s:  # a wait only adds: it cannot win (nor tie first)
             continue
         if not room_keeping_weights(sim, call, g):

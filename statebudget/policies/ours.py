@@ -9,7 +9,7 @@ from ..models.state import kv_key
 from ..planner.core import PlannerConfig, PlannerCore, lease_config
 from ..planner.target import TargetTracker, TrackConfig
 from ..planner.leases import LeaseRequest
-from .base import Policy, default_place, place_under_load, ready_s, room_keeping_weights, wait_s
+from .base import Policy, default_place, place_under_load, ready_by_group, ready_s, room_keeping_weights, wait_s
 from .baselines import place_model
 from ..core.decisions import Cancel, Promote
 
@@ -44,7 +44,7 @@ class StateBudget(Policy):
         core = self._core(sim)
         w = core.cfg.place_prefill_weight
         load = core.pressure(sim)
-        ready: dict = {}
+        ready = ready_by_group(sim, call, w)  # both rankings below read the same estimates
         group = default_place(sim, call, compute=w, load=load if core.cfg.place_queue_wait else None, ready=ready)
         if group is None or load is None or not load.past_capacity(group):
             return group

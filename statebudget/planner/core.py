@@ -80,7 +80,7 @@ class PlannerConfig:
     # A home for a model with no copy avoids GPUs holding weights of models at least this x as
     # likely, and counts the idle state of less likely ones as room (`homes.home_of`); None: the
     # most free HBM. Off: 0.2 won on tuning seeds 1-10 and lost on evaluation seeds (mapreduce
-    # handoff P95 1.23 -> 2.25x forecast-prewarm's; docs/planner.md).
+    # handoff P95 1.23 -> 2.25x forecast-prewarm's; docs/experiments.md).
     home_reclaim: float | None = None
 
 

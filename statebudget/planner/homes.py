@@ -8,7 +8,7 @@ seeds 7-8: handoff P95 1.7-2.6 s against forecast-prewarm's 0.3-0.4). With `shar
 first avoids GPUs that hold the weights of models at least `share` x as likely to be needed, and
 counts the idle state of models less likely than that as room: roughly what the mechanism would
 evict for it. Off by default: on evaluation seeds it homes bursty small models on small clear
-GPUs, where their calls queue for KV room (docs/planner.md)."""
+GPUs, where their calls queue for KV room (docs/experiments.md)."""
 
 from __future__ import annotations
 

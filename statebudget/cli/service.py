@@ -103,7 +103,7 @@ def serve(
                                                   "survives a power loss; normal only a crash of the process)")] = "full",
     track_every_s: Annotated[float, typer.Option(help="track a forecast MILP solved this often, off the event loop "
                                                  "(`statebudget-track`, docs/tracking.md); 0: the greedy step alone",
-                                                 min=0.0)] = 0.0,
+                                                 min=0.0)] = 60.0,
     overload_wait_s: Annotated[float, typer.Option(help="a group whose waiting calls would hold a new one this long, "
                                                    "and one has waited as long, is past capacity: leases onto it are "
                                                    "rejected with a Retry-After (docs/planner.md); below the gateway's "

@@ -1,4 +1,5 @@
-"""The live planner: the simulator's policy (`statebudget-lease`) and books (`Tiers`), fed by
+"""The live planner: the simulator's policy (`statebudget-lease`, or `statebudget-track` with a
+`TrackConfig`, as `serve` runs it by default) and books (`Tiers`), fed by
 runtime events and adapter reports instead of a trace, written through to SQLite.
 
 Every state object has copies; a copy in HBM or DRAM is *ready* once an adapter reported its op

@@ -19,6 +19,7 @@ from statebudget.gateway.config import GatewayConfig
 from statebudget.gateway.fake_engine import make_app as engine_app
 from statebudget.models.load import load_catalog
 from statebudget.service.ledger import Store
+from statebudget.planner.target import TrackConfig
 from statebudget.service.live import LivePlanner
 
 from tests.fake_engines import serve
@@ -44,7 +45,8 @@ def gateway_stack(tmp, wake_s: float = 0.3, tokens_per_s: float = 200.0, engines
                  TokenEntry(token=TOK["admin"], role="admin")])
     one_gpu = cluster(gpus=1, hbm_gb=0.3, h2d=4.0, nvme_read=2.0, root=8.0, wake=wake_s, cold=1.0, host_gb=2.0) if wake_s > 0 else \
         cluster(gpus=1, hbm_gb=0.3, h2d=4.0, nvme_read=2.0, root=8.0, wake=0.05, cold=1.0, host_gb=2.0)
-    live = LivePlanner(one_gpu, load_catalog("toy"), Store(tmp / "sb.db"))
+    # the planner as `serve` runs it by default: tracking the forecast MILP every 60 s
+    live = LivePlanner(one_gpu, load_catalog("toy"), Store(tmp / "sb.db"), track=TrackConfig(replan_s=60.0))
     with ExitStack() as stack:
         planner_url = stack.enter_context(serve(create_app(live, auth, tick_s=0.5), lifespan="on"))
         sup = None

@@ -101,10 +101,13 @@ class Service:
 
     async def tracking_loop(self, every_s: float, time_limit_s: float) -> None:
         """Every `every_s`: the tracking MILP's problem is built on this loop (it reads the books),
-        solved in a worker thread (SCIP releases the GIL), and its target adopted back here."""
+        solved in a worker thread (SCIP releases the GIL), and its target adopted back here. A
+        failure is logged with its traceback once; the same failure again is one line a solve, so a
+        service left running does not fill its log with copies."""
         from ..solvers.target import solve_target
 
         loop = asyncio.get_running_loop()
+        last, repeats = None, 0
         while True:
             try:
                 got = self.planner.target_problem()
@@ -114,8 +117,15 @@ class Service:
                     self.metrics.target_solved(sol.solve_s, sol.status)
                     if self.planner.adopt_target(policy, prob, sol):
                         self._wake.set()
-            except Exception:
-                log.exception("tracking solve failed")
+                last, repeats = None, 0
+            except Exception as e:
+                what = f"{type(e).__name__}: {e}"
+                if what != last:
+                    log.exception("tracking solve failed")
+                    last, repeats = what, 0
+                else:
+                    repeats += 1
+                    log.warning("tracking solve failed again (%d in a row since its traceback): %s", repeats, what)
             await asyncio.sleep(every_s)
 
     # ---- oracle runs -----------------------------------------------------------------------------------

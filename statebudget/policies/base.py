@@ -180,15 +180,13 @@ def place_under_load(sim, call, load, compute: float = 0.0, ready: dict | None =
     `planner/overload.py`) or, with no queue, the running calls' expected ends. Evicting weights
     counts as no room: past capacity the model evicted is queued for too, and its calls would
     move on in turn (a cascade of reloads). Ties go to the lower index. None if no group fits.
-    `ready`: `ready_by_group`'s estimates (same `compute`) where the caller has them already."""
+    `ready`: `ready_by_group`'s estimates over every group of the model (same `compute`), where the
+    caller has them already; they hold only the groups that could ever fit, in the model's order."""
     if ready is None:
         ready = ready_by_group(sim, call, compute)
     best, best_s = None, math.inf
     ends = None  # `latest_ends`, read at the first group without room (most have none past capacity)
-    for g in sim.model_groups(sim.catalog.by_name[call.model]):
-        est = ready.get(g)
-        if est is None:  # it could never fit
-            continue
+    for g, est in ready.items():
         if est >= best_s:  # a wait only adds: it cannot win (nor tie first)
             continue
         if not room_keeping_weights(sim, call, g):

@@ -64,6 +64,7 @@ class StateBudget(Policy):
             return None
         load = core.pressure(sim)
         out, seen = [], set()
+        ends = None  # `latest_ends`, read once, at the first model with another ready copy
         for c in calls[:MOVE_LOOK]:
             if c.state != "waiting" or c.model in seen:
                 continue
@@ -71,7 +72,9 @@ class StateBudget(Policy):
             others = [copy.group for copy in sim.copies_of(c.model) if copy.ready and copy.group != c.group]
             if not others:
                 continue
-            best, best_s = None, share * (ready_s(sim, c, c.group, 1.0) + wait_s(sim, c.group, load))
+            if ends is None:
+                ends = sim.latest_ends()
+            best, best_s = None, share * (ready_s(sim, c, c.group, 1.0) + wait_s(sim, c.group, load, ends))
             for g in others:
                 s = ready_s(sim, c, g, 1.0)
                 if s < best_s and sim.could_ever_fit(c, g) and room_keeping_weights(sim, c, g):

@@ -34,6 +34,32 @@ from .routers import calls, events, health, inventory, leases, oracle, plan, que
 log = logging.getLogger("statebudget.api")
 
 
+class RepeatedFailure:
+    """How a loop that runs for days logs a failure: the first of a kind with its traceback, the
+    same failure again as one warning line at its 1st, 2nd, 4th, 8th ... repeat, so a step that
+    fails on every event leaves a few lines an hour rather than one per event; a success or another
+    failure starts the count again."""
+
+    def __init__(self, what: str):
+        self.what = what  # "planning step", "tracking solve"
+        self.last: str | None = None
+        self.repeats = 0
+
+    def ok(self) -> None:
+        self.last, self.repeats = None, 0
+
+    def failed(self, e: Exception) -> None:
+        """Call from inside the `except` block (the traceback is the one being handled)."""
+        kind = f"{type(e).__name__}: {e}"
+        if kind != self.last:
+            log.exception("%s failed", self.what)
+            self.last, self.repeats = kind, 0
+            return
+        self.repeats += 1
+        if self.repeats & (self.repeats - 1) == 0:  # a power of two
+            log.warning("%s failed again (%d in a row since its traceback): %s", self.what, self.repeats, kind)
+
+
 class Service:
     """What the handlers share: the planner, the tokens, the metrics, and the version waiters."""
 
@@ -84,7 +110,7 @@ class Service:
         return out
 
     async def planning_loop(self) -> None:
-        wake = self._wake
+        wake, failures = self._wake, RepeatedFailure("planning step")
         while True:
             due = self.planner.due_in()  # a tool-wait KV timer may come before the next tick
             try:
@@ -95,19 +121,19 @@ class Service:
             wake.clear()
             try:
                 self.planner.tick()
-            except Exception:
-                log.exception("planning step failed")
+                failures.ok()
+            except Exception as e:
+                failures.failed(e)
             self.changed()
 
     async def tracking_loop(self, every_s: float, time_limit_s: float) -> None:
         """Every `every_s`: the tracking MILP's problem is built on this loop (it reads the books),
-        solved in a worker thread (SCIP releases the GIL), and its target adopted back here. A
-        failure is logged with its traceback once; the same failure again is one line a solve, so a
-        service left running does not fill its log with copies."""
+        solved in a worker thread (SCIP releases the GIL), and its target adopted back here. Failures
+        are logged as `RepeatedFailure` says."""
         from ..solvers.target import solve_target
 
         loop = asyncio.get_running_loop()
-        last, repeats = None, 0
+        failures = RepeatedFailure("tracking solve")
         while True:
             try:
                 got = self.planner.target_problem()
@@ -117,15 +143,9 @@ class Service:
                     self.metrics.target_solved(sol.solve_s, sol.status)
                     if self.planner.adopt_target(policy, prob, sol):
                         self._wake.set()
-                last, repeats = None, 0
+                failures.ok()
             except Exception as e:
-                what = f"{type(e).__name__}: {e}"
-                if what != last:
-                    log.exception("tracking solve failed")
-                    last, repeats = what, 0
-                else:
-                    repeats += 1
-                    log.warning("tracking solve failed again (%d in a row since its traceback): %s", repeats, what)
+                failures.failed(e)
             await asyncio.sleep(every_s)
 
     # ---- oracle runs -----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import time
+import traceback
 import uuid
 from contextlib import asynccontextmanager
 
@@ -35,29 +36,40 @@ log = logging.getLogger("statebudget.api")
 
 
 class RepeatedFailure:
-    """How a loop that runs for days logs a failure: the first of a kind with its traceback, the
-    same failure again as one warning line at its 1st, 2nd, 4th, 8th ... repeat, so a step that
-    fails on every event leaves a few lines an hour rather than one per event; a success or another
-    failure starts the count again."""
+    """How a loop that runs for days logs a failure. The first of a kind is logged with its
+    traceback; the same failure again is one warning line at its 1st, 2nd, 4th ... 64th repeat and
+    then at every 64th, so a step that fails on every event does not fill the log and one that
+    keeps failing still says so. A failure's kind is its type and the line that raised it, not its
+    message, which may name a call or a key. The first success after failures says so too."""
+
+    EVERY = 64  # past this many repeats, one line per this many
 
     def __init__(self, what: str):
         self.what = what  # "planning step", "tracking solve"
-        self.last: str | None = None
+        self.last: tuple | None = None
         self.repeats = 0
 
     def ok(self) -> None:
+        if self.last is not None:
+            log.warning("%s works again after %d failures", self.what, self.repeats + 1)
         self.last, self.repeats = None, 0
 
-    def failed(self, e: Exception) -> None:
+    def failed(self, e: BaseException) -> None:
         """Call from inside the `except` block (the traceback is the one being handled)."""
-        kind = f"{type(e).__name__}: {e}"
+        frames = traceback.extract_tb(e.__traceback__)
+        kind = (type(e).__name__,) + ((frames[-1].filename, frames[-1].lineno) if frames else ())
         if kind != self.last:
             log.exception("%s failed", self.what)
             self.last, self.repeats = kind, 0
             return
         self.repeats += 1
-        if self.repeats & (self.repeats - 1) == 0:  # a power of two
-            log.warning("%s failed again (%d in a row since its traceback): %s", self.what, self.repeats, kind)
+        n = self.repeats
+        if (n & (n - 1) == 0 and n <= self.EVERY) or n % self.EVERY == 0:
+            try:
+                said = f"{type(e).__name__}: {e}"
+            except Exception:  # an exception whose message cannot be formatted
+                said = type(e).__name__
+            log.warning("%s failed again (%d in a row since its traceback): %s", self.what, n, said)
 
 
 class Service:

@@ -61,6 +61,11 @@ class PlannerConfig:
     # below capacity (`overload.py`), not only the running calls' expected ends. Opt-in: it cuts
     # swe-team's handoff P95 at 3x load and raises it at 1x (docs/planner.md, "Past capacity").
     place_queue_wait: bool = False
+    # Past capacity a call goes where restore + the queue ahead is least (`place_under_load`), onto
+    # another model's GPUs if need be; False: placed as below capacity, so a model keeps to its
+    # groups. Opt-out: at 3x real-sessions False lifts SLO@5 from 0.59 to 0.77 but costs the
+    # handoff and program P95 and collapses swe-team at 3x (docs/experiments.md, "At 3x").
+    spread_past_capacity: bool = True
     # A call waiting for HBM moves to another ready copy of its model with room now when its first
     # token comes there in under this share of the time it would where it waits
     # (`StateBudget.on_waiting`); None: off. On tuning seeds 1-10 (lease) it cuts real-sessions'

@@ -40,13 +40,14 @@ class StateBudget(Policy):
         `PlannerConfig.place_prefill_weight` (BENCHMARKS.md: the stall / TTFT trade-off); with
         `place_queue_wait`, room now elsewhere is weighed against the queue ahead too. Past
         capacity there (`planner/overload.py`), where restore + the wait for the calls queued
-        ahead is least: the group holding the weights may have a queue that others could drain."""
+        ahead is least: the group holding the weights may have a queue that others could drain
+        (unless `spread_past_capacity` is off)."""
         core = self._core(sim)
         w = core.cfg.place_prefill_weight
         load = core.pressure(sim)
         ready = ready_by_group(sim, call, w)  # both rankings below read the same estimates
         group = default_place(sim, call, compute=w, load=load if core.cfg.place_queue_wait else None, ready=ready)
-        if group is None or load is None or not load.past_capacity(group):
+        if group is None or load is None or not load.past_capacity(group) or not core.cfg.spread_past_capacity:
             return group
         return place_under_load(sim, call, load, w, ready) or group
 

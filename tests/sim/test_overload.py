@@ -8,11 +8,13 @@ from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 
 
-def _replay(tr, overload_wait_s, scale_out_wait_s=None, place_queue_wait=False, move_waiting_share=None):
+def _replay(tr, overload_wait_s, scale_out_wait_s=None, place_queue_wait=False, move_waiting_share=None,
+            spread=True):
     # two 40 GB GPUs, a 30 GB model whose calls reserve 6-9 GB of KV each: one call per GPU
     cl, cat = cluster(gpus=2, hbm_gb=40.0, cold=10.0, wake=0.5), catalog(("m", 30.0, 3_000_000))
     cfg = PlannerConfig(overload_wait_s=overload_wait_s, scale_out_wait_s=scale_out_wait_s,
-                        place_queue_wait=place_queue_wait, move_waiting_share=move_waiting_share)
+                        place_queue_wait=place_queue_wait, move_waiting_share=move_waiting_share,
+                        spread_past_capacity=spread)
     return Simulator(cl, cat, tr, StateBudget(cfg), config=SimConfig(check_invariants=True, start="warm")).run()
 
 
@@ -33,6 +35,14 @@ def test_past_capacity_calls_queue_where_the_wait_ahead_is_shorter():
     # the calls placed before any had waited 30 s stay where they were placed
     assert all(c.group == (0,) for c in on.calls[:3])
     assert all(c.state == "done" for c in on.calls)
+
+
+def test_without_spreading_past_capacity_calls_keep_to_the_group_holding_the_weights():
+    tr = _burst(30, 2.0)
+    kept = _replay(tr, 30.0, spread=False)
+    # the queue is read (leases and speculation still yield) but placement is as below capacity
+    assert {c.group for c in kept.calls} == {(0,)}
+    assert all(c.state == "done" for c in kept.calls)
 
 
 def test_with_the_queue_in_the_wait_a_call_takes_a_cold_start_rather_than_a_longer_queue():

@@ -62,10 +62,12 @@ class PlannerConfig:
     # swe-team's handoff P95 at 3x load and raises it at 1x (docs/planner.md, "Past capacity").
     place_queue_wait: bool = False
     # Past capacity a call goes where restore + the queue ahead is least (`place_under_load`), onto
-    # another model's GPUs if need be; False: placed as below capacity, so a model keeps to its
-    # groups. Opt-out: at 3x real-sessions False lifts SLO@5 from 0.59 to 0.77 but costs the
-    # handoff and program P95 and collapses swe-team at 3x (docs/experiments.md, "At 3x").
-    spread_past_capacity: bool = True
+    # another model's GPUs if need be, while the longest wait on its group is under this; past it
+    # the call is placed as below capacity and its model keeps to its groups. None: always spread;
+    # at or below `overload_wait_s`: never (past capacity needs that wait). At 3x real-sessions a
+    # bound trades the tails for SLO@5; never spreading collapses swe-team at 3x (docs/planner.md,
+    # "Past capacity").
+    spread_until_s: float | None = None
     # A call waiting for HBM moves to another ready copy of its model with room now when its first
     # token comes there in under this share of the time it would where it waits
     # (`StateBudget.on_waiting`); None: off. On tuning seeds 1-10 (lease) it cuts real-sessions'

@@ -41,13 +41,16 @@ class StateBudget(Policy):
         `place_queue_wait`, room now elsewhere is weighed against the queue ahead too. Past
         capacity there (`planner/overload.py`), where restore + the wait for the calls queued
         ahead is least: the group holding the weights may have a queue that others could drain
-        (unless `spread_past_capacity` is off)."""
+        (while its longest wait is under `spread_until_s`)."""
         core = self._core(sim)
         w = core.cfg.place_prefill_weight
         load = core.pressure(sim)
         ready = ready_by_group(sim, call, w)  # both rankings below read the same estimates
         group = default_place(sim, call, compute=w, load=load if core.cfg.place_queue_wait else None, ready=ready)
-        if group is None or load is None or not load.past_capacity(group) or not core.cfg.spread_past_capacity:
+        if group is None or load is None or not load.past_capacity(group):
+            return group
+        until = core.cfg.spread_until_s
+        if until is not None and max(load.oldest_s[i] for i in group) >= until:
             return group
         return place_under_load(sim, call, load, w, ready) or group
 

@@ -9,12 +9,12 @@ from statebudget.sim.engine import Simulator
 
 
 def _replay(tr, overload_wait_s, scale_out_wait_s=None, place_queue_wait=False, move_waiting_share=None,
-            spread=True):
+            spread_until_s=None):
     # two 40 GB GPUs, a 30 GB model whose calls reserve 6-9 GB of KV each: one call per GPU
     cl, cat = cluster(gpus=2, hbm_gb=40.0, cold=10.0, wake=0.5), catalog(("m", 30.0, 3_000_000))
     cfg = PlannerConfig(overload_wait_s=overload_wait_s, scale_out_wait_s=scale_out_wait_s,
                         place_queue_wait=place_queue_wait, move_waiting_share=move_waiting_share,
-                        spread_past_capacity=spread)
+                        spread_until_s=spread_until_s)
     return Simulator(cl, cat, tr, StateBudget(cfg), config=SimConfig(check_invariants=True, start="warm")).run()
 
 
@@ -37,12 +37,24 @@ def test_past_capacity_calls_queue_where_the_wait_ahead_is_shorter():
     assert all(c.state == "done" for c in on.calls)
 
 
-def test_without_spreading_past_capacity_calls_keep_to_the_group_holding_the_weights():
-    tr = _burst(30, 2.0)
-    kept = _replay(tr, 30.0, spread=False)
-    # the queue is read (leases and speculation still yield) but placement is as below capacity
-    assert {c.group for c in kept.calls} == {(0,)}
-    assert all(c.state == "done" for c in kept.calls)
+def _longest_wait_at(calls, group, t: float) -> float:
+    """How long the longest-waiting call on `group` had waited at time `t` (0: none waited)."""
+    return max((t - c.arrive for c in calls if c.group == group and c.arrive < t < c.admitted), default=0.0)
+
+
+def test_spreading_stops_once_the_longest_wait_on_the_group_reaches_the_bound():
+    tr = _burst(30, 2.0)  # a call every 2 s, each ~11 s long: the queue only grows
+    runs = {b: _replay(tr, 30.0, spread_until_s=b).calls for b in (None, 0.0, 45.0)}
+    # at or below overload_wait_s (30 s here), never: past capacity needs that wait already
+    assert {c.group for c in runs[0.0]} == {(0,)}
+    calls = runs[45.0]
+    moved = [c for c in calls if c.group == (1,)]
+    assert 0 < len(moved) < sum(1 for c in runs[None] if c.group == (1,))
+    # every call that spread came while GPU 0's longest wait was under 45 s; the calls that
+    # stayed on GPU 0 after the first one past the bound found it at 45 s or more
+    assert all(_longest_wait_at(calls, (0,), c.arrive) < 45.0 for c in moved)
+    late = [c for c in calls if c.group == (0,) and _longest_wait_at(calls, (0,), c.arrive) >= 45.0]
+    assert late and all(c.arrive > moved[0].arrive for c in late)
 
 
 def test_with_the_queue_in_the_wait_a_call_takes_a_cold_start_rather_than_a_longer_queue():

@@ -40,36 +40,36 @@ class RepeatedFailure:
     traceback; the same failure again is one warning line at its 1st, 2nd, 4th ... 64th repeat and
     then at every 64th, so a step that fails on every event does not fill the log and one that
     keeps failing still says so. A failure's kind is its type and the line that raised it, not its
-    message, which may name a call or a key. The first success after failures says so too."""
+    message, which may name a call or a key; kinds that alternate are counted apart. The first
+    success after failures says how many there were."""
 
     EVERY = 64  # past this many repeats, one line per this many
 
     def __init__(self, what: str):
         self.what = what  # "planning step", "tracking solve"
-        self.last: tuple | None = None
-        self.repeats = 0
+        self.repeats: dict[tuple, int] = {}  # kind -> repeats since its traceback, until a success
 
     def ok(self) -> None:
-        if self.last is not None:
-            log.warning("%s works again after %d failures", self.what, self.repeats + 1)
-        self.last, self.repeats = None, 0
+        if self.repeats:
+            n = sum(self.repeats.values()) + len(self.repeats)
+            log.warning("%s works again after %d failures", self.what, n)
+        self.repeats = {}
 
     def failed(self, e: BaseException) -> None:
         """Call from inside the `except` block (the traceback is the one being handled)."""
         frames = traceback.extract_tb(e.__traceback__)
         kind = (type(e).__name__,) + ((frames[-1].filename, frames[-1].lineno) if frames else ())
-        if kind != self.last:
+        if kind not in self.repeats:
             log.exception("%s failed", self.what)
-            self.last, self.repeats = kind, 0
+            self.repeats[kind] = 0
             return
-        self.repeats += 1
-        n = self.repeats
+        n = self.repeats[kind] = self.repeats[kind] + 1
         if (n & (n - 1) == 0 and n <= self.EVERY) or n % self.EVERY == 0:
             try:
                 said = f"{type(e).__name__}: {e}"
             except Exception:  # an exception whose message cannot be formatted
                 said = type(e).__name__
-            log.warning("%s failed again (%d in a row since its traceback): %s", self.what, n, said)
+            log.warning("%s failed again (repeat %d since its traceback): %s", self.what, n, said)
 
 
 class Service:

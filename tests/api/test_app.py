@@ -30,7 +30,7 @@ def test_a_repeated_failure_logs_its_traceback_then_at_each_doubling_then_every_
             _fail(f)
     again = [m for m, tb in _lines(caplog)[1:]]
     assert _lines(caplog)[0] == ("step failed", True)
-    assert [int(m.split("(")[1].split(" ")[0]) for m in again] == [1, 2, 4, 8, 16, 32, 64, 128, 192]
+    assert [int(m.split("(repeat ")[1].split(" ")[0]) for m in again] == [1, 2, 4, 8, 16, 32, 64, 128, 192]
     assert all(m.endswith(": ValueError: broken books") for m in again)
 
 
@@ -44,7 +44,7 @@ def test_a_success_after_failures_says_so_and_the_same_failure_is_new_again(capl
         _fail(f)
     assert _lines(caplog) == [
         ("step failed", True),
-        ("step failed again (1 in a row since its traceback): ValueError: broken books", False),
+        ("step failed again (repeat 1 since its traceback): ValueError: broken books", False),
         ("step works again after 2 failures", False),
         ("step failed", True),
     ]
@@ -60,6 +60,20 @@ def test_a_failure_is_known_by_where_it_was_raised_not_by_its_message(caplog):
     assert _lines(caplog)[1][0].endswith("ValueError: no call c2")
 
 
+def test_failures_that_alternate_are_counted_apart(caplog):
+    f = RepeatedFailure("step")
+    with caplog.at_level("WARNING", logger="statebudget.api"):
+        for _ in range(3):
+            _fail(f, where=0)
+            _fail(f, where=1)
+        f.ok()
+    lines = _lines(caplog)
+    assert [tb for _, tb in lines[:2]] == [True, True]  # one traceback for each kind
+    assert [m.split(" since")[0] for m, tb in lines[2:-1]] == ["step failed again (repeat 1"] * 2 + \
+        ["step failed again (repeat 2"] * 2
+    assert lines[-1] == ("step works again after 6 failures", False)
+
+
 def test_a_failure_whose_message_cannot_be_formatted_is_still_logged(caplog):
     class Opaque(Exception):
         def __str__(self):
@@ -72,7 +86,7 @@ def test_a_failure_whose_message_cannot_be_formatted_is_still_logged(caplog):
                 raise Opaque()
             except Opaque as e:
                 f.failed(e)
-    assert _lines(caplog)[1] == ("step failed again (1 in a row since its traceback): Opaque", False)
+    assert _lines(caplog)[1] == ("step failed again (repeat 1 since its traceback): Opaque", False)
 
 
 def test_a_planning_step_that_keeps_failing_logs_a_few_lines(caplog):

@@ -70,6 +70,6 @@ def test_a_tracking_failure_logs_its_traceback_once_then_a_line_at_each_doubling
     failed = [r for r in caplog.records if "tracking solve failed" in r.getMessage()]
     assert failed[0].exc_info is not None
     assert all(r.exc_info is None and "no books" in r.getMessage() for r in failed[1:])
-    assert "(1 in a row" in failed[1].getMessage()
-    assert "(2 in a row" in failed[2].getMessage()
-    assert "(4 in a row" in failed[3].getMessage()
+    assert "(repeat 1 since" in failed[1].getMessage()
+    assert "(repeat 2 since" in failed[2].getMessage()
+    assert "(repeat 4 since" in failed[3].getMessage()

@@ -79,10 +79,14 @@ class Pressure:
         """Seconds a call joining `group`'s queue now is expected to wait for the calls ahead."""
         return max(self.queued_s[i] / max(1, self.running[i]) for i in group)
 
+    def longest_wait_s(self, group) -> float:
+        """How long the longest-waiting call on `group`'s GPUs has waited."""
+        return max(self.oldest_s[i] for i in group)
+
     def past_capacity(self, group) -> bool:
         """The queue ahead would hold a new call `threshold_s`, and one call has already waited
         that long: a queue that a burst or a cold start leaves drains before either holds."""
-        return self.wait_s(group) >= self.threshold_s and max(self.oldest_s[i] for i in group) >= self.threshold_s
+        return self.wait_s(group) >= self.threshold_s and self.longest_wait_s(group) >= self.threshold_s
 
     @property
     def any_past(self) -> bool:

@@ -50,7 +50,7 @@ class StateBudget(Policy):
         if group is None or load is None or not load.past_capacity(group):
             return group
         until = core.cfg.spread_until_s
-        if until is not None and max(load.oldest_s[i] for i in group) >= until:
+        if until is not None and load.longest_wait_s(group) >= until:
             return group
         return place_under_load(sim, call, load, w, ready) or group
 

@@ -18,8 +18,8 @@ from statebudget.gateway.app import make_app as gateway_app
 from statebudget.gateway.config import GatewayConfig
 from statebudget.gateway.fake_engine import make_app as engine_app
 from statebudget.models.load import load_catalog
-from statebudget.service.ledger import Store
 from statebudget.planner.target import TrackConfig
+from statebudget.service.ledger import Store
 from statebudget.service.live import LivePlanner
 
 from tests.fake_engines import serve

@@ -1,6 +1,7 @@
-"""What each tool-wait KV rule does to a program's KV while it waits on a tool (`core/toolwait.py`),
-replayed in the simulator: preserve, swap, discard and adaptive, its TTL and its swap-in ahead of
-the predicted return, a lease that keeps the KV, and the swap's background share of a link."""
+"""What each tool-wait KV rule does to a program's KV while it waits on a tool (`core/toolwait.py`):
+the adaptive choice against the wait and resume models it reads (`core/waits.py`), then, replayed
+in the simulator, preserve, swap, discard and adaptive, its TTL and its swap-in ahead of the
+predicted return, a lease that keeps the KV, and the swap's background share of a link."""
 
 import math
 

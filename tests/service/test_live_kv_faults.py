@@ -1,6 +1,6 @@
-"""The service's tool-wait KV ops against a real data plane (a local adapter through the
-service's routes) when they do not land: a swap-out the call overtakes or the data plane fails,
-drops the engine fails and their retries, across restarts."""
+"""The service's ops that do not land: a tool-wait swap-out that the call overtakes or the data
+plane fails, against a real data plane (a local adapter through the service's routes); drops the
+engine fails, sent again later and kept or cancelled across restarts and the books' changes."""
 
 import pytest
 

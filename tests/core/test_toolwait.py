@@ -1,21 +1,21 @@
 """What each tool-wait KV rule does to a program's KV while it waits on a tool (`core/toolwait.py`):
-the adaptive choice against the wait and resume models it reads (`core/waits.py`), then, replayed
-in the simulator, preserve, swap, discard and adaptive, its TTL and its swap-in ahead of the
+the adaptive choice (the wait and resume models it reads: test_waits.py), then, replayed in the
+simulator, preserve, swap, discard and adaptive, its TTL and its swap-in ahead of the
 predicted return, a lease that keeps the KV, and the swap's background share of a link."""
 
 import math
 
-import numpy as np
 import pytest
 
 from tests.helpers import GB, call, catalog, cluster, program, tool, trace
 from statebudget.core.costs import LATENCY_S
 from statebudget.core.toolwait import BACKGROUND_SHARE, adaptive_choice
-from statebudget.core.waits import ResumeModel, ToolWaitModel
+from statebudget.core.waits import ToolWaitModel
 from statebudget.policies import make_policy
 from statebudget.sim import programs as sim_programs, transfers as sim_transfers
 from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
+
 
 def _waits(median_s: float, sigma: float = 0.3) -> ToolWaitModel:
     return ToolWaitModel({"t": (median_s, sigma)})
@@ -37,22 +37,6 @@ def test_adaptive_weighs_the_chance_of_resuming():
     assert adaptive_choice(5 * GB, p_resume=0.01, **kw) == ("discard", 0.0)
 
 
-def test_hold_outcomes_match_the_log_normal_they_model():
-    # E[min(W, e + tau) - e | W > e] and P(W > e + tau | W > e), closed form against a sample.
-    w = _waits(10.0, sigma=1.2)
-    rng = np.random.default_rng(0)
-    sample = np.exp(np.log(10.0) + 1.2 * rng.standard_normal(1_000_000))
-    holds = [1.0, 10.0, 100.0, math.inf]
-    for e in (0.0, 5.0, 60.0):
-        alive = sample[sample > e]
-        for hold, (held, outlasts) in zip(holds, w.hold_outcomes("t", e, holds)):
-            assert held == pytest.approx(np.minimum(alive, e + hold).mean() - e, rel=0.01)
-            assert outlasts == pytest.approx((alive > e + hold).mean(), abs=0.003)
-        for q, left in zip((0.1, 0.5, 0.9), w.remaining_quantiles("t", e, (0.1, 0.5, 0.9))):
-            assert left == pytest.approx(np.quantile(alive - e, q), rel=0.02)
-            assert left == pytest.approx(w.quantile_remaining("t", e, q), rel=1e-6)
-
-
 def test_adaptive_holds_a_long_tailed_wait_for_a_ttl_not_for_its_median():
     # A tool that usually returns at once but sometimes runs for minutes (median 1 s, sigma 2.5:
     # mean 23 s). Priced at its median, holding the KV is cheaper than moving it; in expectation
@@ -67,20 +51,6 @@ def test_adaptive_holds_a_long_tailed_wait_for_a_ttl_not_for_its_median():
     assert adaptive_choice(kv, hbm, pcie, 100.0, 1.0, waits, "t", elapsed_s=ttl) == ("swap", 0.0)
     # A tight wait distribution around the same median is held until it returns.
     assert adaptive_choice(kv, hbm, pcie, 100.0, 1.0, _waits(1.0, sigma=0.2), "t") == ("preserve", math.inf)
-
-
-def test_resume_model_learns_per_tool_and_model():
-    r = ResumeModel()
-    assert r.p("search", "planner") == 1.0  # the prior: every interrupt resumes
-    for _ in range(50):
-        r.observe("search", "planner", False)
-        r.observe("build", "coder", True)
-    assert r.p("search", "planner") < 0.1
-    assert r.p("edit", "planner") < 0.2  # an unseen tool leans on the model's pooled outcomes
-    assert r.p("build", "coder") == 1.0 and r.p("search", "coder") == 1.0
-    for _ in range(400):  # it forgets: a changed workload moves the estimate back
-        r.observe("search", "planner", True)
-    assert r.p("search", "planner") > 0.7
 
 
 def test_adaptive_learns_to_discard_kv_its_programs_never_resume():

@@ -66,8 +66,9 @@ def print_replay(rep, tr, cl, cat, wall: float) -> None:
 
 
 def print_by_model(rep, cl, top: int = 3) -> None:
-    """`replay --by-model`: per policy, each model's calls, stall, and the groups they ran on
-    (GPU indices and kind, most used first): where a policy's stall sits and why."""
+    """`replay --by-model`: per policy, each model's calls, stall, TTFT P95 and SLO attainment at
+    5, and the groups they ran on (GPU indices and kind, most used first): where a policy's stall
+    sits, which model pays for it, and why."""
     from ..sim.metrics import short_of_room  # the simulator loads only for this command
 
     def where(label: str) -> str:
@@ -76,13 +77,16 @@ def print_by_model(rep, cl, top: int = 3) -> None:
 
     for n, r in rep.policies.items():
         t = Table(Column("model", no_wrap=True), "calls", "stall total s", "HBM wait s", "stall p95 s",
-                  "handoff p95 s", "calls by GPU group", title=f"{n}: stall by model")
+                  "handoff p95 s", "TTFT p95 s", "SLO@5", "calls by GPU group", title=f"{n}: stall by model")
         for model, s in r.stall_by_model.items():
             groups = list(s.groups.items())
             shown = ", ".join(f"{where(g)} {k}" for g, k in groups[:top])
             more = sum(k for _, k in groups[top:])
+            att = s.slo_attainment.get("5")
             t.add_row(model, str(s.calls), f"{s.stall_total_s:.1f}", f"{s.hbm_wait_total_s:.1f}", f"{s.stall_s.p95:.2f}",
-                      f"{s.handoff_stall_s.p95:.2f}" if s.handoff_stall_s.n else "-", shown + (f", {more} elsewhere" if more else ""))
+                      f"{s.handoff_stall_s.p95:.2f}" if s.handoff_stall_s.n else "-",
+                      f"{s.ttft_s.p95:.2f}" if s.ttft_s.n else "-", f"{att:.3f}" if att is not None else "-",
+                      shown + (f", {more} elsewhere" if more else ""))
         console.print(t)
         for model in short_of_room(r.stall_by_model, r.stall_total_s):
             s = r.stall_by_model[model]

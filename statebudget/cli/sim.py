@@ -58,8 +58,8 @@ def replay(
                                             "that holds them, no engine awake) or cold (all weights on NVMe)")] = "warm",
     warmup: Annotated[float, typer.Option("--warmup", help="seconds simulated first whose arriving calls every "
                                                            "metric leaves out", min=0.0)] = 0.0,
-    by_model: Annotated[bool, typer.Option("--by-model", help="also print, per policy, each model's stall and the "
-                                                              "GPU groups its calls ran on")] = False,
+    by_model: Annotated[bool, typer.Option("--by-model", help="also print, per policy, each model's stall, TTFT P95, "
+                                                              "SLO attainment at 5 and the GPU groups its calls ran on")] = False,
     timeline: Annotated[Optional[Path], typer.Option(help="write every load, eviction and engine stop of models' "
                                                           "weights, with its cause, here (JSON lines, one per event)")] = None,
 ):

@@ -50,6 +50,10 @@ class ModelStall(BaseModel):
     hbm_wait_total_s: float = 0.0
     handoff_stall_total_s: float = 0.0
     handoff_hbm_wait_total_s: float = 0.0
+    # The user's side, as the policy's figures (DESIGN.md §4) over this model's calls alone: which
+    # model misses its first tokens (empty without a cost model, or for a model no GPU hosts).
+    ttft_s: Dist = Field(default_factory=Dist)
+    slo_attainment: dict[str, float] = Field(default_factory=dict)
 
 
 class PolicyReport(BaseModel):

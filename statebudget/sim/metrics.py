@@ -150,9 +150,10 @@ def hbm_wait_s(c) -> float:
     return c.admitted - c.arrive
 
 
-def stall_by_model(done: list) -> dict[str, ModelStall]:
-    """Per model (sorted by name): its completed calls' stall and the groups they ran on, most
-    used first. A policy's total hides which model stalls where; this is where to look first."""
+def stall_by_model(done: list, cost: CostModel | None = None) -> dict[str, ModelStall]:
+    """Per model (sorted by name): its completed calls' stall, TTFT and SLO attainment (with a
+    `cost` model to price ideal TTFT), and the groups they ran on, most used first. A policy's total
+    hides which model stalls where; this is where to look first."""
     by: dict[str, list] = {}
     for c in done:
         by.setdefault(c.model, []).append(c)
@@ -167,8 +168,18 @@ def stall_by_model(done: list) -> dict[str, ModelStall]:
                                 groups=dict(sorted(groups.items(), key=lambda kv: (-kv[1], kv[0]))),
                                 hbm_wait_total_s=round(float(sum(wait)), 9),
                                 handoff_stall_total_s=round(float(sum(s for s, c in zip(stall, cs) if c.handoff)), 9),
-                                handoff_hbm_wait_total_s=round(float(sum(w for w, c in zip(wait, cs) if c.handoff)), 9))
+                                handoff_hbm_wait_total_s=round(float(sum(w for w, c in zip(wait, cs) if c.handoff)), 9),
+                                ttft_s=Dist.of(c.first_token - c.arrive for c in cs),
+                                slo_attainment=_attainment(cs, cost))
     return out
+
+
+def _attainment(calls: list, cost: CostModel | None) -> dict[str, float]:
+    """`slo_metrics`' attainment of these calls; empty where no call has an ideal TTFT."""
+    if cost is None:
+        return {}
+    slo = slo_metrics(calls, cost)
+    return slo["slo_attainment"] if slo["ttft_slowdown"].n else {}
 
 
 def short_of_room(by_model: dict[str, ModelStall], total_stall_s: float, share: float = 0.5,
@@ -214,7 +225,7 @@ def policy_report(res: SimResult, slo_classes: dict[str, float], nominal: dict |
         calls_cancelled=sum(1 for c in calls if c.state == "cancelled"),
         unplaceable_calls=sum(1 for c in calls if c.state == "unplaceable"),
         events=res.events,
-        stall_by_model=stall_by_model(done),
+        stall_by_model=stall_by_model(done, cost),
         **slo,
         **program_metrics(res, nominal),
     )

@@ -13,7 +13,7 @@ from statebudget.cli import app
 from statebudget.core.costs import CostModel
 from statebudget.models import Catalog, Cluster
 from statebudget.models.report import ModelStall
-from statebudget.sim.metrics import IdealTTFT, policy_report, short_of_room, slo_metrics
+from statebudget.sim.metrics import IdealTTFT, policy_report, short_of_room, slo_metrics, stall_by_model
 from statebudget.sim.plots import SLO_K, attainment_curve, group_styles, placement_points
 from statebudget.sim.recorder import SimResult
 from statebudget.sim.sweep import figures
@@ -136,6 +136,25 @@ def test_stall_by_model_splits_the_counted_calls_by_model_and_group():
     assert sum(m.stall_total_s for m in by.values()) == pytest.approx(rep.stall_total_s)
 
 
+def test_each_models_ttft_and_attainment_are_the_policys_figures_over_its_calls_alone():
+    # TTFT / ideal: small 1.5 and 4, big 8, wide 30; huge has no ideal TTFT (no GPU hosts it).
+    rep = policy_report(result(fabricated()), {"interactive": 2.0})
+    by = rep.stall_by_model
+    assert by["small"].slo_attainment == pytest.approx({"2": 0.5, "5": 1.0, "10": 1.0})
+    assert by["big"].slo_attainment == pytest.approx({"2": 0.0, "5": 0.0, "10": 1.0})
+    assert by["wide"].slo_attainment == pytest.approx({"2": 0.0, "5": 0.0, "10": 0.0})
+    assert by["huge"].slo_attainment == {}  # it measures nothing, as in the policy's figures
+    assert by["big"].ttft_s.max == pytest.approx(8 * IDEAL[("big", 500)]) and by["huge"].ttft_s.n == 1
+    # Weighted by the calls that have an ideal TTFT, the models' attainment is the policy's.
+    hosted = [m for m in by.values() if m.slo_attainment]
+    for k in ("2", "5", "10"):
+        mean = sum(m.calls * m.slo_attainment[k] for m in hosted) / sum(m.calls for m in hosted)
+        assert mean == pytest.approx(rep.slo_attainment[k])
+    # Without a cost model there is no ideal TTFT: the TTFT stays, the attainment is left empty.
+    bare = stall_by_model(fabricated())
+    assert bare["small"].slo_attainment == {} and bare["small"].ttft_s.n == 2
+
+
 def test_placement_points_are_the_calls_whose_state_got_ready_by_model_in_arrival_order():
     calls = fabricated()
     for c, group in zip(calls, [(1,), (0,), (0,), (0, 1), (2,)]):
@@ -205,6 +224,7 @@ def test_replay_cli_reports_the_run_block_slo_figures_and_plot(tmp_path):
             assert 0 <= m["handoff_hbm_wait_total_s"] <= m["hbm_wait_total_s"] <= m["stall_total_s"] + 1e-9
             assert list(m["groups"].values()) == sorted(m["groups"].values(), reverse=True)
             assert all(0 <= int(i) < 2 for g in m["groups"] for i in g.split(","))
+            assert m["ttft_s"]["n"] == m["calls"] and 0 <= m["slo_attainment"]["5"] <= 1
         assert "stall by model" in res.output
     assert "SLO@5" in res.output and "start cold, warm-up 30 s" in res.output
     assert (tmp_path / "plots" / "slo_attainment.png").stat().st_size > 5000

@@ -51,7 +51,8 @@ class ModelStall(BaseModel):
     handoff_stall_total_s: float = 0.0
     handoff_hbm_wait_total_s: float = 0.0
     # The user's side, as the policy's figures (DESIGN.md §4) over this model's calls alone: which
-    # model misses its first tokens (empty without a cost model, or for a model no GPU hosts).
+    # model misses its first tokens. `slo_attainment` is empty without a cost model, or for a
+    # model no GPU hosts (its calls have no ideal TTFT: they measure nothing).
     ttft_s: Dist = Field(default_factory=Dist)
     slo_attainment: dict[str, float] = Field(default_factory=dict)
 

@@ -74,15 +74,25 @@ class IdealTTFT:
 def ttft_ratios(res: SimResult, cost: CostModel | None = None, calls=None) -> list[float]:
     """TTFT / ideal TTFT of every counted finished call (`calls`: these instead) whose model some
     group can host."""
-    ideal = IdealTTFT(cost if cost is not None else res.cost)
-    if calls is None:
-        calls = counted_done(res)
+    return [r for _, r in model_ratios(res.cost if cost is None else cost, counted_done(res) if calls is None else calls)]
+
+
+def model_ratios(cost: CostModel, calls) -> list[tuple[str, float]]:
+    """(model, TTFT / ideal TTFT) of each of `calls` whose model some group can host, in order:
+    priced once for the policy's figures and each model's (hosting depends on the model alone)."""
+    ideal = IdealTTFT(cost)
     out = []
     for c in calls:
         base = ideal(c.model, c.context_tokens)
         if base:
-            out.append((c.first_token - c.arrive) / base)
+            out.append((c.model, (c.first_token - c.arrive) / base))
     return out
+
+
+def attainment(ratios: list[float]) -> dict[str, float]:
+    """Share of the ratios at most k, for each k of `SLO_KS` (0 where there is none)."""
+    n = len(ratios)
+    return {str(k): round(sum(1 for r in ratios if r <= k) / n, 9) if n else 0.0 for k in SLO_KS}
 
 
 def total_stall(res: SimResult) -> float:
@@ -90,13 +100,13 @@ def total_stall(res: SimResult) -> float:
     return sum(c.ready - c.arrive for c in counted_done(res))
 
 
-def slo_metrics(done: list, cost: CostModel) -> dict:
-    """`ttft_slowdown`, `slo_attainment` at k = 2, 5, 10 and `stall_total_s` over finished calls."""
-    ratios = ttft_ratios(None, cost, done)
-    n = len(ratios)
+def slo_metrics(done: list, cost: CostModel, ratios: list | None = None) -> dict:
+    """`ttft_slowdown`, `slo_attainment` at k = 2, 5, 10 and `stall_total_s` over finished calls
+    (`ratios`: their `model_ratios`, where the caller has them)."""
+    ratios = [r for _, r in (model_ratios(cost, done) if ratios is None else ratios)]
     return {
         "ttft_slowdown": Dist.of(ratios),
-        "slo_attainment": {str(k): round(sum(1 for r in ratios if r <= k) / n, 9) if n else 0.0 for k in SLO_KS},
+        "slo_attainment": attainment(ratios),
         "stall_total_s": round(float(sum(c.ready - c.arrive for c in done)), 9),
     }
 
@@ -150,13 +160,17 @@ def hbm_wait_s(c) -> float:
     return c.admitted - c.arrive
 
 
-def stall_by_model(done: list, cost: CostModel | None = None) -> dict[str, ModelStall]:
-    """Per model (sorted by name): its completed calls' stall, TTFT and SLO attainment (with a
-    `cost` model to price ideal TTFT), and the groups they ran on, most used first. A policy's total
-    hides which model stalls where; this is where to look first."""
+def stall_by_model(done: list, ratios: list | None = None) -> dict[str, ModelStall]:
+    """Per model (sorted by name): its completed calls' stall and TTFT, their SLO attainment from
+    `ratios` (the calls' `model_ratios`; none: left empty, as for a model no group hosts), and the
+    groups they ran on, most used first. A policy's total hides which model stalls where; this is
+    where to look first."""
     by: dict[str, list] = {}
     for c in done:
         by.setdefault(c.model, []).append(c)
+    of_model: dict[str, list] = {}
+    for model, r in ratios or ():
+        of_model.setdefault(model, []).append(r)
     out = {}
     for model in sorted(by):
         cs = by[model]
@@ -170,16 +184,8 @@ def stall_by_model(done: list, cost: CostModel | None = None) -> dict[str, Model
                                 handoff_stall_total_s=round(float(sum(s for s, c in zip(stall, cs) if c.handoff)), 9),
                                 handoff_hbm_wait_total_s=round(float(sum(w for w, c in zip(wait, cs) if c.handoff)), 9),
                                 ttft_s=Dist.of(c.first_token - c.arrive for c in cs),
-                                slo_attainment=_attainment(cs, cost))
+                                slo_attainment=attainment(of_model[model]) if model in of_model else {})
     return out
-
-
-def _attainment(calls: list, cost: CostModel | None) -> dict[str, float]:
-    """`slo_metrics`' attainment of these calls; empty where no call has an ideal TTFT."""
-    if cost is None:
-        return {}
-    slo = slo_metrics(calls, cost)
-    return slo["slo_attainment"] if slo["ttft_slowdown"].n else {}
 
 
 def short_of_room(by_model: dict[str, ModelStall], total_stall_s: float, share: float = 0.5,
@@ -203,7 +209,8 @@ def policy_report(res: SimResult, slo_classes: dict[str, float], nominal: dict |
     stall = [c.ready - c.arrive for c in done]
     ttft = [c.first_token - c.arrive for c in done]
     programs = [pr.end - pr.prog.start for pr in counted_programs(res) if pr.end >= 0]
-    slo = slo_metrics(done, cost) if cost is not None else \
+    ratios = model_ratios(cost, done) if cost is not None else None
+    slo = slo_metrics(done, cost, ratios) if cost is not None else \
         {"stall_total_s": round(float(sum(stall)), 9)}
     slo_bad = sum(1 for c in done if c.first_token - c.arrive > ttft_bound(slo_classes, c.slo))
     dec = np.asarray(res.decision_ms) if res.decision_ms else np.zeros(1)
@@ -225,7 +232,7 @@ def policy_report(res: SimResult, slo_classes: dict[str, float], nominal: dict |
         calls_cancelled=sum(1 for c in calls if c.state == "cancelled"),
         unplaceable_calls=sum(1 for c in calls if c.state == "unplaceable"),
         events=res.events,
-        stall_by_model=stall_by_model(done, cost),
+        stall_by_model=stall_by_model(done, ratios),
         **slo,
         **program_metrics(res, nominal),
     )

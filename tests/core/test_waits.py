@@ -1,6 +1,6 @@
-"""The wait and resume models the tool-wait KV rule reads (`core/waits.py`): the log-normal
-tool-wait model's hold outcomes and remaining-wait quantiles, and P(resume) learned per tool and
-model."""
+"""The wait and resume models that the tool-wait KV rules and the planner's predictor read
+(`core/waits.py`): the log-normal tool-wait model conditioned on the elapsed wait, its hold
+outcomes and remaining-wait quantiles, and P(resume) learned per tool and model."""
 
 import math
 
@@ -8,6 +8,17 @@ import numpy as np
 import pytest
 
 from statebudget.core.waits import ResumeModel, ToolWaitModel
+
+
+def test_tool_waits_condition_on_elapsed_time():
+    t = ToolWaitModel({"test": (10.0, 0.5)})
+    fresh = t.p_end_within("test", 0.0, 10.0)
+    assert fresh == pytest.approx(0.5, abs=0.01)  # the median
+    assert t.p_end_within("test", 20.0, 10.0) > fresh  # a long wait is more likely to end soon
+    for _ in range(500):
+        t.observe("test", 1.0)
+    assert t.p_end_within("test", 0.0, 2.0) > 0.9  # learned: tests got fast
+    assert t.quantile_remaining("test", 0.0, 0.5) == pytest.approx(1.0, rel=0.2)
 
 
 def test_hold_outcomes_match_the_log_normal_they_model():

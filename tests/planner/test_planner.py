@@ -12,7 +12,6 @@ from tests.helpers import GB, call, catalog, cluster, program, tool, trace
 from statebudget.planner.core import PlannerConfig
 from statebudget.planner.leases import LeaseState
 from statebudget.planner.predictor import Predictor
-from statebudget.core.waits import ToolWaitModel
 from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 from statebudget.policies import make_policy
@@ -75,17 +74,6 @@ def test_stacked_tenant_matrices_are_each_tenants_own_switch_matrix():
     for tenant in adds:
         c = team + p.tenant_weight * own[tenant] + p.prior / (n + 1)
         assert np.allclose(mats[p._tenants[tenant]], c / c.sum(axis=1, keepdims=True), rtol=1e-12)
-
-
-def test_tool_waits_condition_on_elapsed_time():
-    t = ToolWaitModel({"test": (10.0, 0.5)})
-    fresh = t.p_end_within("test", 0.0, 10.0)
-    assert fresh == pytest.approx(0.5, abs=0.01)  # the median
-    assert t.p_end_within("test", 20.0, 10.0) > fresh  # a long wait is more likely to end soon
-    for _ in range(500):
-        t.observe("test", 1.0)
-    assert t.p_end_within("test", 0.0, 2.0) > 0.9  # learned: tests got fast
-    assert t.quantile_remaining("test", 0.0, 0.5) == pytest.approx(1.0, rel=0.2)
 
 
 def test_need_within_follows_a_hint_and_the_clock():

@@ -145,12 +145,13 @@ def test_each_models_ttft_and_attainment_are_the_policys_figures_over_its_calls_
     assert by["wide"].slo_attainment == pytest.approx({"2": 0.0, "5": 0.0, "10": 0.0})
     assert by["huge"].slo_attainment == {}  # it measures nothing, as in the policy's figures
     assert by["big"].ttft_s.max == pytest.approx(8 * IDEAL[("big", 500)]) and by["huge"].ttft_s.n == 1
-    # Weighted by the calls that have an ideal TTFT, the models' attainment is the policy's.
+    # Weighted by calls, over the models that have an attainment (hosting depends on the model
+    # alone, so all of a hosted model's calls count), the models' attainment is the policy's.
     hosted = [m for m in by.values() if m.slo_attainment]
     for k in ("2", "5", "10"):
         mean = sum(m.calls * m.slo_attainment[k] for m in hosted) / sum(m.calls for m in hosted)
         assert mean == pytest.approx(rep.slo_attainment[k])
-    # Without a cost model there is no ideal TTFT: the TTFT stays, the attainment is left empty.
+    # Without the calls' ratios (no cost model) the TTFT stays and the attainment is left empty.
     bare = stall_by_model(fabricated())
     assert bare["small"].slo_attainment == {} and bare["small"].ttft_s.n == 2
 

@@ -84,6 +84,12 @@ def handoff_split(by_model: dict) -> dict[str, list[float]]:
             for name, m in by_model.items() if m.handoff_stall_total_s > 0}
 
 
+def slo_split(by_model: dict) -> dict[str, list[float]]:
+    """Per model with an SLO attainment (`ModelStall`): [its calls, its SLO attainment at 5];
+    weighted by calls, the row's `slo_at5`."""
+    return {name: [m.calls, m.slo_attainment["5"]] for name, m in by_model.items() if m.slo_attainment}
+
+
 def _hbm_wait_share(split: dict[str, list[float]]) -> float | None:
     """Of the handoff stall, the share spent waiting for HBM room; None when there is none."""
     total = sum(w + ld for w, ld in split.values())
@@ -102,6 +108,7 @@ def run_job(job: dict) -> dict:
     block = rep.report.policies[job["policy"]]
     row = dict(job, **figures(block))
     row["handoff_by_model"] = handoff_split(block.stall_by_model)  # where the handoff stall went
+    row["slo_at5_by_model"] = slo_split(block.stall_by_model)      # which model pays for SLO@5
     if job.get("kv_demand"):  # H1 of `evidence`: the replay's KV demand per model (hypotheses.py)
         from .hypotheses import kv_demand
         row["kv_demand"] = kv_demand(rep.results[job["policy"]], cat)

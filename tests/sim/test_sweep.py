@@ -55,8 +55,12 @@ def test_process_pool_and_ray_give_the_same_rows(tmp_path, ray_head):
 
 
 def _check_split(rows):
-    """The per-model split of each row's handoff stall adds up to the row's share of it."""
+    """The per-model split of each row's handoff stall adds up to the row's share of it, and its
+    per-model SLO@5, weighted by calls, is the row's."""
     for r in rows:
+        slo = r["slo_at5_by_model"]
+        assert slo and all(n > 0 and 0 <= a <= 1 for n, a in slo.values())
+        assert sum(n * a for n, a in slo.values()) / sum(n for n, _ in slo.values()) == pytest.approx(r["slo_at5"], abs=1e-6)
         parts = list(r["handoff_by_model"].values())
         assert all(w >= 0 and ld >= 0 for w, ld in parts)
         total = sum(w + ld for w, ld in parts)

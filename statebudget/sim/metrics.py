@@ -89,10 +89,15 @@ def model_ratios(cost: CostModel, calls) -> list[tuple[str, float]]:
     return out
 
 
+def attainment_curve(ratios, ks) -> np.ndarray:
+    """Share of calls whose TTFT / ideal TTFT is at most k, for each k of `ks` (0 with no call)."""
+    r = np.asarray(ratios, dtype=float)
+    return np.array([(r <= k).mean() if r.size else 0.0 for k in ks])
+
+
 def attainment(ratios: list[float]) -> dict[str, float]:
-    """Share of the ratios at most k, for each k of `SLO_KS` (0 where there is none)."""
-    n = len(ratios)
-    return {str(k): round(sum(1 for r in ratios if r <= k) / n, 9) if n else 0.0 for k in SLO_KS}
+    """The report's `slo_attainment`: `attainment_curve` at each k of `SLO_KS`."""
+    return {str(k): round(float(a), 9) for k, a in zip(SLO_KS, attainment_curve(ratios, SLO_KS))}
 
 
 def total_stall(res: SimResult) -> float:
@@ -210,8 +215,7 @@ def policy_report(res: SimResult, slo_classes: dict[str, float], nominal: dict |
     ttft = [c.first_token - c.arrive for c in done]
     programs = [pr.end - pr.prog.start for pr in counted_programs(res) if pr.end >= 0]
     ratios = model_ratios(cost, done) if cost is not None else None
-    slo = slo_metrics(done, cost, ratios) if cost is not None else \
-        {"stall_total_s": round(float(sum(stall)), 9)}
+    slo = slo_metrics(done, cost, ratios) if ratios is not None else {"stall_total_s": round(float(sum(stall)), 9)}
     slo_bad = sum(1 for c in done if c.first_token - c.arrive > ttft_bound(slo_classes, c.slo))
     dec = np.asarray(res.decision_ms) if res.decision_ms else np.zeros(1)
     return PolicyReport(

@@ -14,15 +14,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .engine import SimResult  # noqa: E402
-from .metrics import counted_done, group_label, stall_by_model, ttft_ratios  # noqa: E402
+from .metrics import attainment_curve, counted_done, group_label, stall_by_model, ttft_ratios  # noqa: E402
 
 SLO_K = np.arange(1, 21)  # the k of `slo_attainment.png`: TTFT <= k x ideal TTFT
-
-
-def attainment_curve(ratios, ks=SLO_K) -> np.ndarray:
-    """Share of calls whose TTFT / ideal TTFT is at most k, for each k of `ks`."""
-    r = np.asarray(ratios, dtype=float)
-    return np.array([(r <= k).mean() if r.size else 0.0 for k in ks])
 
 
 def _cdf(ax, values, label):
@@ -82,7 +76,7 @@ def write_plots(results: dict[str, SimResult], out_dir: str | Path) -> list[Path
     ax.set_prop_cycle(color=plt.cm.tab20.colors)
     for name, res in results.items():
         if res.cost is not None:
-            ax.plot(SLO_K, attainment_curve(ttft_ratios(res)), marker="o", markersize=3, label=name)
+            ax.plot(SLO_K, attainment_curve(ttft_ratios(res), SLO_K), marker="o", markersize=3, label=name)
     ax.set_xscale("log")
     ax.set_xticks([1, 2, 5, 10, 20], ["1", "2", "5", "10", "20"])
     ax.set_ylim(0, 1.02)

@@ -13,8 +13,8 @@ from statebudget.cli import app
 from statebudget.core.costs import CostModel
 from statebudget.models import Catalog, Cluster
 from statebudget.models.report import ModelStall
-from statebudget.sim.metrics import IdealTTFT, policy_report, short_of_room, slo_metrics, stall_by_model
-from statebudget.sim.plots import SLO_K, attainment_curve, group_styles, placement_points
+from statebudget.sim.metrics import IdealTTFT, attainment_curve, policy_report, short_of_room, slo_metrics, stall_by_model
+from statebudget.sim.plots import SLO_K, group_styles, placement_points
 from statebudget.sim.recorder import SimResult
 from statebudget.sim.sweep import figures
 
@@ -195,7 +195,7 @@ def test_short_of_room_names_the_models_whose_stall_is_mostly_the_wait_for_room(
 
 
 def test_attainment_curve_counts_calls_within_k_times_ideal():
-    curve = dict(zip(SLO_K.tolist(), attainment_curve([1.0, 3.0, 6.0, 30.0])))
+    curve = dict(zip(SLO_K.tolist(), attainment_curve([1.0, 3.0, 6.0, 30.0], SLO_K)))
     assert SLO_K[0] == 1 and SLO_K[-1] == 20
     assert curve[1] == 0.25 and curve[2] == 0.25 and curve[3] == 0.5 and curve[5] == 0.5
     assert curve[10] == 0.75 and curve[20] == 0.75

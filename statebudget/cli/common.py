@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -14,9 +15,12 @@ from rich.progress import Progress
 
 from ..models.errors import InputError
 
-# Reports are read in logs and CI too: keep tables whole when there is no terminal to size them to.
-console = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+# Reports are read in logs and CI too: with no terminal to size them to, tables get 200 columns
+# (the replay table's twelve fit on one line each) unless COLUMNS says otherwise. Lines of text
+# are never broken (soft wrap): a path or a command split over two lines cannot be copied.
+_WIDTH = None if os.environ.get("COLUMNS", "").isdigit() else 200
+console = Console(width=None if sys.stdout.isatty() else _WIDTH, soft_wrap=True)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else _WIDTH, soft_wrap=True)
 
 
 # The options every command that reads a cluster, a catalog or a trace file shares.
@@ -57,6 +61,23 @@ def resolve_token(token: str | None, token_file: Path | None, what: str) -> str:
         fail(f"no token: {what} comes from --token-file PATH or STATEBUDGET_TOKEN "
              f"(mint one with `statebudget token add`)")
     return token
+
+
+def load_trace_warned(path: Path):
+    """The trace at `path`; what in it is most likely a mistake (`trace_warnings`) goes to stderr."""
+    from ..models.load import load_trace, trace_warnings
+
+    tr = load_trace(path)
+    for msg in trace_warnings(tr):
+        err.print(f"[yellow]warning:[/] {path}: {msg}", highlight=False, soft_wrap=True)
+    return tr
+
+
+def check_finite(option: str, value: float | None, what: str = "a positive number") -> None:
+    """Refuse an infinite, NaN or non-positive value of `option` (typer's ranges let inf and nan
+    through, and an infinite trace length never ends)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        fail(f"{option}: expected {what}, got {value:g}")
 
 
 def fail(msg: str) -> None:

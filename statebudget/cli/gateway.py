@@ -61,7 +61,7 @@ def gateway(
     node: Annotated[str, typer.Option(help="--from-llama-swap: the node its models run on")] = "n0",
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
 ):
-    """An OpenAI-compatible front door (DESIGN.md §7b): agents point their base URL here; each
+    """An OpenAI-compatible front door (docs/gateway.md): agents point their base URL here; each
     request is announced to the planner, held until its model is ready, and streamed back. The
     runtime token comes from --token-file, STATEBUDGET_TOKEN or STATEBUDGET_TOKEN_FILE."""
     import uvicorn

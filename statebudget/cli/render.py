@@ -20,7 +20,8 @@ def print_trace_stats(trace, s: dict) -> None:
         t.add_row(a, *[str(s["switch_matrix"][a][b]) for b in models])
     console.print(t)
     am = s["active_models"]
-    console.print(f"Concurrently active models (zero-stall timeline): time share {am['time_share']}, P95 {am['p95']}")
+    share = ", ".join(f"{k}: {v:.1%}" for k, v in am["time_share"].items())
+    console.print(f"Concurrently active models (zero-stall timeline), share of time by how many: {share}; P95 {am['p95']}")
     hl = s["hotness_half_life_s"]
     console.print(f"Hotness half-life: {hl:.0f} s" if hl else "Hotness half-life: longer than the trace allows to measure")
     t = Table("tool", "n", "p50 s", "p95 s", "p99 s", "max s", title="Tool waits")
@@ -48,7 +49,7 @@ def print_replay(rep, tr, cl, cat, wall: float) -> None:
                   f"{r.slo_attainment['5']:.1%}" if "5" in r.slo_attainment else "-")
     console.print(t)
     if rep.run is not None:
-        console.print(f"start {rep.run.start}, warm-up {rep.run.warmup_s:g} s"
+        console.print(f"seed {rep.run.seed}, start {rep.run.start}, warm-up {rep.run.warmup_s:g} s"
                       + (": calls of programs that start in the warm-up are left out" if rep.run.warmup_s > 0 else "")
                       + "; SLO@5: share of calls with TTFT <= 5 x their ideal TTFT", highlight=False)
     o = rep.oracle
@@ -98,11 +99,11 @@ def print_by_model(rep, cl, top: int = 3) -> None:
 def print_oracle(out: dict) -> None:
     """`oracle`: the solver's result in one line, and the first broken constraint if any."""
     block = out["oracle"]
-    bound = f"{block['bound']:.3f}" if block["bound"] is not None else "none (rolling horizon)"
+    bound = f"{block['bound']:.3f}" if block["bound"] is not None else "none (rolling horizon: each window has its own)"
     n_opt = sum(1 for w in out["windows"] if w["status"] == "OPTIMAL")
     status = block["status"] + (f" (stitched; {n_opt}/{len(out['windows'])} windows OPTIMAL)"
                                 if block["bound"] is None and out["windows"] else "")
-    console.print(f"{status}: objective {block['objective']:.3f}, bound {bound}, max window gap "
+    console.print(f"{status}: objective {block['objective']:.3f}, the solver's bound on it {bound}, max window gap "
                   f"{block['gap']:.2e}, {len(out['windows'])} windows, {block['solve_s']:.1f} s solving; {out['waits']} of "
                   f"{out['calls']} calls wait"
                   + (f" ({out['trace_calls'] - out['calls']} calls the trace cancels are left out)"
@@ -132,7 +133,8 @@ def print_sweep(rows: list[dict], columns, ray) -> None:
 def print_residency(body: dict) -> None:
     """`residency`: every copy a live planner holds, and its tool-wait KV rule's actions."""
     t = Table("tier", "object", "GB", "state", "version", "pins",
-              title=f"plan version {body['plan_version']}, {body['open_ops']} open ops; leases {body['leases']}; "
+              title=f"plan version {body['plan_version']}, {body['open_ops']} open ops; "
+                    f"leases {counts_text(body['leases'])}; "
                     f"programs {body['programs']}")
     kv = body.get("tool_wait_kv") or {}
     suspended = {tuple(obj) for obj in kv.get("suspended", ())}  # objects, as the copies name them
@@ -166,3 +168,8 @@ def print_profile(prof: dict, cl, cat, nominal: dict, repeats: int) -> None:
         for name, v in prof["prefill_tok_s"].items():
             t.add_row(name, f"{v:,.1f}")
         console.print(t)
+
+
+def counts_text(d) -> str:
+    """{'accepted': 62, 'ready': 60} as "62 accepted, 60 ready" (a plain value as it is)."""
+    return ", ".join(f"{v} {k}" for k, v in d.items()) if isinstance(d, dict) else str(d)

@@ -16,8 +16,8 @@ from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from ..models.errors import InputError
 from .common import (CatalogOpt, ClusterOpt, TokenFileOpt, TokenOpt, TraceOpt, check_outputs, console, err, fail, guard,
-                     progress_bar, resolve_token, write_json)
-from .render import print_profile, print_residency
+                     load_trace_warned, progress_bar, resolve_token, write_json)
+from .render import counts_text, print_profile, print_residency
 
 
 # How long `drive` waits for a planner that refuses connections (still starting).
@@ -117,7 +117,7 @@ def serve(
     docs: Annotated[bool, typer.Option(help="serve /docs (plain HTML, nothing from the internet) and /openapi.json, "
                                             "both for admin tokens")] = False,
 ):
-    """Run the planner service: runtimes post events and leases, adapters poll plans (DESIGN.md §7).
+    """Run the planner service: runtimes post events and leases, adapters poll plans (docs/service.md).
     On a restart with the same --db the cluster and catalog come from the ledger. Without --tokens
     (or STATEBUDGET_TOKENS_FILE / STATEBUDGET_TOKENS) the first start creates <db>.tokens.json,
     which keeps token digests only, and writes the one admin token it mints to <db>.admin-token
@@ -304,9 +304,8 @@ def drive(
     import asyncio
 
     from ..api.driver import Driver
-    from ..models.load import load_trace
 
-    tr = load_trace(trace)
+    tr = load_trace_warned(trace)
     _check_planner(planner)
     try:
         out = asyncio.run(Driver(planner, token, speed, call_s).replay(tr))
@@ -316,7 +315,7 @@ def drive(
     late = out["rejected_quoted_after_deadline"]
     why = (f" ({late} rejected because the quote's P95 came after the deadline: deadlines shrink with "
            f"--speed, transfers do not)") if late else ""
-    console.print(f"{out['events']} events; leases {out['leases']}{why}; ready when the quote promised: "
+    console.print(f"{out['events']} events; leases {counts_text(out['leases'])}{why}; ready when the quote promised: "
                   f"{out['ready_when_promised']}/{out['promised_by_quote']}; request p99 {out['request_ms']['p99']} ms; "
                   f"{out['n_errors']} errors")
     if json_out:

@@ -10,7 +10,8 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
-from .common import CatalogOpt, ClusterOpt, TraceOpt, check_outputs, console, err, fail, guard, progress_bar, write_json
+from .common import (CatalogOpt, ClusterOpt, TraceOpt, check_finite, check_outputs, console, err, fail, guard,
+                     load_trace_warned, progress_bar, write_json)
 from .render import print_by_model, print_oracle, print_replay, print_sweep
 
 
@@ -42,7 +43,7 @@ def replay(
     html_out: Annotated[Optional[Path], typer.Option("--html", help="write one self-contained HTML page (table and "
                                                                    "plots embedded) here")] = None,
     seed: Annotated[Optional[int], typer.Option(help="simulator seed (MoE page sampling); default: the trace's seed "
-                                                     "(its header), as `sweep` does, else 0")] = None,
+                                                     "(its header), as `sweep` does, else 0", min=0)] = None,
     check: Annotated[bool, typer.Option(help="check capacity invariants after every event (slower)")] = False,
     profile: Annotated[Optional[Path], typer.Option(help="a `statebudget profile` file: measured bandwidths replace the presets'")] = None,
     prefill_slots: Annotated[Optional[int], typer.Option(help="prefills a GPU runs at once (default: any number, sharing its FLOP/s); "
@@ -65,7 +66,7 @@ def replay(
 ):
     """Replay a trace against policies; print a table, write the report and plots."""
     check_outputs(files=[("--json", json_out), ("--html", html_out), ("--timeline", timeline)], folders=[("--plots", plots)])
-    from ..models.load import check_compatible, load_catalog, load_cluster, load_trace
+    from ..models.load import check_compatible, load_catalog, load_cluster
     from ..core.programs import parse_admit_starve
     from ..sim.config import SimConfig
     from ..sim.runner import replay as run_replay
@@ -76,11 +77,14 @@ def replay(
     from ..sim.config import START_MODES
     if start not in START_MODES:
         raise ValueError(f"--start must be one of {', '.join(START_MODES)}, got {start!r}")
-    cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace(trace)
+    cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace_warned(trace)
     check_compatible(cl, cat, tr, str(trace))
     if seed is None:
         seed = tr.header.seed if tr.header.seed is not None else 0
     horizon = max(p.start for p in tr.programs) + 1.0
+    if warmup >= horizon:  # the warm-up leaves out the calls of programs that start in it
+        fail(f"--warmup {warmup:g} s leaves nothing of {trace} to measure: its last program starts at "
+             f"{horizon - 1.0:.0f} s")
     t0 = time.perf_counter()
     with progress_bar(TextColumn("{task.description:<14}"), BarColumn(), TextColumn("sim {task.fields[t]:>7.0f} s"),
                    TimeElapsedColumn()) as prog:
@@ -143,11 +147,11 @@ def oracle(
 ):
     """Solve the offline MILP (full future knowledge) over a trace, window by window."""
     check_outputs(files=[("--json", json_out)])
-    from ..models.load import check_compatible, load_catalog, load_cluster, load_trace
+    from ..models.load import check_compatible, load_catalog, load_cluster
     from ..core.costs import CostModel
     from ..solvers.milp import oracle_summary
 
-    cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace(trace)
+    cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace_warned(trace)
     check_compatible(cl, cat, tr, str(trace))
     if lead not in ("planner", "none"):
         fail(f"--lead: expected planner or none, got {lead!r}")
@@ -178,9 +182,9 @@ def sweep(
     catalog: CatalogOpt = "agent-team",
     hours: Annotated[float, typer.Option(help="trace length")] = 2.0,
     start: Annotated[str, typer.Option(help="state at t = 0: cold (weights on NVMe) or warm (weights in host DRAM, "
-                                            "as an operator preloads them); DESIGN.md §4")] = "warm",
+                                            "as an operator preloads them); docs/model.md")] = "warm",
     warmup: Annotated[float, typer.Option("--warmup", help="seconds simulated but left out of every metric", min=0.0)] = 0.0,
-    workers: Annotated[Optional[int], typer.Option(help="local processes (default: one per core)")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="local processes (default: one per core)", min=1)] = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help="run on a Ray cluster: auto or HOST:PORT")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write all rows here")] = None,
 ):
@@ -195,6 +199,7 @@ def sweep(
     names = [p for p in REGISTRY if p != "oracle"] if policy.strip() == "all" else _policy_list(policy)
     if start not in ("cold", "warm"):
         raise ValueError(f"--start: expected cold or warm, got {start!r}")
+    check_finite("--hours", hours, "a positive number of hours")
     if warmup >= hours * 3600.0:
         raise ValueError(f"--warmup {warmup:g} s leaves nothing of a {hours:g} h trace to measure")
     trace_list = [t.strip() for t in traces.split(",") if t.strip()]
@@ -205,6 +210,10 @@ def sweep(
         seed_list = [int(x) for x in seeds.split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"--seeds: expected comma-separated integers, got {seeds!r}") from None
+    if not seed_list or min(seed_list) < 0:
+        raise ValueError(f"--seeds: expected comma-separated seeds of 0 or more, got {seeds!r}")
+    if not trace_list:
+        raise ValueError(f"--traces names no trace preset (known: {', '.join(PRESETS)})")
     cluster_list = [c.strip() for c in clusters.split(",") if c.strip()]
     for c in cluster_list:
         load_cluster(c)
@@ -228,13 +237,13 @@ def bench_planner_cmd(
     policy: Annotated[str, typer.Option(help="comma-separated policies to time")] = "statebudget-lease,statebudget",
     trace: Annotated[str, typer.Option("--trace", help="trace preset whose arrival rate is scaled")] = "swe-team",
     window: Annotated[float, typer.Option(help="simulated seconds whose hooks are timed", min=10.0)] = 300.0,
-    seed: Annotated[int, typer.Option(help="trace and simulator seed")] = 0,
+    seed: Annotated[int, typer.Option(help="trace and simulator seed", min=0)] = 0,
     repeat: Annotated[int, typer.Option(help="replays of the timed window (the same decisions each time): "
                                              "with more than one, each hook's least time is reported too, "
                                              "most of the machine's noise taken out", min=1)] = 1,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the results here")] = None,
 ):
-    """Wall time of whole policy hooks during a replay with about N live programs (DESIGN.md §4)."""
+    """Wall time of whole policy hooks during a replay with about N live programs (BENCHMARKS.md, "Decision time")."""
     check_outputs(files=[("--json", json_out)])
     from ..models.load import check_compatible, load_catalog, load_cluster
     from ..sim.bench import bench_planner
@@ -289,7 +298,7 @@ def evidence(
     out: Annotated[Path, typer.Option(help="folder for index.html (self-contained) and evidence.json")] = Path("out/evidence"),
     quick: Annotated[bool, typer.Option(help="5 evaluation seeds instead of 10 (both on fair ground: 2-hour traces, "
                                              "30-minute warm-up); a few minutes on 2 cores")] = False,
-    workers: Annotated[Optional[int], typer.Option(help="local processes (default: one per core)")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="local processes (default: one per core)", min=1)] = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help="run on a Ray cluster: auto or HOST:PORT")] = None,
     data: Annotated[Path, typer.Option(help="real workload data (azure-llm-2023/, tracelab/, servegen/): imported "
                                             "and replayed under every policy; skipped, and said so, if absent")]
@@ -317,7 +326,10 @@ def evidence(
     console.print(f"{res['replays']} replays in {res['wall_s']:.0f} s ({len(res['answers']['real_traces'])} real "
                   f"traces); open {out / 'index.html'}")
     a = res["answers"]
-    console.print(f"  H4 against static: " + "; ".join(f"{o} {v}" for o, v in a["h4"]["verdict"].items()))
+    for gap in a["not_measured"]:
+        if gap["claim"] == "Real traces":  # half the report's evidence: not only inside the page
+            err.print(f"[yellow]warning:[/] {gap['why']}", highlight=False, soft_wrap=True)
+    console.print("  H4 against static: " + "; ".join(f"{o} {v}" for o, v in a["h4"]["verdict"].items()))
     console.print(f"  against the best baseline per metric: {a['best_baseline']['verdict']}; wins: "
                   f"{', '.join(a['best_baseline']['wins']) or 'none'}")
     console.print(f"  re-plan: {a['replan']['verdict']}")

@@ -66,7 +66,10 @@ def token_add(
     try:
         _, entry = new_entry(role, tenant, node, expires_s, id)  # a bad scope fails before any file is read
     except ValidationError as e:
-        fail(e.errors()[0]["msg"].removeprefix("Value error, "))
+        first = e.errors()[0]
+        field = first["loc"][0] if first.get("loc") else None
+        option = {"expires_s": "--expires-in"}.get(field, f"--{field}") if field else None
+        fail((f"{option}: " if option else "") + first["msg"].removeprefix("Value error, "))
     if cluster is not None and role == "adapter":
         from ..models.load import load_cluster
 

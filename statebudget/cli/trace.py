@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..models.errors import InputError
-from .common import guard, check_outputs, console
+from .common import check_finite, check_outputs, console, fail, guard, load_trace_warned
 from .render import print_trace_stats
 
 
@@ -18,7 +18,7 @@ def trace_gen(
     preset: Annotated[str, typer.Option(help="swe-team | swe-team-shuffled | mapreduce | mixed-tenants | long-tail | "
                                                 "real-sessions (reads shared/data/real)")],
     out: Annotated[Path, typer.Option(help="JSONL file to write")],
-    seed: Annotated[int, typer.Option()] = 1,
+    seed: Annotated[int, typer.Option(min=0)] = 1,
     hours: Annotated[float, typer.Option(help="trace length; fractions allowed")] = 2.0,
     load: Annotated[float, typer.Option(help="multiply the preset's program arrival rate", min=0.01)] = 1.0,
     hint_noise: Annotated[float, typer.Option(help="probability that a hint names a uniformly random other model "
@@ -32,6 +32,8 @@ def trace_gen(
 ):
     """Generate a deterministic trace (same preset, seed, hours and load: same bytes)."""
     check_outputs(files=[("--out", out)])
+    check_finite("--hours", hours, "a positive number of hours")
+    check_finite("--load", load)
     from ..models.load import load_catalog, write_trace
     from ..core.programs import parse_tenant_weights
     from ..traces.generators import for_catalog, generate
@@ -49,6 +51,8 @@ def trace_gen(
             raise InputError("--tenant-weights", "", f"{', '.join(unknown)}: {preset} has no programs of that "
                              f"tenant (its tenants: {', '.join(tenants)})")
         trace = trace.model_copy(update={"header": trace.header.model_copy(update={"tenant_weights": weights})})
+    if not trace.programs:  # every command that reads a trace refuses one without programs
+        fail(f"--hours {hours:g}: {preset} starts no program that soon (seed {seed}); nothing written")
     out.parent.mkdir(parents=True, exist_ok=True)
     write_trace(trace, out)
     console.print(f"wrote {out}: {len(trace.programs)} programs, {trace.n_calls} calls")
@@ -61,10 +65,10 @@ def trace_stats_cmd(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the statistics as JSON")] = None,
 ):
     """What seed 001 asks to measure: call shares, switch matrix, concurrency, hotness, waits."""
-    from ..models.load import load_catalog, load_trace
+    from ..models.load import load_catalog
     from ..traces.stats import trace_stats
 
-    tr = load_trace(trace)
+    tr = load_trace_warned(trace)
     cat = load_catalog(catalog) if catalog else None
     s = trace_stats(tr, cat)
     if json_out:
@@ -103,7 +107,7 @@ def trace_import(
     rate_scale: Annotated[float, typer.Option(help="arrivals X times faster (X>1) or slower; ServeGen: its rates "
                                               "times X")] = 1.0,
     hours: Annotated[Optional[float], typer.Option(help="keep the programs that start in the first H hours")] = None,
-    seed: Annotated[int, typer.Option(help="seed of the random draws (ServeGen's arrivals and tokens)")] = 1,
+    seed: Annotated[int, typer.Option(help="seed of the random draws (ServeGen's arrivals and tokens)", min=0)] = 1,
     catalog: Annotated[str, typer.Option(help="catalog file or preset the models are checked against")] = "agent-team",
     tenant: Annotated[str, typer.Option(help="every program's tenant")] = "default",
     on_bad: Annotated[str, typer.Option(help="a bad row: skip (counted, the first few listed on stderr) or "
@@ -111,6 +115,8 @@ def trace_import(
 ):
     """Turn a real trace into trace format v1 (same inputs and seed: same bytes)."""
     check_outputs(files=[("--out", out)])
+    check_finite("--hours", hours, "a positive number of hours")
+    check_finite("--rate-scale", rate_scale)
     from ..models.load import load_catalog, write_trace
     from ..traces.importers import import_trace
     from .common import err

@@ -3,6 +3,7 @@ file, the line or field, and what is wrong."""
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 from .catalog import Catalog
 from .cluster import GB, Cluster
 from .errors import InputError, pydantic_where
-from .trace import Program, Trace, TraceHeader
+from .trace import Cancel, Hint, Program, Trace, TraceHeader, TraceNode, ttft_bound
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -143,6 +144,48 @@ def parse_trace(lines, source: str) -> Trace:
     if not programs:
         raise InputError(source, "", "trace holds no programs")
     return Trace(header=header, programs=programs)
+
+
+def trace_warnings(trace: Trace) -> list[str]:
+    """What in a valid trace is most likely a mistake, one line per kind: an unknown field whose
+    name is close to a known one (unknown fields are kept, DESIGN.md §5, so `contxt_tokens` would
+    leave a call at 0 context tokens without a word), and an `slo` class the header does not
+    define (its calls get the interactive bound). Each names the first place it occurs."""
+    known = {cls: set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+             for cls in (Program, TraceNode, Hint, Cancel)}
+    seen: dict[tuple, list] = {}  # what -> [count, first place]
+
+    def note(what: tuple, where: str) -> None:
+        hit = seen.setdefault(what, [0, where])
+        hit[0] += 1
+
+    def near(obj, where: str) -> None:
+        for key in obj.model_extra or {}:
+            close = difflib.get_close_matches(key, known[type(obj)], n=1, cutoff=0.75)
+            if close:
+                note(("field", key, close[0]), where)
+
+    classes = trace.header.slo_classes
+    for p in trace.programs:
+        near(p, f"program {p.program}")
+        for n in p.nodes:
+            near(n, f"program {p.program}, node {n.id}")
+        for i, h in enumerate(p.hints):
+            near(h, f"program {p.program}, hint {i + 1}")
+        for i, c in enumerate(p.cancel):
+            near(c, f"program {p.program}, cancel {i + 1}")
+        if p.slo not in classes:
+            note(("slo", p.slo), f"program {p.program}")
+    out = []
+    for what, (n, where) in seen.items():
+        times = f"{n} times, first at {where}" if n > 1 else where
+        if what[0] == "field":
+            out.append(f"unknown field {what[1]!r} ({times}) is kept and not read: did you mean {what[2]!r}?")
+        else:
+            out.append(f"slo class {what[1]!r} ({times}) is not in the header's slo_classes "
+                       f"({', '.join(sorted(classes))}): its calls get the interactive bound, "
+                       f"{ttft_bound(classes, what[1]):g} s")
+    return out
 
 
 def write_trace(trace: Trace, path: str | Path) -> None:

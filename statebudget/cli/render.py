@@ -118,16 +118,33 @@ def print_oracle(out: dict) -> None:
         console.print(f"[red]the stitched schedule breaks {len(out['violations'])} constraints[/], first: {out['violations'][0]}")
 
 
-def print_sweep(rows: list[dict], columns, ray) -> None:
-    """`sweep`: one row per replay, the figures `columns` of each."""
+# A sweep column's header as `replay` names the same figure.
+SWEEP_HEADERS = {"handoff_p95_s": "handoff stall p95 s", "handoff_p99_s": "handoff stall p99 s",
+                 "ttft_p95_s": "TTFT p95 s", "slo_at5": "SLO@5", "program_p95_s": "program p95 s",
+                 "stall_total_s": "total stall s", "warm_tax": "warm tax", "wasted_tb": "wasted TB",
+                 "decision_p99_ms": "decision p99 ms"}
+
+
+def print_sweep(rows: list[dict], columns, ray, start: str, warmup_s: float) -> None:
+    """`sweep`: one row per replay, the figures `columns` of each; where a cluster, trace and
+    policy ran on several seeds, their mean after them (the figure a reader compares)."""
     t = Table(title=f"{len(rows)} replays ({'Ray ' + ray if ray else 'local processes'})")
     for name in ("cluster", "trace", "seed", "policy"):
         t.add_column(name, no_wrap=True)  # names are never cut; the figures' headers wrap instead
     for c in columns:
-        t.add_column(c.replace("_", " "), justify="right", overflow="fold")
+        t.add_column(SWEEP_HEADERS.get(c, c.replace("_", " ")), justify="right", overflow="fold")
+    groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        t.add_row(r["cluster"], r["trace"], str(r["seed"]), r["policy"], *[f"{r[c]:.3f}" for c in columns])
+        groups.setdefault((r["cluster"], r["trace"], r["policy"]), []).append(r)
+    for (cluster, trace, policy), rs in groups.items():
+        for r in rs:
+            t.add_row(cluster, trace, str(r["seed"]), policy, *[f"{r[c]:.3f}" for c in columns])
+        if len(rs) > 1:
+            t.add_row(cluster, trace, f"mean of {len(rs)}", policy,
+                      *[f"{sum(r[c] for r in rs) / len(rs):.3f}" for c in columns], style="bold", end_section=True)
     console.print(t)
+    console.print(f"start {start}, warm-up {warmup_s:g} s" + (": calls of programs that start in the warm-up are "
+                                                               "left out" if warmup_s > 0 else ""), highlight=False)
 
 
 def print_residency(body: dict) -> None:

@@ -224,7 +224,7 @@ def sweep(
         task = prog.add_task("sweep", total=len(todo))
         report = lambda done, total: prog.update(task, completed=done)  # noqa: E731
         rows = sw.run_ray(todo, ray, report) if ray else sw.run_local(todo, workers, report)
-    print_sweep(rows, [c for c in sw.COLUMNS if all(r.get(c) is not None for r in rows)], ray)
+    print_sweep(rows, [c for c in sw.COLUMNS if all(r.get(c) is not None for r in rows)], ray, start, warmup)
     if json_out:
         write_json(json_out, {"start": start, "warmup_s": warmup, "hours": hours, "rows": rows})
 

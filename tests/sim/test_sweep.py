@@ -158,3 +158,15 @@ def test_jobs_carry_planner_fields_and_refuse_an_unknown_one_before_any_run():
     assert "planner" not in jobs(["hetero16"], ["swe-team"], [1], ["statebudget"], "agent-team", 0.25)[0]
     with pytest.raises(ValueError, match="planner: .*'nope'"):
         jobs(["hetero16"], ["swe-team"], [1], ["statebudget"], "agent-team", 0.25, planner={"nope": 1})
+
+
+def test_sweep_table_gives_each_policy_its_mean_over_seeds(tmp_path):
+    out = tmp_path / "s.json"
+    res = CliRunner().invoke(app, ["sweep", "--traces", "swe-team", "--seeds", "1,2", "--policy", "ondemand",
+                                   "--hours", "0.1", "--warmup", "60", "--workers", "1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(out.read_text())["rows"]
+    mean = sum(r["ttft_p95_s"] for r in rows) / 2
+    line = next(ln for ln in res.output.splitlines() if "mean of 2" in ln)
+    assert f"{mean:.3f}" in line, line  # the TTFT p95 column holds the mean of the two seeds
+    assert "TTFT p95 s" in res.output and "start warm, warm-up 60 s" in res.output

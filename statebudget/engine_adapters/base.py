@@ -198,8 +198,8 @@ class Adapter(ABC):
                 self.reported[op.op_id] = result
                 self._unsettled[op.op_id] = op
                 n += 1
-                log.info("op %s %s %s -> %s: %s in %.3fs", op.op_id, op.kind, op.src, op.dst, result.status,
-                         time.perf_counter() - t0)
+                log.info("op %s %s %s -> %s: %s in %.3fs%s", op.op_id, op.kind, op.src, op.dst, result.status,
+                         time.perf_counter() - t0, f" ({result.error})" if result.error else "")
             status = self.report(op, result)
             if self._unsettled.pop(op.op_id, None) is not None and result.status == "done":
                 self._settle(op, status)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 
 from ..models.errors import InputError
@@ -68,16 +68,9 @@ def load_trace_warned(path: Path):
     from ..models.load import load_trace, trace_warnings
 
     tr = load_trace(path)
-    for msg in trace_warnings(tr):
-        err.print(f"[yellow]warning:[/] {path}: {msg}", highlight=False, soft_wrap=True)
+    for msg in trace_warnings(tr):  # names from the trace are text, never markup
+        err.print(f"[yellow]warning:[/] {escape(str(path))}: {escape(msg)}", highlight=False)
     return tr
-
-
-def check_finite(option: str, value: float | None, what: str = "a positive number") -> None:
-    """Refuse an infinite, NaN or non-positive value of `option` (typer's ranges let inf and nan
-    through, and an infinite trace length never ends)."""
-    if value is not None and not (math.isfinite(value) and value > 0):
-        fail(f"{option}: expected {what}, got {value:g}")
 
 
 def fail(msg: str) -> None:

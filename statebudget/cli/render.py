@@ -118,21 +118,16 @@ def print_oracle(out: dict) -> None:
         console.print(f"[red]the stitched schedule breaks {len(out['violations'])} constraints[/], first: {out['violations'][0]}")
 
 
-# A sweep column's header as `replay` names the same figure.
-SWEEP_HEADERS = {"handoff_p95_s": "handoff stall p95 s", "handoff_p99_s": "handoff stall p99 s",
-                 "ttft_p95_s": "TTFT p95 s", "slo_at5": "SLO@5", "program_p95_s": "program p95 s",
-                 "stall_total_s": "total stall s", "warm_tax": "warm tax", "wasted_tb": "wasted TB",
-                 "decision_p99_ms": "decision p99 ms"}
-
-
 def print_sweep(rows: list[dict], columns, ray, start: str, warmup_s: float) -> None:
     """`sweep`: one row per replay, the figures `columns` of each; where a cluster, trace and
     policy ran on several seeds, their mean after them (the figure a reader compares)."""
+    from ..sim.sweep import LABELS
+
     t = Table(title=f"{len(rows)} replays ({'Ray ' + ray if ray else 'local processes'})")
     for name in ("cluster", "trace", "seed", "policy"):
         t.add_column(name, no_wrap=True)  # names are never cut; the figures' headers wrap instead
     for c in columns:
-        t.add_column(SWEEP_HEADERS.get(c, c.replace("_", " ")), justify="right", overflow="fold")
+        t.add_column(LABELS.get(c, c.replace("_", " ")), justify="right", overflow="fold")
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["cluster"], r["trace"], r["policy"]), []).append(r)

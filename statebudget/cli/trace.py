@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..models.errors import InputError
-from .common import check_finite, check_outputs, console, fail, guard, load_trace_warned
+from .common import check_outputs, console, fail, guard, load_trace_warned
 from .render import print_trace_stats
 
 
@@ -32,8 +32,6 @@ def trace_gen(
 ):
     """Generate a deterministic trace (same preset, seed, hours and load: same bytes)."""
     check_outputs(files=[("--out", out)])
-    check_finite("--hours", hours, "a positive number of hours")
-    check_finite("--load", load)
     from ..models.load import load_catalog, write_trace
     from ..core.programs import parse_tenant_weights
     from ..traces.generators import for_catalog, generate
@@ -115,8 +113,6 @@ def trace_import(
 ):
     """Turn a real trace into trace format v1 (same inputs and seed: same bytes)."""
     check_outputs(files=[("--out", out)])
-    check_finite("--hours", hours, "a positive number of hours")
-    check_finite("--rate-scale", rate_scale)
     from ..models.load import load_catalog, write_trace
     from ..traces.importers import import_trace
     from .common import err

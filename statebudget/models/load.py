@@ -146,26 +146,35 @@ def parse_trace(lines, source: str) -> Trace:
     return Trace(header=header, programs=programs)
 
 
+WARN_KINDS = 10  # kinds of slip listed before the rest is counted
+
+
 def trace_warnings(trace: Trace) -> list[str]:
     """What in a valid trace is most likely a mistake, one line per kind: an unknown field whose
-    name is close to a known one (unknown fields are kept, DESIGN.md §5, so `contxt_tokens` would
-    leave a call at 0 context tokens without a word), and an `slo` class the header does not
-    define (its calls get the interactive bound). Each names the first place it occurs."""
-    known = {cls: set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
-             for cls in (Program, TraceNode, Hint, Cancel)}
+    name is close to a known field left unset (unknown fields are kept, DESIGN.md §5, so
+    `contxt_tokens` would leave a call at 0 context tokens without a word), and a program's `slo`
+    class the header does not define (its calls get the interactive bound). Each names the first
+    place it occurs; past `WARN_KINDS` kinds the rest are counted."""
+    classes = (Program, TraceNode, Hint, Cancel, TraceHeader)
+    known = {cls: set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias} for cls in classes}
+    alias = {cls: {f.alias: name for name, f in cls.model_fields.items() if f.alias} for cls in classes}
+    close_to: dict[tuple, str | None] = {}  # (class, unknown key) -> the known field it is close to
     seen: dict[tuple, list] = {}  # what -> [count, first place]
 
-    def note(what: tuple, where: str) -> None:
-        hit = seen.setdefault(what, [0, where])
-        hit[0] += 1
-
     def near(obj, where: str) -> None:
+        cls = type(obj)
         for key in obj.model_extra or {}:
-            close = difflib.get_close_matches(key, known[type(obj)], n=1, cutoff=0.75)
-            if close:
-                note(("field", key, close[0]), where)
+            if (cls, key) not in close_to:
+                # 0.85: `contxt_tokens` (0.96) is a slip, `input_tokens` (0.8 to output_tokens) is not
+                hit = difflib.get_close_matches(key, known[cls], n=1, cutoff=0.85)
+                close_to[(cls, key)] = hit[0] if hit else None
+            field = close_to[(cls, key)]
+            # a field that is set is not what the unknown key meant (`tenant_id` beside `tenant`)
+            if field is not None and alias[cls].get(field, field) not in obj.model_fields_set:
+                seen.setdefault(("field", key, field), [0, where])[0] += 1
 
-    classes = trace.header.slo_classes
+    near(trace.header, "the header")
+    slo = trace.header.slo_classes
     for p in trace.programs:
         near(p, f"program {p.program}")
         for n in p.nodes:
@@ -174,17 +183,18 @@ def trace_warnings(trace: Trace) -> list[str]:
             near(h, f"program {p.program}, hint {i + 1}")
         for i, c in enumerate(p.cancel):
             near(c, f"program {p.program}, cancel {i + 1}")
-        if p.slo not in classes:
-            note(("slo", p.slo), f"program {p.program}")
+        if p.slo not in slo and "slo" in p.model_fields_set:  # the default class is no one's slip
+            seen.setdefault(("slo", p.slo), [0, f"program {p.program}"])[0] += 1
     out = []
-    for what, (n, where) in seen.items():
+    for what, (n, where) in list(seen.items())[:WARN_KINDS]:
         times = f"{n} times, first at {where}" if n > 1 else where
         if what[0] == "field":
             out.append(f"unknown field {what[1]!r} ({times}) is kept and not read: did you mean {what[2]!r}?")
         else:
-            out.append(f"slo class {what[1]!r} ({times}) is not in the header's slo_classes "
-                       f"({', '.join(sorted(classes))}): its calls get the interactive bound, "
-                       f"{ttft_bound(classes, what[1]):g} s")
+            out.append(f"slo class {what[1]!r} ({times}) is not in the header's slo_classes ({', '.join(sorted(slo))}): "
+                       f"its calls get the interactive bound, {ttft_bound(slo, what[1]):g} s")
+    if len(seen) > WARN_KINDS:
+        out.append(f"... and {len(seen) - WARN_KINDS} more kinds of likely slip")
     return out
 
 

@@ -22,6 +22,10 @@ from .runner import replay
 
 COLUMNS = ("handoff_p95_s", "handoff_p99_s", "ttft_p95_s", "slo_at5", "program_p95_s", "stall_total_s",
            "warm_tax", "wasted_tb", "decision_p99_ms")
+# Each column's header in the `sweep` table, named as `replay` names the same figure.
+LABELS = {"handoff_p95_s": "handoff stall p95 s", "handoff_p99_s": "handoff stall p99 s", "ttft_p95_s": "TTFT p95 s",
+          "slo_at5": "SLO@5", "program_p95_s": "program p95 s", "stall_total_s": "total stall s",
+          "warm_tax": "warm tax", "wasted_tb": "wasted TB", "decision_p99_ms": "decision p99 ms"}
 METRICS = ("handoff_p50_s", "handoff_p95_s", "handoff_p99_s", "stall_mean_s", "stall_total_s", "ttft_p95_s",
            "ttft_p99_s", "ttft_slowdown_p95", "slo_at2", "slo_at5", "slo_at10", "program_p95_s", "lease_late_p99_s",
            "nonlease_ttft_p99_s", "warm_tax", "wasted_tb", "moved_tb", "slo_violations", "decision_p50_ms",

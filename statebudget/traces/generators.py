@@ -335,10 +335,11 @@ def generate(preset: str, seed: int, hours: float, load: float = 1.0, hint_noise
     not depend on `hint_noise`, only the models the hints name and their confidences."""
     if preset not in PRESETS:
         raise ValueError(f"unknown trace preset {preset!r} (known: {', '.join(PRESETS)})")
-    if hours <= 0:
-        raise ValueError(f"hours must be positive, got {hours}")
-    if load <= 0:
-        raise ValueError(f"load must be positive, got {load}")
+    # an infinite length or rate never ends (nan slips past a plain comparison)
+    if not (math.isfinite(hours) and hours > 0):
+        raise ValueError(f"hours must be a positive, finite number, got {hours:g}")
+    if not (math.isfinite(load) and load > 0):
+        raise ValueError(f"load must be a positive, finite number, got {load:g}")
     if not 0.0 <= hint_noise <= 1.0:
         raise ValueError(f"hint_noise must be in [0, 1], got {hint_noise}")
     extra = {**({"load": load} if load != 1.0 else {}), **({"hint_noise": hint_noise} if hint_noise else {})}

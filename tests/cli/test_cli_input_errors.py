@@ -117,7 +117,7 @@ def test_bad_trace_preset_and_hours(tmp_path):
     res = runner.invoke(app, ["trace", "gen", "--preset", "chaos", "--out", str(tmp_path / "x.jsonl")])
     assert_clean_error(res, "unknown trace preset 'chaos'", "swe-team")
     res = runner.invoke(app, ["trace", "gen", "--preset", "swe-team", "--hours", "-1", "--out", str(tmp_path / "x.jsonl")])
-    assert_clean_error(res, "--hours: expected a positive number of hours, got -1")
+    assert_clean_error(res, "hours must be a positive, finite number, got -1")
 
 
 @pytest.mark.parametrize("cl", ["hetero16", "hetero8", "h200x8"])

@@ -68,7 +68,8 @@ def test_bad_expiry_and_bad_names_are_refused_before_the_file_is_touched(tmp_pat
     path = tmp_path / "t.json"
     assert_clean_error(add(path, "--role", "admin", "--expires-in", "soon"), "--expires-in 'soon'", "30d")
     assert_clean_error(add(path, "--role", "admin", "--expires-in", "0"), "--expires-in '0'")
-    assert_clean_error(add(path, "--role", "runtime", "--tenant", "team#a"), "tenant 'team#a'")
+    assert_clean_error(add(path, "--role", "runtime", "--tenant", "team#a"), "--tenant: tenant 'team#a'")
+    assert_clean_error(add(path, "--role", "king"), "--role: Input should be 'runtime', 'adapter' or 'admin'")
     assert_clean_error(add(path, "--role", "adapter", "--node", "bad node"), "node 'bad node'")
     assert_clean_error(add(path, "--role", "adapter"), "an adapter token needs a node")
     assert not path.exists()

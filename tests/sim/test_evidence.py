@@ -35,7 +35,7 @@ def test_the_evidence_report_answers_from_its_replays_and_reads_the_same_in_a_br
     assert a["h4"]["holds"] is False and a["h4"]["holds_for"] == []  # 2 seeds: figures, no verdict
     assert set(a["h4"]["warm_tax_vs_static"]) == set(evidence.OURS)  # H4's second clause is read too
     assert [g["claim"] for g in a["not_measured"]][-1] == "Real traces"  # no data given: said, not skipped quietly
-    assert a["real_traces"] == []
+    assert a["real_traces"] == [] and a["no_real_traces"].startswith("no real workload data given")
     assert abs(sum(a["active_models"]["time_share"].values()) - 1) < 0.01
     page = (tmp_path / "index.html").read_text()
     assert "<script" not in page and not re.search(r"(src|href)=\"https?:", page)  # offline, self-contained

@@ -163,7 +163,7 @@ def test_jobs_carry_planner_fields_and_refuse_an_unknown_one_before_any_run():
 def test_sweep_table_gives_each_policy_its_mean_over_seeds(tmp_path, monkeypatch):
     from statebudget.cli.common import console
 
-    monkeypatch.setattr(console, "_width", 300)  # a worker's COLUMNS=80 would fold the figures
+    monkeypatch.setattr(console, "width", 300)  # a worker's COLUMNS=80 would fold the figures
     out = tmp_path / "s.json"
     res = CliRunner().invoke(app, ["sweep", "--traces", "swe-team", "--seeds", "1,2", "--policy", "ondemand",
                                    "--hours", "0.1", "--warmup", "60", "--workers", "1", "--json", str(out)])

@@ -8,6 +8,7 @@ counted or refused (`common.BadRows`). The only random draws are ServeGen's, see
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,10 +40,10 @@ def import_trace(fmt: str, paths: list[Path], catalog: Catalog, *, models: str |
         raise InputError("--format", "", f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
     if not paths:
         raise InputError("IN", "", "no input file")
-    if not rate_scale > 0:
-        raise InputError("--rate-scale", "", f"must be > 0, got {rate_scale}")
-    if hours is not None and not hours > 0:
-        raise InputError("--hours", "", f"must be > 0, got {hours}")
+    if not (math.isfinite(rate_scale) and rate_scale > 0):
+        raise InputError("--rate-scale", "", f"must be a positive, finite number, got {rate_scale:g}")
+    if hours is not None and not (math.isfinite(hours) and hours > 0):
+        raise InputError("--hours", "", f"must be a positive, finite number, got {hours:g}")
     chooser = ModelChooser(catalog, models, mapping, model)  # bad options fail before any reading
     bad = BadRows(on_bad)
     paths = [Path(p) for p in paths]

@@ -89,6 +89,13 @@ class PlannerConfig:
     # most free HBM. Off: 0.2 won on tuning seeds 1-10 and lost on evaluation seeds (mapreduce
     # handoff P95 1.23 -> 2.25x forecast-prewarm's; docs/experiments.md).
     home_reclaim: float | None = None
+    # Once this long has passed since the first call, a model with no copy is homed counting the
+    # idle copies of models no call has yet asked for as room (`homes.home_of`): on mapreduce the
+    # never-called coder, promoted in the first minutes, holds two L40s, and the reviewer is homed
+    # on the reasoner's A100s instead. Sooner, models of a trace whose models take turns are still
+    # uncalled (300 s moved mixed-tenants). Evaluation seeds 100-139: mapreduce handoff P95
+    # 0.84-0.90x, total stall 0.90-0.91x, the other traces within 3 % (docs/planner.md). None: off.
+    uncalled_room_after_s: float | None = 600.0
 
 
 def lease_config(**overrides) -> PlannerConfig:
@@ -179,6 +186,7 @@ class PlannerCore:
         # where it would go; extra copies are worth their keep only while calls overlap.
         homes: dict[str, tuple] = {}
         by_model = None  # `resident_by_model`, read once a step, with `home_reclaim` set
+        uncalled = None  # per GPU, the idle bytes of models no call has asked for (`_uncalled_room`)
         for mi, m in enumerate(self.catalog.models):
             st = self._static[mi]
             wk = st.wk
@@ -191,7 +199,9 @@ class PlannerCore:
             if home is None:
                 if by_model is None and cfg.home_reclaim is not None:
                     by_model = resident_by_model(view, [s.stage for s in self._static])
-                home = home_of(view, m, p_idle, cfg.home_reclaim, self._model_index, by_model)
+                if uncalled is None:
+                    uncalled = self._uncalled_room(view, now)
+                home = home_of(view, m, p_idle, cfg.home_reclaim, self._model_index, by_model, uncalled)
             if home is None:
                 continue
             # A model in the target is needed for sure on its home: it is promoted and kept there
@@ -362,6 +372,19 @@ class PlannerCore:
                     if kn not in host:
                         out.append(PromoteHost(*kn))
         return out
+
+    def _uncalled_room(self, view, now: float) -> list[float] | tuple:
+        """Per GPU, the bytes of idle weights and pages of the models no call has asked for, once
+        `uncalled_room_after_s` has passed since the first call; () before then or when off."""
+        after, first = self.cfg.uncalled_room_after_s, self.predictor.first_call_s
+        if after is None or first is None or now - first < after:
+            return ()
+        called = self.predictor.called
+        stages = [st.stage for st, m in zip(self._static, self.catalog.models) if m.name not in called]
+        room = [0.0] * len(view.tiers.hbm_cap)
+        for idle, _ in resident_by_model(view, stages):
+            room = [a + b for a, b in zip(room, idle)]
+        return room
 
     def pressure(self, view) -> Pressure | None:
         """The admission queue now (`overload.py`); None when overload handling is off or no call

@@ -30,14 +30,15 @@ def most_free(view, groups, need: float | None = None, extra=None):
     return best
 
 
-def home_of(view, m, p_idle=None, share: float | None = None, model_index=None, by_model=None):
+def home_of(view, m, p_idle=None, share: float | None = None, model_index=None, by_model=None, room=()):
     """Where model `m`, with no copy, would go: a group where its engine sleeps, else a group its
     dense part fits. With `share`, `p_idle` (per model, in `model_index` order, P(needed within
     the idle horizon)) and `by_model` (`resident_by_model`), in this order: the most free of the
     groups clear of the weights of the other models at least `share` x as likely as `m` with room
     for the dense part now; the same counting the idle state of the less likely models as room;
     any group with room now; the group with the most free HBM counting that idle state. Without:
-    the most free."""
+    the most free, counting `room` (per GPU, bytes that count as free: the idle copies of models
+    no call has asked for) when given."""
     wk = weights_key(m.name)
     groups = view.model_groups(m)
     for g in groups:
@@ -47,7 +48,7 @@ def home_of(view, m, p_idle=None, share: float | None = None, model_index=None, 
     need = m.dense_bytes / m.tp
     fits = [g for g in groups if need <= min(cap[i] for i in g)]
     if p_idle is None or share is None:
-        return most_free(view, fits)
+        return most_free(view, fits, extra=room or None)
     mi = model_index[m.name]
     p = share * p_idle[mi]
     idle = [0.0] * len(cap)

@@ -110,6 +110,8 @@ class Predictor:
         self.models = list(models)
         self.idx = {m: i for i, m in enumerate(self.models)}
         self.half_life_s, self.prior, self.tenant_weight = half_life_s, prior, tenant_weight
+        self.called: set[str] = set()         # models some call has asked for
+        self.first_call_s: float | None = None
         n = len(self.models)
         # rows: last model, then START (a program's first call); columns: next model, then END
         self.global_switch = DecayedCounts((n + 1, n + 1), half_life_s)
@@ -150,6 +152,9 @@ class Predictor:
 
     def call_arrived(self, program: str, model: str, now: float, expected_s: float = 0.0) -> None:
         self._version += 1
+        self.called.add(model)
+        if self.first_call_s is None:
+            self.first_call_s = now
         lp = self.live.get(program)
         if lp is None or model not in self.idx:
             return

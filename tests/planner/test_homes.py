@@ -87,3 +87,27 @@ def test_a_group_where_the_engine_sleeps_comes_first():
     sim.tiers.alloc_gpu((0,), 35e9)
     sim.tiers.asleep_on = lambda key, g: key == ("w", "b") and g == (0,)
     assert _home(sim, m["b"], [0.9, 0.5, 0.0]) == (0,)
+
+
+def test_idle_copies_of_models_no_call_asked_for_are_room_once_calls_have_flowed_a_while():
+    sim, _ = _sim(n_gpu=2)
+    core = sim.policy._core(sim)
+    core.target, core.target_p = {"b": (0,)}, 1.0  # b is promoted for sure, where `home_of` says
+    core.cfg = replace(core.cfg, uncalled_room_after_s=600.0)
+    sim.tiers.alloc_gpu((0,), 30e9)            # GPU 0: 10 GB free
+    resident(sim, ("w", "c"), (1,), 25.0)      # GPU 1: 15 GB free, behind c's idle 25 GB
+    sim.tiers.alloc_gpu((1,), 10e9)            # ... 5 GB free
+
+    def promoted(now):
+        return [d.group for d in core.plan(sim, now) if type(d).__name__ == "Promote" and d.key == ("w", "b")]
+
+    assert promoted(1000.0) == [(0,)], "no call yet: nothing is known to be uncalled"
+    core.predictor.program_started("p1", "default", 100.0)
+    core.predictor.call_arrived("p1", "a", 100.0)
+    assert promoted(650.0) == [(0,)], "550 s after the first call: every model may still come"
+    assert promoted(700.0) == [(1,)], "c, never asked for, holds room for b"
+    core.predictor.call_arrived("p1", "c", 710.0)
+    assert promoted(720.0) == [(0,)], "once c is called its copy is its own again"
+    core.cfg = replace(core.cfg, uncalled_room_after_s=None)
+    core.predictor.called.discard("c")
+    assert promoted(730.0) == [(0,)], "off: the most free HBM alone"

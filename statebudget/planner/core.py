@@ -90,11 +90,13 @@ class PlannerConfig:
     # handoff P95 1.23 -> 2.25x forecast-prewarm's; docs/experiments.md).
     home_reclaim: float | None = None
     # Once this long has passed since the first call, a model with no copy is homed counting the
-    # idle copies of models no call has yet asked for as room (`homes.home_of`): on mapreduce the
-    # never-called coder, promoted in the first minutes, holds two L40s, and the reviewer is homed
-    # on the reasoner's A100s instead. Sooner, models of a trace whose models take turns are still
-    # uncalled (300 s moved mixed-tenants). Evaluation seeds 100-139: mapreduce handoff P95
-    # 0.84-0.90x, total stall 0.90-0.91x, the other traces within 3 % (docs/planner.md). None: off.
+    # idle copies of models no call has yet asked for (since the planner started: the service's
+    # predictor starts afresh) as room (`homes.home_of`; not with `home_reclaim`, whose own rule
+    # counts idle state): on mapreduce the never-called coder, promoted in the first minutes,
+    # holds two L40s, and the reviewer is homed on the reasoner's A100s instead. Sooner, models of
+    # a trace whose models take turns are still uncalled (300 s moved mixed-tenants). Evaluation
+    # seeds 100-139: mapreduce handoff P95 0.84-0.90x, total stall 0.89-0.91x; mixed-tenants
+    # track's handoff P95 +3 % (one seed 2.2x), the rest within 0.5 % (docs/planner.md). None: off.
     uncalled_room_after_s: float | None = 600.0
 
 
@@ -200,7 +202,7 @@ class PlannerCore:
                 if by_model is None and cfg.home_reclaim is not None:
                     by_model = resident_by_model(view, [s.stage for s in self._static])
                 if uncalled is None:
-                    uncalled = self._uncalled_room(view, now)
+                    uncalled = self._uncalled_room(view, now) if cfg.home_reclaim is None else ()
                 home = home_of(view, m, p_idle, cfg.home_reclaim, self._model_index, by_model, uncalled)
             if home is None:
                 continue

@@ -152,9 +152,10 @@ class Predictor:
 
     def call_arrived(self, program: str, model: str, now: float, expected_s: float = 0.0) -> None:
         self._version += 1
-        self.called.add(model)
-        if self.first_call_s is None:
-            self.first_call_s = now
+        if model in self.idx:
+            self.called.add(model)
+            if self.first_call_s is None:
+                self.first_call_s = now
         lp = self.live.get(program)
         if lp is None or model not in self.idx:
             return

@@ -111,3 +111,4 @@ def test_idle_copies_of_models_no_call_asked_for_are_room_once_calls_have_flowed
     core.cfg = replace(core.cfg, uncalled_room_after_s=None)
     core.predictor.called.discard("c")
     assert promoted(730.0) == [(0,)], "off: the most free HBM alone"
+    assert PlannerConfig().uncalled_room_after_s == 600.0

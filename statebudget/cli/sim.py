@@ -230,8 +230,8 @@ def sweep(
     print_sweep(rows, [c for c in sw.COLUMNS if all(r.get(c) is not None for r in rows)], ray, start, warmup)
     empty = sum(1 for r in rows if not r.get("calls_completed"))
     if empty:
-        err.print(f"[yellow]warning:[/] {empty} of {len(rows)} replays measured no call: --hours {hours:g} is too "
-                  f"short for the trace, or --warmup {warmup:g} s too long", highlight=False)
+        why = f"--hours {hours:g} is too short" + (f", or --warmup {warmup:g} s too long" if warmup else "")
+        err.print(f"[yellow]warning:[/] {empty} of {len(rows)} replays measured no call: {why}", highlight=False)
     if json_out:
         write_json(json_out, {"start": start, "warmup_s": warmup, "hours": hours, "rows": rows})
 

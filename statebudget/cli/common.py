@@ -74,7 +74,7 @@ def load_trace_warned(path: Path):
 
 
 def fail(msg: str) -> None:
-    err.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {msg}", highlight=False)
     raise typer.Exit(2)
 
 

@@ -123,7 +123,7 @@ def trace_import(
     if rep.rows_bad:
         err.print(f"skipped {rep.rows_bad} bad row(s); the first:", highlight=False)
         for line in rep.first_bad:
-            err.print(f"  {line}", highlight=False, soft_wrap=True)
+            err.print(f"  {line}", highlight=False)
     clipped = [f"{n} {what}" for n, what in ((rep.clips.context, "contexts"), (rep.clips.output, "outputs")) if n]
     out.parent.mkdir(parents=True, exist_ok=True)
     write_trace(trace, out)

@@ -28,7 +28,7 @@ from ..models.state import expert_key, kv_key, weights_key
 from ..core.costs import page_touch_probs, touched_pages
 from ..solvers.greedy import Candidates, solve
 from .leases import LeaseLedger, LeaseRequest, LeaseState, Quote, decide, rank_key, rejection_reason
-from .homes import home_of, resident_by_model, scale_out
+from .homes import home_of, idle_room, resident_by_model, scale_out
 from .overload import Pressure
 from .predictor import Predictor
 from ..core.decisions import Demote, Promote, PromoteHost
@@ -382,11 +382,7 @@ class PlannerCore:
         if after is None or first is None or now - first < after:
             return ()
         called = self.predictor.called
-        stages = [st.stage for st, m in zip(self._static, self.catalog.models) if m.name not in called]
-        room = [0.0] * len(view.tiers.hbm_cap)
-        for idle, _ in resident_by_model(view, stages):
-            room = [a + b for a, b in zip(room, idle)]
-        return room
+        return idle_room(view, [st.stage for st, m in zip(self._static, self.catalog.models) if m.name not in called])
 
     def pressure(self, view) -> Pressure | None:
         """The admission queue now (`overload.py`); None when overload handling is off or no call

@@ -84,6 +84,15 @@ def resident_by_model(view, keys_by_model) -> list[tuple[list[float], frozenset]
     return out
 
 
+def idle_room(view, keys_by_model) -> list[float]:
+    """Per GPU, the idle bytes (`resident_by_model`) of the models of `keys_by_model` together:
+    state that counts as room for a new home (`PlannerConfig.uncalled_room_after_s`)."""
+    room = [0.0] * len(view.tiers.hbm_cap)
+    for idle, _ in resident_by_model(view, keys_by_model):
+        room = [a + b for a, b in zip(room, idle)]
+    return room
+
+
 def scale_out(view, catalog, now: float, wait_s: float | None, calls: int | None = None) -> list:
     """A second replica where calls queue at a home that holds too few of them at once (a 40 GB
     GPU beside 30 GB of weights): a dense model with a call that has waited `wait_s` for HBM, and

@@ -71,10 +71,9 @@ class IdealTTFT:
         return min(times) if times else None
 
 
-def ttft_ratios(res: SimResult, cost: CostModel | None = None, calls=None) -> list[float]:
-    """TTFT / ideal TTFT of every counted finished call (`calls`: these instead) whose model some
-    group can host."""
-    return [r for _, r in model_ratios(res.cost if cost is None else cost, counted_done(res) if calls is None else calls)]
+def ttft_ratios(res: SimResult) -> list[float]:
+    """TTFT / ideal TTFT of every counted finished call whose model some group can host."""
+    return [r for _, r in model_ratios(res.cost, counted_done(res))]
 
 
 def model_ratios(cost: CostModel, calls) -> list[tuple[str, float]]:

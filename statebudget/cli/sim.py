@@ -59,8 +59,8 @@ def replay(
                                                      min=0.0, max=0.99)] = 0.0,
     start: Annotated[str, typer.Option(help="state at t = 0: warm (every model's weights in host DRAM of every node "
                                             "that holds them, no engine awake) or cold (all weights on NVMe)")] = "warm",
-    warmup: Annotated[float, typer.Option("--warmup", help="seconds simulated first whose arriving calls every "
-                                                           "metric leaves out", min=0.0)] = 0.0,
+    warmup: Annotated[float, typer.Option("--warmup", help="seconds simulated first: the calls of programs that "
+                                                           "start in them are left out of every metric", min=0.0)] = 0.0,
     by_model: Annotated[bool, typer.Option("--by-model", help="also print, per policy, each model's stall, TTFT P95, "
                                                               "SLO attainment at 5 and the GPU groups its calls ran on")] = False,
     timeline: Annotated[Optional[Path], typer.Option(help="write every load, eviction and engine stop of models' "
@@ -185,7 +185,8 @@ def sweep(
     hours: Annotated[float, typer.Option(help="trace length")] = 2.0,
     start: Annotated[str, typer.Option(help="state at t = 0: cold (weights on NVMe) or warm (weights in host DRAM, "
                                             "as an operator preloads them); docs/model.md")] = "warm",
-    warmup: Annotated[float, typer.Option("--warmup", help="seconds simulated but left out of every metric", min=0.0)] = 0.0,
+    warmup: Annotated[float, typer.Option("--warmup", help="seconds simulated first: the calls of programs that "
+                                                           "start in them are left out of every metric", min=0.0)] = 0.0,
     workers: Annotated[Optional[int], typer.Option(help="local processes (default: one per core)", min=1)] = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help="run on a Ray cluster: auto or HOST:PORT")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write all rows here")] = None,

@@ -31,7 +31,8 @@ class StateBudget(Policy):
         self.core: PlannerCore | None = None
 
     def replan(self, sim) -> list:
-        """A planning step after an event. The simulator plans at every event; the service sets
+        """A planning step after an event: in the simulator at call admission, call end, tool start
+        and (the lease planner) hints, besides `on_tick` every 5 s; the service sets
         `plan_on_events = False` and coalesces the events of a few milliseconds into one `on_tick`."""
         return self._core(sim).plan(sim, sim.now) if self.plan_on_events else []
 

@@ -33,8 +33,8 @@ class SimConfig:
     start: the state at t = 0 (DESIGN.md §4): `cold`, every model's weights on NVMe only (and the
         cluster's `preload:` models in host DRAM); `warm`, every model's weights and expert pages
         also in host DRAM of every node that can hold them (a page cache, no engine awake).
-    warmup_s: the first seconds the run simulates but no metric counts: calls that arrive, and
-        programs that start, before it are left out; bytes and the warm tax count from it on.
+    warmup_s: the first seconds the run simulates but no metric counts: the calls of programs
+        that start before it are left out (by program start, as `metrics.counted_calls`); bytes and the warm tax count from it on.
     timeline: keep every change of where models' weights live (`SimResult.timeline`): loads,
         evictions and engine stops, each with its cause. Decides nothing.
     """

@@ -1,6 +1,6 @@
 """Turns a simulation's call records into the §8 report block, with the §4 definitions. With a
-warm-up (`SimConfig.warmup_s`) every call and program figure counts only the calls that arrived,
-and the programs that started, at or after it (the recorder already counts bytes and the warm
+warm-up (`SimConfig.warmup_s`) every call and program figure counts only the calls of the programs
+that started at or after it (`counted_calls`) (the recorder already counts bytes and the warm
 tax from it on)."""
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ class Bound:
     """`total_stall_s`: the bound; `status`: OPTIMAL (the relaxation solved to optimality),
     FEASIBLE (the solver's proven bound at its time limit: still valid), or CLOSED_FORM (too large
     for the pairwise model); `counted`: calls in it (those that surely count: not cancellable,
-    arriving after the warm-up); `solve_s`; `schedule`: the relaxation's optimal point, per call
+    of programs that start after the warm-up); `solve_s`; `schedule`: the relaxation's optimal point, per call
     (program, node) its group and ready and end times (s), for a replay to follow (empty in
     closed form)."""
     total_stall_s: float

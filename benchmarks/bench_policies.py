@@ -58,6 +58,7 @@ from statebudget import __version__
 from statebudget.policies import REGISTRY
 from statebudget.models.errors import InputError
 from statebudget.sim import sweep as sw
+from statebudget.sim.paired import difference_of_ratios, series
 from statebudget.traces.generators import PRESETS
 from statebudget.traces.real_sessions import rounds_path
 
@@ -282,6 +283,7 @@ def markdown(out: dict) -> str:
                     lines.append(f"| {METRICS[m][0]} | {b} ({g['policies'][b][m]['mean']:.3g}) | " + " | ".join(cells) + " |")
                 lines.append("")
             lines += _target_lines(g.get("targets", []))
+    lines += _call_graph_lines(out.get("call_graph") or {})
     lines.append(f"Command: `{out['command']}` (commit {out['git']}, {out['date']}). Best baseline per metric over "
                  f"{', '.join(out['baselines'])}; oracle left out (offline MILP). Verdict `wins` only when the paired "
                  f"difference's 95 % interval excludes parity.")
@@ -365,6 +367,39 @@ def main(argv=None):
     return out
 
 
+def call_graph(rows: list[dict], seeds: list[int], start: str = "warm") -> dict:
+    """What the call order is worth (issue 22, seed 001): for each of our planners, its handoff-stall
+    P95 as a ratio of frequency's on swe-team and on its shuffled control (same calls, order
+    shuffled), and how far the ratio moves without the order (`difference_of_ratios`, seeds
+    resampled together); {} unless both traces have frequency's rows and ours for every seed."""
+    out = {}
+    for p in OURS:
+        try:
+            get = {(t, q): series(rows, seeds, "handoff_p95_s", start=start, trace=t, policy=q)
+                   for t in ("swe-team", "swe-team-shuffled") for q in ("frequency", p)}
+        except (KeyError, ValueError):
+            continue
+        if any(len(v) != len(seeds) for v in get.values()):
+            continue
+        ratio = {t: ratio_of_means(get[(t, "frequency")], get[(t, p)]) for t in ("swe-team", "swe-team-shuffled")}
+        out[p] = {"over_frequency": ratio, "shrink": difference_of_ratios(
+            get[("swe-team", "frequency")], get[("swe-team", p)],
+            get[("swe-team-shuffled", "frequency")], get[("swe-team-shuffled", p)])}
+    return out
+
+
+def _call_graph_lines(cg: dict) -> list[str]:
+    if not cg:
+        return []
+    cells = []
+    for p, c in cg.items():
+        a, b, d = c["over_frequency"]["swe-team"], c["over_frequency"]["swe-team-shuffled"], c["shrink"]
+        cells.append(f"{p} {a['ratio']:.2f} → {b['ratio']:.2f} "
+                     f"({d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}])")
+    return ["Call-graph information, handoff-stall P95 ÷ frequency's, swe-team → shuffled (the move, paired "
+            "95 % interval; above 0: the gain shrinks without the call order): " + "; ".join(cells) + ".", ""]
+
+
 def _output(rows: list[dict], seeds: list[int], starts: list[str], traces: list[str], policies: list[str],
             **fields) -> dict:
     """The run's JSON: the fair table per start and trace (each with the policies that have a row
@@ -388,7 +423,7 @@ def _output(rows: list[dict], seeds: list[int], starts: list[str], traces: list[
             "metrics": {m: {"label": lab, "better": b} for m, (lab, b) in METRICS.items()}, "described": DESCRIBED,
             "comparison": "paired difference ours - best baseline per seed, 95 % Student t interval; ratio = "
                           "1 + diff / mean(best); verdict wins/loses only when the interval excludes 0",
-            "tables": tables, "rows": rows}
+            "tables": tables, "call_graph": call_graph(rows, seeds) if "warm" in starts else {}, "rows": rows}
 
 
 def _write(out: dict, args) -> None:

@@ -373,13 +373,15 @@ def call_graph(rows: list[dict], seeds: list[int], start: str = "warm") -> dict:
     shuffled), and how far the ratio moves without the order (`difference_of_ratios`, seeds
     resampled together); {} unless both traces have frequency's rows and ours for every seed."""
     out = {}
+    have = {(r["trace"], r["policy"]) for r in rows if r["start"] == start}
     for p in OURS:
+        need = [(t, q) for t in ("swe-team", "swe-team-shuffled") for q in ("frequency", p)]
+        if not all(k in have for k in need):
+            continue  # not asked for: no note
         try:
-            get = {(t, q): series(rows, seeds, "handoff_p95_s", start=start, trace=t, policy=q)
-                   for t in ("swe-team", "swe-team-shuffled") for q in ("frequency", p)}
-        except (KeyError, ValueError):
-            continue
-        if any(len(v) != len(seeds) for v in get.values()):
+            get = {(t, q): series(rows, seeds, "handoff_p95_s", start=start, trace=t, policy=q) for t, q in need}
+        except (KeyError, ValueError) as e:
+            print(f"note: call-graph figure of {p} left out: {e}", file=sys.stderr)
             continue
         ratio = {t: ratio_of_means(get[(t, "frequency")], get[(t, p)]) for t in ("swe-team", "swe-team-shuffled")}
         out[p] = {"over_frequency": ratio, "shrink": difference_of_ratios(

@@ -24,7 +24,8 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else _WIDTH, soft_w
 
 
 # The options every command that reads a cluster, a catalog or a trace file shares.
-ClusterOpt = Annotated[str, typer.Option(help="cluster file or preset (hetero16, hetero16-l40, hetero8, h200x8, single-a100, toy2)")]
+ClusterOpt = Annotated[str, typer.Option(help="cluster file or preset (hetero16, hetero16-l40, hetero8, h200x8, "
+                                               "single-a100, toy2)")]
 CatalogOpt = Annotated[str, typer.Option(help="catalog file or preset (agent-team, solo, toy)")]
 TraceOpt = Annotated[Path, typer.Option(help="trace file (JSONL, format v1)")]
 

@@ -34,7 +34,8 @@ class SimConfig:
         cluster's `preload:` models in host DRAM); `warm`, every model's weights and expert pages
         also in host DRAM of every node that can hold them (a page cache, no engine awake).
     warmup_s: the first seconds the run simulates but no metric counts: the calls of programs
-        that start before it are left out (by program start, as `metrics.counted_calls`); bytes and the warm tax count from it on.
+        that start before it are left out (by program start, as `metrics.counted_calls`); bytes
+        and the warm tax count from it on.
     timeline: keep every change of where models' weights live (`SimResult.timeline`): loads,
         evictions and engine stops, each with its cause. Decides nothing.
     """

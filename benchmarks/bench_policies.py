@@ -58,7 +58,7 @@ from statebudget import __version__
 from statebudget.policies import REGISTRY
 from statebudget.models.errors import InputError
 from statebudget.sim import sweep as sw
-from statebudget.sim.paired import difference_of_ratios, series
+from statebudget.sim.claims import Rows, call_order_worth
 from statebudget.traces.generators import PRESETS
 from statebudget.traces.real_sessions import rounds_path
 
@@ -368,25 +368,21 @@ def main(argv=None):
 
 
 def call_graph(rows: list[dict], seeds: list[int], start: str = "warm") -> dict:
-    """What the call order is worth (issue 22, seed 001): for each of our planners, its handoff-stall
-    P95 as a ratio of frequency's on swe-team and on its shuffled control (same calls, order
-    shuffled), and how far the ratio moves without the order (`difference_of_ratios`, seeds
-    resampled together); {} unless both traces have frequency's rows and ours for every seed."""
+    """What the call order is worth (issue 22, seed 001), for each of our planners with rows on
+    both swe-team traces beside frequency's (`claims.call_order_worth`)."""
+    rows = [r for r in rows if r["start"] == start]
+    have = {(r["trace"], r["policy"]) for r in rows}
+    R = Rows(rows, seeds, ["frequency"], list(OURS))
     out = {}
-    have = {(r["trace"], r["policy"]) for r in rows if r["start"] == start}
     for p in OURS:
-        need = [(t, q) for t in ("swe-team", "swe-team-shuffled") for q in ("frequency", p)]
-        if not all(k in have for k in need):
+        if not all((t, q) in have for t in ("swe-team", "swe-team-shuffled") for q in ("frequency", p)):
             continue  # not asked for: no note
         try:
-            get = {(t, q): series(rows, seeds, "handoff_p95_s", start=start, trace=t, policy=q) for t, q in need}
+            g, shrink = call_order_worth(R, p)
         except (KeyError, ValueError) as e:
             print(f"note: call-graph figure of {p} left out: {e}", file=sys.stderr)
             continue
-        ratio = {t: ratio_of_means(get[(t, "frequency")], get[(t, p)]) for t in ("swe-team", "swe-team-shuffled")}
-        out[p] = {"over_frequency": ratio, "shrink": difference_of_ratios(
-            get[("swe-team", "frequency")], get[("swe-team", p)],
-            get[("swe-team-shuffled", "frequency")], get[("swe-team-shuffled", p)])}
+        out[p] = {"over_frequency": g, "shrink": shrink}
     return out
 
 

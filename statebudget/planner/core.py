@@ -43,7 +43,7 @@ class PlannerConfig:
     min_dwell_s: float = 0.0        # a promoted copy stays at least this long (no promote/demote ping-pong)
     promote_min_p: float = 0.35      # promote only what is at least this likely within the horizon
     # A promotion's value less (1 - P(needed)) x its GB x this: what a wasted byte costs, in stall
-    # seconds. 0.04: a byte's time over a 25 GB/s link (tuning seeds 1-10, BENCHMARKS.md "Knobs").
+    # seconds. 0.04: a byte's time over a 25 GB/s link (tuning seeds 1-10, docs/planner.md "Knobs").
     waste_price_s_per_gb: float = 0.04
     hysteresis: float = 0.3          # residents' density bonus against thrashing
     gpu_headroom: float = 0.05       # fraction of each GPU left for on-demand loads
@@ -77,7 +77,7 @@ class PlannerConfig:
     overload_wait_s: float | None = 90.0  # a group whose queued calls would keep a new one waiting this long is past capacity (`overload.py`); None: off
     # A call of a dense model that has waited this long for HBM at its group, with no group clear
     # of the queue holding the model, adds a replica there (`homes.scale_out`); None: off. 20 s on
-    # tuning seeds 1-10 (BENCHMARKS.md, "Knobs"); 5 s cost swe-team.
+    # tuning seeds 1-10 (docs/planner.md, "Knobs"); 5 s cost swe-team.
     scale_out_wait_s: float | None = 20.0
     # ... and so do this many calls of one model waiting at one group, however briefly; None: off.
     # Opt-in: 3 halves mapreduce at 3x's handoff P95 on tuning seeds 1-10, but on seeds 100-109
@@ -104,7 +104,7 @@ def lease_config(**overrides) -> PlannerConfig:
     """The planner's settings when leases drive it (statebudget-lease, the service): a lease
     prepares only the expert pages nearly every call touches (`lease_page_min_touch` 0.99); the
     planner still promotes on its own predictions as without hints (`promote_min_p` 0.35), since
-    honest hints miss. Tuned on seeds 1-10, warm start (BENCHMARKS.md, "Knobs of the planner")."""
+    honest hints miss. Tuned on seeds 1-10, warm start (docs/planner.md, "Knobs")."""
     return replace(PlannerConfig(lease_page_min_touch=0.99), **overrides)
 
 

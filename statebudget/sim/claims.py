@@ -185,15 +185,20 @@ def plas(R: Rows, hours: float) -> tuple[dict, list[str]]:
         H.section("plas", "Program-aware queueing (seed 003)", reading, verdict=v)]
 
 
+def call_order_worth(R: Rows, policy: str = "statebudget") -> tuple[dict, dict]:
+    """`policy`'s handoff-stall P95 as a ratio of frequency's on swe-team and on its shuffled
+    control (same calls, order shuffled), and how far the ratio moves without the order (above 0:
+    the gain shrinks), the same seeds resampled for both."""
+    get = {(t, p): R.get(t, p, "handoff_p95_s") for t in ("swe-team", "swe-team-shuffled") for p in ("frequency", policy)}
+    g = {t: ratio_of_means(get[(t, "frequency")], get[(t, policy)]) for t in ("swe-team", "swe-team-shuffled")}
+    return g, difference_of_ratios(get[("swe-team", "frequency")], get[("swe-team", policy)],
+                                   get[("swe-team-shuffled", "frequency")], get[("swe-team-shuffled", policy)])
+
+
 def call_graph(R: Rows) -> tuple[dict, list[str]]:
-    """Seed 001: the gain over frequency on swe-team against its shuffled control (same calls,
-    order shuffled): what the call order is worth."""
-    g = {t: ratio_of_means(R.get(t, "frequency", "handoff_p95_s"), R.get(t, "statebudget", "handoff_p95_s"))
-         for t in ("swe-team", "swe-team-shuffled")}
-    sh = difference_of_ratios(R.get("swe-team", "frequency", "handoff_p95_s"),
-                              R.get("swe-team", "statebudget", "handoff_p95_s"),
-                              R.get("swe-team-shuffled", "frequency", "handoff_p95_s"),
-                              R.get("swe-team-shuffled", "statebudget", "handoff_p95_s"))
+    """Seed 001: the gain over frequency on swe-team against its shuffled control: what the call
+    order is worth (`call_order_worth`)."""
+    g, sh = call_order_worth(R)
     v = verdict(R.n, sh["ci95"][0] > 0, sh["ci95"][1] < 0, "the gain shrinks", "the gain grows")
     reading = (f"statebudget against frequency, handoff-stall P95: {pct(g['swe-team'])} on swe-team, "
                f"{pct(g['swe-team-shuffled'])} on its shuffled control. Without the call order the ratio moves by "

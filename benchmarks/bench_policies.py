@@ -55,7 +55,7 @@ import numpy as np
 from bench_config import parse_overrides
 from paired import load_rows, paired_diff, ratio_of_means, t_interval
 from statebudget import __version__
-from statebudget.policies import REGISTRY
+from statebudget.policies import REGISTRY, SEES_FUTURE
 from statebudget.models.errors import InputError
 from statebudget.sim import sweep as sw
 from statebudget.sim.claims import Rows, call_order_worth
@@ -65,6 +65,9 @@ from statebudget.traces.real_sessions import rounds_path
 TRACES = ("swe-team", "swe-team-shuffled", "mixed-tenants", "mapreduce", "real-sessions")
 OURS = ("statebudget-lease", "statebudget", "statebudget-track")
 EXCLUDED = ("oracle",)
+# Allowed as reference rows (`foresight`: what perfect prediction gives our planner), never as the
+# best baseline: they see the future.
+REFERENCES = tuple(p for p in SEES_FUTURE if p not in EXCLUDED)
 # row key -> (label, better). Keys are the sweep's row figures (`sweep.METRICS`).
 METRICS = {
     "handoff_p95_s": ("handoff stall P95 (s)", "lower"),
@@ -137,7 +140,7 @@ def summarise(rows: list[dict], seeds: list[int], policies: list[str]) -> dict:
             if got:
                 per[p][m] = got
     table = {p: {m: dict(t_interval(v), per_seed=v) for m, v in per[p].items()} for p in policies}
-    baselines = [p for p in policies if p not in OURS and p not in EXCLUDED]
+    baselines = [p for p in policies if p not in OURS and p not in EXCLUDED and p not in REFERENCES]
     # A policy that drops calls (unplaceable, and with them the rest of their programs) serves
     # less work, which flatters its latencies: a baseline that drops more than the policy that
     # drops fewest is no best baseline, and ours are flagged when they do.
@@ -254,7 +257,7 @@ def markdown(out: dict) -> str:
             lines.append("| policy | " + " | ".join(labels[m] for m in ms) + " |")
             lines.append("|---|" + "---:|" * len(ms))
             for p, t in g["policies"].items():
-                name = f"**{p}**" if p in OURS else p
+                name = f"**{p}**" if p in OURS else f"{p} (sees the future)" if p in REFERENCES else p
                 lines.append(f"| {name} | " + " | ".join(_cell(t.get(m)) for m in ms) + " |")
             lines.append("")
             lines += _where_it_went([r for r in out["rows"] if r["start"] == start and r["trace"] == trace],
@@ -417,7 +420,8 @@ def _output(rows: list[dict], seeds: list[int], starts: list[str], traces: list[
             "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "git": git_commit(),
             **fields, "seeds": seeds, "starts": starts, "traces": traces, "policies": policies, "ours": [p for p in OURS if p in policies],
-            "baselines": [p for p in policies if p not in OURS], "excluded": list(EXCLUDED),
+            "baselines": [p for p in policies if p not in OURS and p not in REFERENCES],
+            "references": [p for p in policies if p in REFERENCES], "excluded": list(EXCLUDED),
             "metrics": {m: {"label": lab, "better": b} for m, (lab, b) in METRICS.items()}, "described": DESCRIBED,
             "comparison": "paired difference ours - best baseline per seed, 95 % Student t interval; ratio = "
                           "1 + diff / mean(best); verdict wins/loses only when the interval excludes 0",

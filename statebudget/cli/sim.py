@@ -179,7 +179,7 @@ def sweep(
     traces: Annotated[str, typer.Option(help="comma-separated trace presets")] = "swe-team,swe-team-shuffled",
     seeds: Annotated[str, typer.Option(help="comma-separated seeds")] = "1,2,3",
     policy: Annotated[str, typer.Option(help="comma-separated policies; all: every registered policy but the "
-                                              "oracle (a MILP, slow)")] = "all",
+                                              "two that see the future (oracle, foresight)")] = "all",
     clusters: Annotated[str, typer.Option(help="comma-separated cluster presets or files")] = "hetero16",
     catalog: CatalogOpt = "agent-team",
     hours: Annotated[float, typer.Option(help="trace length")] = 2.0,
@@ -197,9 +197,9 @@ def sweep(
     from ..sim import sweep as sw
     from ..traces.generators import PRESETS
 
-    from ..policies import REGISTRY
+    from ..policies import REGISTRY, SEES_FUTURE
 
-    names = [p for p in REGISTRY if p != "oracle"] if policy.strip() == "all" else _policy_list(policy)
+    names = [p for p in REGISTRY if p not in SEES_FUTURE] if policy.strip() == "all" else _policy_list(policy)
     if start not in ("cold", "warm"):
         raise ValueError(f"--start: expected cold or warm, got {start!r}")
     if not (math.isfinite(hours) and hours > 0):  # an infinite trace never ends; nan passes comparisons

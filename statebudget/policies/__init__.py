@@ -7,8 +7,10 @@ from .baselines import BASELINES
 from .swaps import SWAPS
 from .oracle import MilpStatic, Oracle
 from .ours import StateBudget, StateBudgetLease, StateBudgetTrack
+from .foresight import Foresight
 
-# Order: the baselines in the order the report lists them, then ours, then the oracle. The
+# Order: the baselines in the order the report lists them, then ours, then the two that see the
+# future (the oracle, and `foresight`: our planner told the future). The
 # call-share placement (`baselines.Static`, named `static-share`) serves tests only: not registered.
 BASELINES.update(SWAPS)
 REGISTRY: dict[str, type[Policy]] = {}
@@ -17,7 +19,8 @@ for _p in ("ondemand", "lru-keepwarm", "frequency", "prefetch-all"):
 REGISTRY["static"] = MilpStatic
 for _p in ("llama-swap", "sleep-swap", "forecast-prewarm", "ray-multiplex"):
     REGISTRY[_p] = BASELINES[_p]
-REGISTRY.update({p.name: p for p in (StateBudget, StateBudgetLease, StateBudgetTrack, Oracle)})
+REGISTRY.update({p.name: p for p in (StateBudget, StateBudgetLease, StateBudgetTrack, Oracle, Foresight)})
+SEES_FUTURE = tuple(n for n, p in REGISTRY.items() if p.sees_future)
 
 
 def make_policy(name: str) -> Policy:

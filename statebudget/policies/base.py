@@ -21,6 +21,8 @@ class Policy:
     name = "base"
     tick_s: float | None = None
     demote_to = "none"  # where evicted copies go: "host" (sleep / KV offload) or "none" (drop)
+    # The oracle and `foresight` read the trace's future: references, never baselines or contenders.
+    sees_future = False
     # Speculation yields to demand (seed 003 §21): a promote that no lease asked for loads as a
     # background transfer (BACKGROUND_SHARE of a link until a call waits for it), and a call that
     # needs the room may cancel it while its bytes are still moving. Off for every policy: at

@@ -60,6 +60,7 @@ ON_GROUP = ("schedule", "no_room_there")  # the labels of calls that ran on the 
 class Oracle(Policy):
     name = "oracle"
     demote_to = "host"
+    sees_future = True
     hot_touch = 0.5
     tick_s = 1e9
 

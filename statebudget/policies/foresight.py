@@ -6,11 +6,13 @@ prediction, and how much is what the planner does with a prediction (its layout,
 eviction order). Everything but the predictor's answer is statebudget-lease's, unchanged.
 
 What it knows that the forecast does not: for each live program, which models its pending calls
-are on and when each will arrive (the trace's tool durations and DAG, its calls' true compute on
-their model's first group, from the program's progress in the replay), and which programs will
-start and when (their zero-stall timeline). P(model m is needed within h) is then 1 or 0. What it
-does not know: how long calls will queue or stall, so an arrival time is an estimate, and a call
-already due (its estimate past) counts as needed now. Cancelled branches are not foreseen.
+are on and when each will arrive, from the program's progress in the replay, its DAG and tool
+durations, and its calls' true compute (on their group once admitted, before that on the fastest
+group holding the model's weights); and which programs will start, with their calls' arrivals
+as if nothing queued. P(model m is needed within h) is 1 for a call due within h and falls past
+it (`_soon`). What it does not know: how long calls will queue or stall, so an arrival time is an
+estimate, re-read at each of the program's events, and a call already due counts as needed now.
+Cancels are not foreseen: a cancelled branch drops out when it is cancelled.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import math
 import numpy as np
 
 from ..planner.predictor import Predictor
-from ..traces.timeline import nominal_timeline
 from .ours import StateBudgetLease
 
 
@@ -78,8 +79,9 @@ class Foresight(StateBudgetLease):
 
     def __init__(self, config=None):
         super().__init__(config)
-        self.ended: dict[tuple[str, str], float] = {}    # (program, node) -> when it ended
-        self.started: dict[tuple[str, str], float] = {}  # (program, tool node) -> when it started
+        self.ended: dict[str, dict[str, float]] = {}    # program -> node -> when it ended
+        self.started: dict[str, dict[str, float]] = {}  # program -> tool node -> when it started
+        self.order: dict[str, list] = {}                # program -> its nodes, each after its dependencies
 
     def _core(self, sim):
         if self.core is None:
@@ -87,64 +89,77 @@ class Foresight(StateBudgetLease):
             pred = ForesightPredictor(core.models)
             pred.lookahead = core.predictor.lookahead
             core.predictor = pred
-            idx = {m: i for i, m in enumerate(core.models)}
-            by_prog: dict[str, list] = {}
-            for (pid, nid), (t, _) in nominal_timeline(sim.trace, sim.catalog).items():
-                by_prog.setdefault(pid, []).append((t, nid))
-            rows = []
-            for p in sim.trace.programs:
-                model = {n.id: n.model for n in p.nodes if n.kind == "call"}
-                rows.append((p.start, [(t, idx[model[nid]]) for t, nid in by_prog.get(p.program, ())
-                                       if nid in model and model[nid] in idx]))
-            rows.sort(key=lambda r: r[0])
+            rows = sorted(((p.start, p.program, self._arrivals(sim, p, None, p.start)) for p in sim.trace.programs),
+                          key=lambda r: (r[0], r[1]))
             pred.start_times = [r[0] for r in rows]
-            pred.start_calls = [r[1] for r in rows]
+            pred.start_calls = [r[2] for r in rows]
         return self.core
 
+    def _arrivals(self, sim, prog, pr, now: float) -> list[tuple[float, int]]:
+        """(arrival, model index) of each call of `prog` not yet arrived, as the replay has the
+        program now (`pr`, its `ProgRun`; None: not started, every node pending): a pending node
+        comes when its last dependency ends, a tool ends its duration after it started, a call its
+        compute after it started (or from now, not started yet)."""
+        idx = self.core._model_index
+        pid = prog.program
+        ended, started = self.ended.get(pid, {}), self.started.get(pid, {})
+        end: dict[str, float] = {}
+        out = []
+        for n in self._topological(prog):
+            st = pr.node_state[n.id] if pr is not None else "pending"
+            if st == "cancelled":
+                t = math.inf
+            elif n.id in ended:
+                t = ended[n.id]
+            elif st == "done":
+                t = now
+            elif st == "running" and n.kind == "tool":
+                t = started.get(n.id, now) + n.duration
+            elif st == "running":
+                c = pr.calls[n.id]
+                t = max(now, (c.start if c.start >= 0 else now) + self._call_s(sim, n, c.group))
+            else:  # pending
+                t0 = max((end[a] for a in n.after), default=prog.start)
+                if t0 < math.inf:
+                    t0 = max(t0, now)
+                    if n.kind == "call" and n.model in idx:
+                        out.append((t0, idx[n.model]))
+                    t = t0 + (n.duration if n.kind == "tool" else self._call_s(sim, n, None))
+                else:
+                    t = math.inf
+            end[n.id] = t
+        return out
+
+    def _topological(self, prog) -> list:
+        order = self.order.get(prog.program)
+        if order is None:
+            by_id = {n.id: n for n in prog.nodes}
+            left = {n.id: len(n.after) for n in prog.nodes}
+            children: dict[str, list] = {}
+            for n in prog.nodes:
+                for a in n.after:
+                    children.setdefault(a, []).append(n.id)
+            ready = [n.id for n in prog.nodes if not n.after]
+            order = []
+            while ready:
+                nid = ready.pop()
+                order.append(by_id[nid])
+                for ch in children.get(nid, ()):
+                    left[ch] -= 1
+                    if left[ch] == 0:
+                        ready.append(ch)
+            self.order[prog.program] = order
+        return order
+
     def _foresee(self, sim, pid: str) -> None:
-        """The arrivals of the program's pending calls, from where the replay has it now."""
+        """Re-reads the program's pending calls; the predictor's memo no longer holds."""
         pr = sim.programs.get(pid)
         pred = self._core(sim).predictor
         if pr is None or pr.end >= 0:
             pred.future.pop(pid, None)
-            return
-        idx = sim.catalog.by_name
-        nodes = {n.id: n for n in pr.prog.nodes}
-        end: dict[str, float] = {}
-        arrivals = []
-
-        def end_of(nid: str) -> float:
-            t = end.get(nid)
-            if t is not None:
-                return t
-            st = pr.node_state[nid]
-            n = nodes[nid]
-            if st == "cancelled":
-                t = math.inf
-            elif st == "done" or (pid, nid) in self.ended:
-                t = self.ended.get((pid, nid), sim.now)
-            elif st == "running" and n.kind == "tool":
-                t = self.started.get((pid, nid), sim.now) + n.duration
-            elif st == "running":
-                c = pr.calls[nid]
-                t = max(sim.now, (c.start if c.start >= 0 else sim.now) + self._call_s(sim, n, c.group))
-            else:  # pending
-                deps = [end_of(a) for a in n.after]
-                t0 = max(deps, default=pr.prog.start)
-                if t0 == math.inf:
-                    t = math.inf
-                else:
-                    t0 = max(t0, sim.now)
-                    if n.kind == "call" and n.model in idx:
-                        arrivals.append((t0, self._model_index[n.model]))
-                    t = t0 + (n.duration if n.kind == "tool" else self._call_s(sim, n, None))
-            end[nid] = t
-            return t
-
-        for nid in nodes:
-            end_of(nid)
-        pred.future[pid] = arrivals
-        pred._version += 1  # what `need_within` memoised no longer holds
+        else:
+            pred.future[pid] = self._arrivals(sim, pr.prog, pr, sim.now)
+        pred._version += 1
 
     @staticmethod
     def _call_s(sim, n, group) -> float:
@@ -156,10 +171,6 @@ class Foresight(StateBudgetLease):
         groups = [group] if group else ([c.group for c in sim.copies_of(n.model)] or sim.model_groups(m))
         return min((sim.cost.call_s(m, n.context_tokens, n.output_tokens, g) for g in groups), default=0.0)
 
-    @property
-    def _model_index(self):
-        return self.core._model_index
-
     # every event that moves a program re-reads its future
     def on_program_start(self, sim, program):
         super().on_program_start(sim, program)
@@ -169,21 +180,32 @@ class Foresight(StateBudgetLease):
         super().on_call_arrive(sim, call)
         self._foresee(sim, call.program)
 
+    def on_call_admitted(self, sim, call):
+        self._foresee(sim, call.program)
+        return super().on_call_admitted(sim, call)
+
     def on_call_end(self, sim, call):
-        self.ended[(call.program, call.node)] = sim.now
+        self.ended.setdefault(call.program, {})[call.node] = sim.now
         self._foresee(sim, call.program)
         return super().on_call_end(sim, call)
 
+    def on_call_cancelled(self, sim, call):
+        out = super().on_call_cancelled(sim, call)
+        self._foresee(sim, call.program)
+        return out
+
     def on_tool_start(self, sim, program, node, tool):
-        self.started[(program.program, node)] = sim.now
+        self.started.setdefault(program.program, {})[node] = sim.now
         self._foresee(sim, program.program)
         return super().on_tool_start(sim, program, node, tool)
 
     def on_tool_end(self, sim, program, node, tool, duration_s):
-        self.ended[(program.program, node)] = sim.now
+        self.ended.setdefault(program.program, {})[node] = sim.now
         super().on_tool_end(sim, program, node, tool, duration_s)
         self._foresee(sim, program.program)
 
     def on_program_end(self, sim, program):
         super().on_program_end(sim, program)
-        self._core(sim).predictor.future.pop(program.program, None)
+        for book in (self.ended, self.started, self.order):
+            book.pop(program.program, None)
+        self._foresee(sim, program.program)

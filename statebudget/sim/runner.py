@@ -16,7 +16,7 @@ from .config import SimConfig
 from .engine import SimResult, Simulator
 from .metrics import counted_done, hbm_wait_s, policy_report
 from ..core.programs import parse_spec
-from ..policies import REGISTRY, make_policy
+from ..policies import REGISTRY, SEES_FUTURE, make_policy
 from ..policies.oracle import ON_GROUP, PLACED
 from ..solvers.bound import lower_bound
 
@@ -50,7 +50,7 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
     if oracle is not None:
         name_o = first[0]
         ref = blocks[name_o].handoff_stall_s
-        online = {n: b for n, b in blocks.items() if parse_spec(n, REGISTRY)[0] != "oracle"}
+        online = {n: b for n, b in blocks.items() if parse_spec(n, REGISTRY)[0] not in SEES_FUTURE}
         for block in online.values():
             # Online policies against the oracle replayed in the same closed loop.
             mine = block.handoff_stall_s

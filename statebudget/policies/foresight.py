@@ -79,7 +79,6 @@ class Foresight(StateBudgetLease):
 
     def __init__(self, config=None):
         super().__init__(config)
-        self.ended: dict[str, dict[str, float]] = {}    # program -> node -> when it ended
         self.started: dict[str, dict[str, float]] = {}  # program -> tool node -> when it started
         self.order: dict[str, list] = {}                # program -> its nodes, each after its dependencies
 
@@ -102,16 +101,14 @@ class Foresight(StateBudgetLease):
         compute after it started (or from now, not started yet)."""
         idx = self.core._model_index
         pid = prog.program
-        ended, started = self.ended.get(pid, {}), self.started.get(pid, {})
+        started = self.started.get(pid, {})
         end: dict[str, float] = {}
         out = []
         for n in self._topological(prog):
             st = pr.node_state[n.id] if pr is not None else "pending"
             if st == "cancelled":
                 t = math.inf
-            elif n.id in ended:
-                t = ended[n.id]
-            elif st == "done":
+            elif st == "done":  # in the past: what depends on it comes from now on
                 t = now
             elif st == "running" and n.kind == "tool":
                 t = started.get(n.id, now) + n.duration
@@ -120,8 +117,7 @@ class Foresight(StateBudgetLease):
                 t = max(now, (c.start if c.start >= 0 else now) + self._call_s(sim, n, c.group))
             else:  # pending
                 t0 = max((end[a] for a in n.after), default=prog.start)
-                if t0 < math.inf:
-                    t0 = max(t0, now)
+                if t0 < math.inf:  # at or after now: what is done or running ends no earlier
                     if n.kind == "call" and n.model in idx:
                         out.append((t0, idx[n.model]))
                     t = t0 + (n.duration if n.kind == "tool" else self._call_s(sim, n, None))
@@ -185,7 +181,6 @@ class Foresight(StateBudgetLease):
         return super().on_call_admitted(sim, call)
 
     def on_call_end(self, sim, call):
-        self.ended.setdefault(call.program, {})[call.node] = sim.now
         self._foresee(sim, call.program)
         return super().on_call_end(sim, call)
 
@@ -200,12 +195,11 @@ class Foresight(StateBudgetLease):
         return super().on_tool_start(sim, program, node, tool)
 
     def on_tool_end(self, sim, program, node, tool, duration_s):
-        self.ended.setdefault(program.program, {})[node] = sim.now
         super().on_tool_end(sim, program, node, tool, duration_s)
         self._foresee(sim, program.program)
 
     def on_program_end(self, sim, program):
         super().on_program_end(sim, program)
-        for book in (self.ended, self.started, self.order):
+        for book in (self.started, self.order):
             book.pop(program.program, None)
         self._foresee(sim, program.program)

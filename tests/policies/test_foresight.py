@@ -11,8 +11,10 @@ from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 from tests.helpers import call, catalog, cluster, program, tool, trace
 
-TOOL_S, SIDE_S, LATER_S = 100.0, 5.0, 500.0
+TOOL_S, SIDE_S, U_S, LATER_S = 100.0, 5.0, 10.0, 500.0
 LONG_OUT = 8000  # the call before c4 decodes for seconds: its end is foreseen from its compute
+R_START, Z_OUT = TOOL_S + 15.0, 3000  # r's call on z holds the GPU while c3 arrives
+V_S = 80.0  # v ends while c3 runs
 
 
 class _Watched(Foresight):
@@ -32,6 +34,12 @@ class _Watched(Foresight):
         out = super().on_tool_start(sim, prog, node, tool_name)
         if prog.program == "p" and node == "t":
             self._keep(sim, "tool t starts")
+        return out
+
+    def on_tool_end(self, sim, prog, node, tool_name, duration_s):
+        out = super().on_tool_end(sim, prog, node, tool_name, duration_s)
+        if prog.program == "p" and node == "v":
+            self._keep(sim, "v ends")
         return out
 
     def on_call_end(self, sim, c):
@@ -55,20 +63,24 @@ class _Watched(Foresight):
 
 def _trace():
     # p: c1 (a), then a 100 s tool t and, beside it, a short tool and a call on b ("side"); after t
-    # c2 (b), then c3 (c, long), then c4 (a). After side ends, "spec" (on c) is cancelled.
-    # q starts later and calls c at once.
+    # c2 (b), a short tool u, then c3 (c, long), then c4 (a); beside them a tool v ends while c3 runs. After side ends, "spec" (on c) is
+    # cancelled. r's long call on z fills the GPU while u runs, so c3 waits for HBM room.
+    # q starts later and calls d, which nothing else calls.
     return trace(program("p", [call("c1", "a"), tool("t", ["c1"], duration=TOOL_S),
                                tool("s", ["c1"], duration=SIDE_S), call("side", "b", ["s"]),
                                tool("w", ["c1"], duration=SIDE_S * 4), call("spec", "c", ["w"]),
-                               call("c2", "b", ["t"]), call("c3", "c", ["c2"], out=LONG_OUT), call("c4", "a", ["c3"])],
+                               call("c2", "b", ["t"]), tool("u", ["c2"], duration=U_S),
+                               tool("v", ["c2"], duration=V_S),
+                               call("c3", "c", ["u"], out=LONG_OUT), call("c4", "a", ["c3"])],
                          cancel=[{"node": "spec", "at_after": "side"}]),
-                 program("q", [call("d1", "c")], start=LATER_S))
+                 program("r", [call("z1", "z", out=Z_OUT)], start=R_START),
+                 program("q", [call("d1", "d")], start=LATER_S))
 
 
 def _run():
     pol = _Watched()
-    sim = Simulator(cluster(gpus=1, hbm_gb=80.0), catalog(("a", 10.0), ("b", 10.0), ("c", 10.0)), _trace(), pol,
-                    config=SimConfig(seed=1, start="warm"))
+    cat = catalog(("a", 10.0), ("b", 10.0), ("c", 10.0), ("d", 10.0), ("z", 25.0))
+    sim = Simulator(cluster(gpus=1, hbm_gb=30.0), cat, _trace(), pol, config=SimConfig(seed=1, start="warm"))
     sim.run()
     return pol, sim
 
@@ -102,33 +114,57 @@ def test_a_cancelled_branch_drops_out_of_the_future(run):
     assert len([t for t, m in after if m == idx["c"]]) == 1, f"only c3 is left once spec is cancelled: {after}"
 
 
-def test_the_call_after_a_running_one_is_foreseen_from_its_compute(run):
+def test_the_call_after_a_waiting_one_is_foreseen_from_its_admission(run):
     pol, sim = run
     idx = pol.core._model_index
     calls = sim.programs["p"].calls
+    c3 = calls["c3"]
+    assert c3.admitted > c3.arrive + 5.0, "the test needs c3 to wait for HBM room (r's call holds it)"
     t_adm, future, *_ = pol.seen["c3 admitted"]
-    compute = calls["c3"].end - calls["c3"].start
+    assert t_adm == pytest.approx(c3.admitted)
+    compute = c3.end - c3.start
     assert compute > 5.0, "the test needs a call that runs for a while"
     c4 = [t for t, m in future if m == idx["a"]]
     assert c4 == [pytest.approx(t_adm + compute, abs=0.01)], "admitted, not yet started: from now"
-    # c3 loads its weights before it starts, which foresight does not see
+    # c3 then loads c's weights before it starts, which foresight does not see
+    assert c3.start > c3.admitted
     assert 0.0 <= calls["c4"].arrive - c4[0] < 2.0
+
+
+def test_the_call_after_a_running_one_is_foreseen_from_its_start(run):
+    pol, sim = run
+    idx = pol.core._model_index
+    calls = sim.programs["p"].calls
+    c3 = calls["c3"]
+    t_v, future, *_ = pol.seen["v ends"]
+    assert c3.start < t_v < c3.end, "the test needs v to end while c3 runs"
+    c4 = [t for t, m in future if m == idx["a"]]
+    assert c4 == [pytest.approx(c3.start + (c3.end - c3.start), abs=0.01)]
+    assert calls["c4"].arrive == pytest.approx(c4[0], abs=0.01)
 
 
 def test_need_is_one_within_the_horizon_and_falls_past_it(run):
     pol, _ = run
     idx = pol.core._model_index
     t0, future, near, models_near, models_far = pol.seen["tool t starts"]
-    assert near.shape == (1, 3), "one live program (p) by three models"
+    assert near.shape == (1, 5), "one live program (p) by five models"
     assert near[0, idx["b"]] == 1.0, "side's call on b is due within 30 s"
-    assert near[0, idx["c"]] == pytest.approx(math.exp(-(SIDE_S * 4 - 30.0) / 30.0) if SIDE_S * 4 > 30 else 1.0)
-    # q starts at 500 s and calls c at once: 30 s ahead hardly, 200 s ahead on the tail
-    dt = LATER_S - t0
-    assert models_far[idx["c"]] >= math.exp(-(dt - 200.0) / 200.0) - 1e-12
+    assert near[0, idx["c"]] == 1.0, "spec on c is due within 30 s: its cancel is not foreseen"
     (c4,) = [t for t, m in future if m == idx["a"]]
     assert c4 - t0 > 120.0, "a is due only after c2 and c3"
     assert models_near[idx["a"]] == pytest.approx(max(FLOOR, math.exp(-(c4 - t0 - 30.0) / 30.0)))
     assert models_near[idx["a"]] < 0.1
+
+
+def test_programs_to_come_are_foreseen_from_their_start(run):
+    pol, _ = run
+    idx = pol.core._model_index
+    t0, _, near, models_near, models_far = pol.seen["tool t starts"]
+    assert near[0, idx["d"]] == 0.0, "no live program calls d"
+    dt = LATER_S - t0  # q starts then and calls d at once
+    assert 200.0 < dt < 4 * 200.0
+    assert models_far[idx["d"]] == pytest.approx(math.exp(-(dt - 200.0) / 200.0)), "on the tail 200 s ahead"
+    assert models_near[idx["d"]] == FLOOR, "30 s ahead it is too far to count"
 
 
 def test_a_future_re_read_is_never_answered_from_the_memo():

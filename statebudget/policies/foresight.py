@@ -39,9 +39,9 @@ def _soon(dt: float, h: float) -> float:
 
 class ForesightPredictor(Predictor):
     """`need_within` and `model_need_within` read `future` (program -> [(arrival, model index)])
-    and `starts` (sorted program starts with their calls' zero-stall arrivals) instead of the
-    switch matrix and the tool-wait model; the rest (leases' deadlines, hints' bookkeeping) is the
-    forecast's."""
+    and `start_times` / `start_calls` (the programs to come, by start, with their calls' arrivals
+    if nothing queued) instead of the switch matrix and the tool-wait model; the rest (leases'
+    deadlines, hints' bookkeeping) is the forecast's."""
 
     def __init__(self, models: list[str]):
         super().__init__(models)
@@ -64,6 +64,7 @@ class ForesightPredictor(Predictor):
     def model_need_within(self, now: float, horizon_s: float, use_hints: bool = True) -> np.ndarray:
         _, p = self.need_within(now, horizon_s, use_hints)
         need = p.max(axis=0) if len(p) else np.zeros(len(self.models))
+        # programs starting more than four horizons ahead are left out: each would add under e^-3
         lo = bisect.bisect_right(self.start_times, now)
         hi = bisect.bisect_right(self.start_times, now + 4 * horizon_s)
         for calls in self.start_calls[lo:hi]:

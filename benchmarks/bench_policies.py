@@ -130,6 +130,11 @@ def git_commit() -> str | None:
         return None
 
 
+def _baselines(policies: list[str]) -> list[str]:
+    """Neither ours nor one that sees the future."""
+    return [p for p in policies if p not in OURS and p not in SEES_FUTURE]
+
+
 def summarise(rows: list[dict], seeds: list[int], policies: list[str]) -> dict:
     """One (start, trace) group of rows -> per-policy intervals, best baselines, ours vs best."""
     val = {(r["policy"], r["seed"]): r for r in rows}
@@ -141,7 +146,7 @@ def summarise(rows: list[dict], seeds: list[int], policies: list[str]) -> dict:
             if got:
                 per[p][m] = got
     table = {p: {m: dict(t_interval(v), per_seed=v) for m, v in per[p].items()} for p in policies}
-    baselines = [p for p in policies if p not in OURS and p not in EXCLUDED and p not in REFERENCES]
+    baselines = _baselines(policies)
     # A policy that drops calls (unplaceable, and with them the rest of their programs) serves
     # less work, which flatters its latencies: a baseline that drops more than the policy that
     # drops fewest is no best baseline, and ours are flagged when they do.
@@ -424,7 +429,7 @@ def _output(rows: list[dict], seeds: list[int], starts: list[str], traces: list[
             "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "git": git_commit(),
             **fields, "seeds": seeds, "starts": starts, "traces": traces, "policies": policies, "ours": [p for p in OURS if p in policies],
-            "baselines": [p for p in policies if p not in OURS and p not in REFERENCES],
+            "baselines": _baselines(policies),
             "references": [p for p in policies if p in REFERENCES], "excluded": list(EXCLUDED),
             "metrics": {m: {"label": lab, "better": b} for m, (lab, b) in METRICS.items()}, "described": DESCRIBED,
             "comparison": "paired difference ours - best baseline per seed, 95 % Student t interval; ratio = "

@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from ..planner.predictor import Predictor
+from ..traces.graph import in_order
 from .ours import StateBudgetLease
 
 
@@ -130,22 +131,7 @@ class Foresight(StateBudgetLease):
     def _topological(self, prog) -> list:
         order = self.order.get(prog.program)
         if order is None:
-            by_id = {n.id: n for n in prog.nodes}
-            left = {n.id: len(n.after) for n in prog.nodes}
-            children: dict[str, list] = {}
-            for n in prog.nodes:
-                for a in n.after:
-                    children.setdefault(a, []).append(n.id)
-            ready = [n.id for n in prog.nodes if not n.after]
-            order = []
-            while ready:
-                nid = ready.pop()
-                order.append(by_id[nid])
-                for ch in children.get(nid, ()):
-                    left[ch] -= 1
-                    if left[ch] == 0:
-                        ready.append(ch)
-            self.order[prog.program] = order
+            order = self.order[prog.program] = in_order(prog)
         return order
 
     def _foresee(self, sim, pid: str) -> None:

@@ -52,16 +52,21 @@ def threads(program: Program) -> dict[str, str]:
     """Each node's thread (DESIGN.md §2, a sequential chain): its first parent's, for that
     parent's first child; a new thread, named after the node, for any other node; MAIN_THREAD for
     the first root."""
-    by_id = {n.id: n for n in program.nodes}
     heir: dict[str, str] = {}
     for n in program.nodes:
         if n.after:
             heir.setdefault(n.after[0], n.id)
     out: dict[str, str] = {}
-    for nid in graphlib.TopologicalSorter({n.id: n.after for n in program.nodes}).static_order():
-        first = by_id[nid].after[0] if by_id[nid].after else None
-        out[nid] = out[first] if first is not None and heir[first] == nid else (MAIN_THREAD if not out else nid)
+    for n in in_order(program):
+        first = n.after[0] if n.after else None
+        out[n.id] = out[first] if first is not None and heir[first] == n.id else (MAIN_THREAD if not out else n.id)
     return out
+
+
+def in_order(program: Program) -> list:
+    """The program's nodes, each after its dependencies."""
+    by_id = {n.id: n for n in program.nodes}
+    return [by_id[nid] for nid in graphlib.TopologicalSorter({n.id: n.after for n in program.nodes}).static_order()]
 
 
 def children_of(program: Program) -> dict[str, list[str]]:

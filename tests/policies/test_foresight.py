@@ -17,8 +17,13 @@ R_START, Z_OUT = TOOL_S + 15.0, 3000  # r's call on z holds the GPU while c3 arr
 V_S = 80.0  # v ends while c3 runs
 
 
+# (hook, node of program p, name): after the hook has run on that node, what was foreseen is kept
+WATCHED = [("on_tool_start", "t", "tool t starts"), ("on_tool_end", "v", "v ends"), ("on_call_end", "side", "side ends"),
+           ("on_call_cancelled", "spec", "spec cancelled"), ("on_call_admitted", "c3", "c3 admitted")]
+
+
 class _Watched(Foresight):
-    """Keeps what the predictor foresaw for program p at some of its events."""
+    """Keeps what the predictor foresaw for program p at the events in `WATCHED`."""
 
     def __init__(self):
         super().__init__()
@@ -30,41 +35,27 @@ class _Watched(Foresight):
             self.seen[what] = (sim.now, sorted(pred.future.get("p", [])), pred.need_within(sim.now, 30.0)[1].copy(),
                                pred.model_need_within(sim.now, 30.0).copy(), pred.model_need_within(sim.now, 200.0).copy())
 
-    def on_tool_start(self, sim, prog, node, tool_name):
-        out = super().on_tool_start(sim, prog, node, tool_name)
-        if prog.program == "p" and node == "t":
-            self._keep(sim, "tool t starts")
-        return out
 
-    def on_tool_end(self, sim, prog, node, tool_name, duration_s):
-        out = super().on_tool_end(sim, prog, node, tool_name, duration_s)
-        if prog.program == "p" and node == "v":
-            self._keep(sim, "v ends")
+def _watching(hook: str, node: str, what: str):
+    def watched(self, sim, first, *rest):
+        out = getattr(Foresight, hook)(self, sim, first, *rest)
+        # a call hook gets the call; a tool hook the program, then the node
+        program, nid = (first.program, first.node) if hasattr(first, "node") else (first.program, rest[0])
+        if (program, nid) == ("p", node):
+            self._keep(sim, what)
         return out
+    return watched
 
-    def on_call_end(self, sim, c):
-        out = super().on_call_end(sim, c)
-        if (c.program, c.node) == ("p", "side"):
-            self._keep(sim, "side ends")
-        return out
 
-    def on_call_cancelled(self, sim, c):
-        out = super().on_call_cancelled(sim, c)
-        if (c.program, c.node) == ("p", "spec"):
-            self._keep(sim, "spec cancelled")
-        return out
-
-    def on_call_admitted(self, sim, c):
-        out = super().on_call_admitted(sim, c)
-        if (c.program, c.node) == ("p", "c3"):
-            self._keep(sim, "c3 admitted")
-        return out
+for _hook, _node, _what in WATCHED:
+    setattr(_Watched, _hook, _watching(_hook, _node, _what))
 
 
 def _trace():
     # p: c1 (a), then a 100 s tool t and, beside it, a short tool and a call on b ("side"); after t
-    # c2 (b), a short tool u, then c3 (c, long), then c4 (a); beside them a tool v ends while c3 runs. After side ends, "spec" (on c) is
-    # cancelled. r's long call on z fills the GPU while u runs, so c3 waits for HBM room.
+    # c2 (b), a short tool u, then c3 (c, long), then c4 (a); beside them a tool v ends while c3
+    # runs. After side ends, "spec" (on c) is cancelled. r's long call on z fills the GPU while u
+    # runs, so c3 waits for HBM room.
     # q starts later and calls d, which nothing else calls.
     return trace(program("p", [call("c1", "a"), tool("t", ["c1"], duration=TOOL_S),
                                tool("s", ["c1"], duration=SIDE_S), call("side", "b", ["s"]),

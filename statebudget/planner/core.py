@@ -54,7 +54,6 @@ class PlannerConfig:
     lease_deadline_q: float = 0.25   # a hint's deadline: this quantile of the remaining tool wait
     lease_slo_margin: float = 0.2    # link share leases may not take (left for non-lease calls)
     lookahead: int = 3               # calls ahead the predictor follows the switch matrix
-    join_hints: bool = False         # hints for a call after the next (`Predictor._add_later_hints`)
     stage_host: bool = True          # stage weights and expert pages of models in use in host DRAM
     place_prefill_weight: float = 0.0  # place a call where restore + this x its prefill is least (1: soonest first token)
     # A call takes room on another group rather than wait for its best one unless the wait is the
@@ -135,7 +134,6 @@ class PlannerCore:
         self.models = [m.name for m in catalog.models]
         self.predictor = Predictor(self.models)
         self.predictor.lookahead = self.cfg.lookahead
-        self.predictor.join_hints = self.cfg.join_hints
         self.ledger = LeaseLedger()
         self.density: dict[tuple, float] = {}  # (key, group) -> last computed density
         self.lease_of_call: dict[tuple, str] = {}  # (program, call) -> lease id

@@ -99,11 +99,6 @@ class LiveProgram:
     last_arrival: float | None = None
     running_calls: int = 0
     hint: tuple[str, float, str | None] | None = None  # (model, confidence, call) announced for the next call
-    # call -> (model, confidence) of every hint whose call has not arrived: one for a call after
-    # the next (a fork's join, announced as its first branch starts) outlives the next arrival
-    hints: dict = field(default_factory=dict, repr=False)
-    tools_open: list = field(default_factory=list, repr=False)  # (tool, start) of the tools running
-    call_s: float = 0.0  # mean expected seconds of its calls so far (EWMA)
     rec: tuple | None = field(default=None, repr=False, compare=False)  # its row of `Predictor._state`; None when changed
     # where `rec` is in `Predictor._rows`; -1: not yet, -2: ended or replaced by a restart
     row: int = field(default=-1, repr=False, compare=False)
@@ -122,7 +117,6 @@ class Predictor:
         self.global_switch = DecayedCounts((n + 1, n + 1), half_life_s)
         self.cycle_s = 20.0  # EWMA of the time between a program's successive call arrivals
         self.lookahead = 3
-        self.join_hints = False  # `_add_later_hints`
         # every tenant's counts stacked by tenant index (`_tenants`): one decay for all of them
         self.tenant_switch = DecayedCounts((0, n + 1, n + 1), half_life_s)
         self.tools = ToolWaitModel.from_fit()
@@ -156,10 +150,7 @@ class Predictor:
         self._born.append(lp)
         self.program_starts.add((0, 0), now)
 
-    def call_arrived(self, program: str, model: str, now: float, expected_s: float = 0.0,
-                     call: str | None = None) -> None:
-        """`call`: its id in the program, which resolves the hint made for it (None: every hint
-        of the program is taken as resolved)."""
+    def call_arrived(self, program: str, model: str, now: float, expected_s: float = 0.0) -> None:
         self._version += 1
         if model in self.idx:
             self.called.add(model)
@@ -176,11 +167,6 @@ class Predictor:
             self.cycle_s = 0.9 * self.cycle_s + 0.1 * (now - lp.last_arrival)
         lp.last_arrival = now
         lp.last_model, lp.phase, lp.since, lp.hint = model, "call", now, None
-        if call is None:
-            lp.hints.clear()
-        else:
-            lp.hints.pop(call, None)
-        lp.call_s = expected_s if lp.call_s == 0.0 else 0.5 * (lp.call_s + expected_s)
         lp.call_end_s = max(lp.call_end_s if lp.running_calls else 0.0, now + expected_s)
         lp.running_calls += 1
         self._drop_row(lp)
@@ -197,8 +183,6 @@ class Predictor:
     def tool_started(self, program: str, tool: str, now: float) -> None:
         self._version += 1
         lp = self.live.get(program)
-        if lp is not None:
-            lp.tools_open.append((tool, now))
         if lp is not None and lp.running_calls == 0:
             lp.phase, lp.tool, lp.since = "tool", tool, now
             self._drop_row(lp)
@@ -207,21 +191,12 @@ class Predictor:
         self._version += 1
         self.tools.observe(tool, duration_s)
         self._params = None
-        lp = self.live.get(program)
-        if lp is not None and lp.tools_open:  # the open tool of this class that started then
-            started = now - duration_s
-            k = min((k for k, (t, _) in enumerate(lp.tools_open) if t == tool),
-                    key=lambda k: abs(lp.tools_open[k][1] - started), default=None)
-            if k is not None:
-                del lp.tools_open[k]
 
     def hinted(self, program: str, model: str, confidence: float, call: str | None = None) -> None:
         self._version += 1
         lp = self.live.get(program)
         if lp is not None:
             lp.hint = (model, confidence, call)
-            if call is not None and model in self.idx:
-                lp.hints[call] = (model, confidence)
             self._drop_row(lp)
 
     def call_cancelled(self, program: str, call: str, arrived: bool = True, now: float = 0.0) -> None:
@@ -229,8 +204,6 @@ class Predictor:
         holds, and a call that had arrived no longer runs (as if it had finished)."""
         self._version += 1
         lp = self.live.get(program)
-        if lp is not None:
-            lp.hints.pop(call, None)
         if lp is not None and lp.hint is not None and lp.hint[2] == call:
             lp.hint = None
             self._drop_row(lp)
@@ -436,36 +409,8 @@ class Predictor:
                 if len(qs) <= j:
                     qs.append(qs[-1] @ step)
                 miss *= 1.0 - qs[j] * p[left][:, None]
-            need = 1.0 - miss
-            if use_hints and self.join_hints:
-                self._add_later_hints(need, now, ls[0])
-            out.append((progs, need))
+            out.append((progs, 1.0 - miss))
         return out
-
-    def _add_later_hints(self, need: np.ndarray, now: float, h: float) -> None:
-        """Hints for a call after the program's next one (a join, announced as the fork's first
-        branch starts) add P(the call is on model m within h) = confidence x P(every open branch
-        ends within h): each running call by its expected end, each open tool by its wait model
-        and then one of the program's calls."""
-        for lp in self._rows_progs:
-            if not lp.hints or lp.row < 0:
-                continue
-            nxt = lp.hint[2] if lp.hint is not None else None
-            later = [mc for c, mc in lp.hints.items() if c != nxt]
-            if not later:
-                continue
-            pj = 0.0 if lp.running_calls and lp.call_end_s - now > h else 1.0
-            for tool, start in lp.tools_open:
-                if pj == 0.0:
-                    break
-                left = h - lp.call_s
-                pj = pj * self.tools.p_end_within(tool, now - start, left) if left > 0 else 0.0
-            if pj == 0.0:
-                continue
-            row = need[lp.row]
-            for model, conf in later:
-                i = self.idx[model]
-                row[i] = 1.0 - (1.0 - row[i]) * (1.0 - conf * pj)
 
     def model_need_within(self, now: float, horizon_s: float, use_hints: bool = True) -> np.ndarray:
         """Per model: P(some program, live or new, calls it within the horizon)."""

@@ -103,7 +103,7 @@ class StateBudget(Policy):
         groups = sim.model_groups(m)
         out = sim.output_estimate.expected(call.model, call.max_tokens)  # never the call's true output (§5)
         expected = sim.cost.call_s(m, call.context_tokens, out, groups[0]) if groups else 0.0
-        core.predictor.call_arrived(call.program, call.model, sim.now, expected, call.node)
+        core.predictor.call_arrived(call.program, call.model, sim.now, expected)
 
     def on_call_admitted(self, sim, call):
         return self.replan(sim)

@@ -21,11 +21,16 @@ runs is its cost with most of the machine's noise taken out. Both are reported: 
 percentiles, and those of the per-hook least times (`decision_ms_least`), also per hook
 (`decision_ms_by_hook`: least times, else the final run's). Every run's decisions
 are hashed: a policy whose solver stops on a wall-clock limit (`statebudget-track`'s MILP, `static`)
-can decide differently on a loaded machine, and then there is no least time (`decisions_differ`)."""
+can decide differently on a loaded machine, and then there is no least time (`decisions_differ`).
+
+A faster CPU gives shorter hooks: `machine_reference_ms` times a fixed piece of Python beside the
+replays, so that figures read on different machines can be compared."""
 
 from __future__ import annotations
 
 import hashlib
+import math
+import time
 
 import numpy as np
 
@@ -100,6 +105,26 @@ def replayed_decisions(cluster: Cluster, catalog: Catalog, policy: str, preset: 
             "programs_in_trace": len(tr.programs)}
 
 
+def machine_reference_ms(repeat: int = 20) -> float:
+    """The least wall time (ms) of a fixed CPU-bound piece of Python (dict lookups, float
+    arithmetic, list appends: what a planning step's loops do), so that decision times read on
+    different machines can be compared; the same code runs the same work everywhere."""
+    keys = [("w", f"m{i % 7}", (i % 16,)) for i in range(512)]
+    table = {k: float(i) for i, k in enumerate(keys)}
+    best = math.inf
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for _ in range(40):
+            out = []
+            acc = 0.0
+            for k in keys:
+                v = table.get(k, 0.0)
+                acc += v * 0.5 + 1.0
+                out.append((k, acc))
+        best = min(best, time.perf_counter() - t)
+    return round(best * 1e3, 3)
+
+
 def _percentiles(a: np.ndarray) -> dict:
     pct = (lambda q: round(float(np.percentile(a, q)), 4)) if a.size else (lambda q: None)
     return {"p50": pct(50), "p99": pct(99), "max": round(float(a.max()), 4) if a.size else None}
@@ -113,6 +138,7 @@ def bench_planner(cluster: Cluster, catalog: Catalog, programs: int, policy: str
         raise ValueError(f"programs must be >= 1, got {programs}")
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
+    ref = machine_reference_ms()
     rate, dur = nominal_rate_and_duration(catalog, preset, seed)
     fill = fill_s if fill_s is not None else 2.0 * dur
     load = programs / (rate * dur)
@@ -141,4 +167,5 @@ def bench_planner(cluster: Cluster, catalog: Catalog, programs: int, policy: str
     res["decision_ms_least"] = _percentiles(least)
     return {"programs": programs, "repeat": repeat, "policy": policy, "preset": preset, "seed": seed, "start": start,
             "fill_s": round(fill, 1), "window_s": window_s, "nominal_program_s": round(dur, 1), **res,
-            "attempts": attempts, "cluster": cluster.name, "catalog": catalog.name}
+            "attempts": attempts, "cluster": cluster.name, "catalog": catalog.name,
+            "machine_reference_ms": min(ref, machine_reference_ms())}

@@ -21,6 +21,7 @@ def test_the_replayed_bench_sees_about_the_asked_live_programs():
     d = res["decision_ms"]
     assert d["p99"] >= d["p50"] >= 0
     assert res["attempts"] and res["attempts"][-1]["live_mean"] == res["live_mean"]
+    assert res["machine_reference_ms"] > 0  # the machine's speed goes with its decision times
 
 
 def test_more_programs_asked_means_more_live_and_more_hooks():

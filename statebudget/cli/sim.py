@@ -285,8 +285,8 @@ def bench_planner_cmd(
                 d = res["decision_ms_least"]
                 console.print(f"  each hook's least time over the {repeat} runs: p50 {fmt(d['p50'])} ms, "
                               f"p99 {fmt(d['p99'])} ms, max {fmt(d['max'])} ms")
-            console.print(f"  this machine's reference loop (`sim/bench.py`): {res['machine_reference_ms']:.2f} ms "
-                          "(lower is faster; compare decision times across machines with it)")
+            console.print(f"  reference loop on this machine (`sim/bench.py`, Python {res['python']}): "
+                          f"{res['machine_reference_ms']:.2f} ms (lower is faster; a rough indicator of its speed)")
             slow = sorted(res["decision_ms_by_hook"].items(), key=lambda kv: -(kv[1]["p99"] or 0.0))
             console.print("  by hook (p99): " + ", ".join(f"{n} {fmt(d['p99'])} ms ({d['hooks']})" for n, d in slow))
     if json_out:

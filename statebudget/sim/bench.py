@@ -23,13 +23,16 @@ percentiles, and those of the per-hook least times (`decision_ms_least`), also p
 are hashed: a policy whose solver stops on a wall-clock limit (`statebudget-track`'s MILP, `static`)
 can decide differently on a loaded machine, and then there is no least time (`decisions_differ`).
 
-A faster CPU gives shorter hooks: `machine_reference_ms` times a fixed piece of Python beside the
-replays, so that figures read on different machines can be compared."""
+The same decisions have taken twice as long on one machine as on another: `machine_reference_ms`
+times a fixed piece of Python before and after the replays (the lesser is kept), a rough indicator
+of the machine's speed to read beside the figures."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import math
+import platform
 import time
 
 import numpy as np
@@ -106,22 +109,30 @@ def replayed_decisions(cluster: Cluster, catalog: Catalog, policy: str, preset: 
 
 
 def machine_reference_ms(repeat: int = 20) -> float:
-    """The least wall time (ms) of a fixed CPU-bound piece of Python (dict lookups, float
-    arithmetic, list appends: what a planning step's loops do), so that decision times read on
-    different machines can be compared; the same code runs the same work everywhere."""
-    keys = [("w", f"m{i % 7}", (i % 16,)) for i in range(512)]
+    """The least wall time (ms) of a fixed piece of pure Python (dict lookups, float arithmetic,
+    list appends), with the cyclic collector off, as `timeit` does. A rough indicator of how fast
+    this interpreter runs on this machine, read beside decision times (with the Python version:
+    the same code is not the same work on another CPython); the planner's numpy passes and its
+    solve do not scale with it exactly."""
+    keys = [("w", f"m{i % 7}", (i,)) for i in range(512)]
     table = {k: float(i) for i, k in enumerate(keys)}
     best = math.inf
-    for _ in range(repeat):
-        t = time.perf_counter()
-        for _ in range(40):
-            out = []
-            acc = 0.0
-            for k in keys:
-                v = table.get(k, 0.0)
-                acc += v * 0.5 + 1.0
-                out.append((k, acc))
-        best = min(best, time.perf_counter() - t)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeat):
+            t = time.perf_counter()
+            for _ in range(40):
+                out = []
+                acc = 0.0
+                for k in keys:
+                    v = table.get(k, 0.0)
+                    acc += v * 0.5 + 1.0
+                    out.append((k, acc))
+            best = min(best, time.perf_counter() - t)
+    finally:
+        if collecting:
+            gc.enable()
     return round(best * 1e3, 3)
 
 
@@ -168,4 +179,4 @@ def bench_planner(cluster: Cluster, catalog: Catalog, programs: int, policy: str
     return {"programs": programs, "repeat": repeat, "policy": policy, "preset": preset, "seed": seed, "start": start,
             "fill_s": round(fill, 1), "window_s": window_s, "nominal_program_s": round(dur, 1), **res,
             "attempts": attempts, "cluster": cluster.name, "catalog": catalog.name,
-            "machine_reference_ms": min(ref, machine_reference_ms())}
+            "machine_reference_ms": min(ref, machine_reference_ms()), "python": platform.python_version()}

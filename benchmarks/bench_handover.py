@@ -1,0 +1,125 @@
+"""How much of a trace is decided by its first minutes' layout: one policy (`--first`, default
+forecast-prewarm) decides for the first T simulated seconds, then another (`--then`, default
+statebudget-lease) takes over. Both see every event from the start (the second's predictor learns
+through the first's reign); before T the second's decisions are dropped, after T the first's.
+hetero16 + agent-team, 2-hour traces, warm start, 30-minute warm-up, tuning seeds 1-10 (seeds >= 100
+are for evaluation). A diagnostic, not a policy: the hand-over time is not something an online
+planner could choose by looking at the trace.
+
+    .venv/bin/python benchmarks/bench_handover.py --trace mapreduce --at 0,150,600
+
+At 0 it replays `--then` alone, and at a time past the trace's end `--first` alone (each equal to
+its own rows, docs/experiments.md "The prior and the first minutes").
+"""
+
+from __future__ import annotations
+
+import argparse
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+from statebudget.models.load import load_catalog, load_cluster
+from statebudget.policies import REGISTRY, make_policy
+from statebudget.policies.base import Policy
+from statebudget.sim.config import SimConfig
+from statebudget.sim.runner import replay
+from statebudget.traces.generators import generate
+
+EVENTS = ("on_call_arrive", "on_call_admitted", "on_call_end", "on_hints", "on_program_start", "on_tool_start",
+          "on_tool_end", "on_call_cancelled", "on_copy_ready", "on_program_end", "on_waiting")
+QUERIES = ("place", "evict_priority", "demote_tier", "may_evict_for_prefetch", "holds_kv")
+
+
+def handover(first: str, then: str, at_s: float) -> type[Policy]:
+    """A policy class: `first` decides before `at_s`, `then` from it on; both hear every event."""
+
+    class Handover(Policy):
+        name = "handover"
+        demote_to = "host"
+
+        def __init__(self):
+            self.a, self.b = make_policy(first), make_policy(then)
+            ticks = [t for t in (self.a.tick_s, self.b.tick_s) if t]
+            self.tick_s = min(ticks) if ticks else None
+            self.a_ticked = self.b_ticked = -float("inf")
+            # a policy that re-plans off the decision path (statebudget-track's MILP) keeps its period
+            periods = {p.replan_s for p in (self.a, self.b) if getattr(p, "replan_s", None)}
+            if len(periods) > 1:
+                raise ValueError(f"{first} and {then} re-plan on different periods: {sorted(periods)}")
+            self.replan_s = periods.pop() if periods else None
+
+        def on_replan(self, sim):
+            for p in (self.a, self.b):
+                if getattr(p, "replan_s", None):
+                    p.on_replan(sim)
+
+        def _deciding(self, sim) -> Policy:
+            return self.b if sim.now >= at_s else self.a
+
+        def on_tick(self, sim):
+            # each policy ticks at its own period: a rate forecast counts arrivals per its tick
+            out = {}
+            for p, last in ((self.a, "a_ticked"), (self.b, "b_ticked")):
+                if p.tick_s and sim.now - getattr(self, last) >= p.tick_s - 1e-9:
+                    setattr(self, last, sim.now)
+                    out[id(p)] = p.on_tick(sim)
+            return out.get(id(self._deciding(sim)))
+
+    def event(name):
+        def hook(self, sim, *args):
+            ra, rb = getattr(self.a, name)(sim, *args), getattr(self.b, name)(sim, *args)
+            return rb if sim.now >= at_s else ra
+        return hook
+
+    def query(name):
+        return lambda self, sim, *args: getattr(self._deciding(sim), name)(sim, *args)
+
+    for n in EVENTS:
+        setattr(Handover, n, event(n))
+    for n in QUERIES:
+        setattr(Handover, n, query(n))
+    return Handover
+
+
+def run(job: tuple) -> dict:
+    trace, seed, first, then, at_s, load = job
+    REGISTRY["handover"] = handover(first, then, at_s)  # in this worker process only
+    tr = generate(trace, seed, 2.0, load=load)
+    rep = replay(load_cluster("hetero16"), load_catalog("agent-team"), tr, ["handover"],
+                 SimConfig(seed=seed, start="warm", warmup_s=1800.0)).report
+    b = rep.policies["handover"]
+    return {"seed": seed, "at": at_s, "p95": b.handoff_stall_s.p95, "stall": b.stall_total_s, "ttft": b.ttft_s.p95}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trace", default="mapreduce")
+    ap.add_argument("--first", default="forecast-prewarm")
+    ap.add_argument("--then", default="statebudget-lease")
+    ap.add_argument("--at", default="150", help="comma-separated hand-over times, simulated seconds")
+    ap.add_argument("--seeds", default="1,2,3,4,5,6,7,8,9,10")
+    ap.add_argument("--load", type=float, default=1.0)
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if any(s >= 100 for s in seeds):
+        ap.error("seeds >= 100 are evaluation seeds: tune on 1-10")
+    for name in (args.first, args.then):
+        if name not in REGISTRY:
+            ap.error(f"unknown policy {name!r} (known: {', '.join(REGISTRY)})")
+
+    for at in (float(x) for x in args.at.split(",")):
+        jobs = [(args.trace, s, args.first, args.then, at, args.load) for s in seeds]
+        with ProcessPoolExecutor(max_workers=args.workers) as pool:
+            rows = list(pool.map(run, jobs))
+        for r in rows:
+            print(f"{args.trace} seed {r['seed']} {args.first} -> {args.then} at {at:g} s: handoff p95 "
+                  f"{r['p95']:.3f} s, total stall {r['stall']:.0f} s, TTFT p95 {r['ttft']:.2f} s", flush=True)
+        mean = {k: float(np.mean([r[k] for r in rows])) for k in ("p95", "stall", "ttft")}
+        print(f"MEAN {args.trace} {args.first} -> {args.then} at {at:g} s: handoff p95 {mean['p95']:.3f} s, "
+              f"total stall {mean['stall']:.0f} s, TTFT p95 {mean['ttft']:.2f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

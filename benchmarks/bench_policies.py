@@ -123,11 +123,16 @@ def _names(spec: str | None, known, what: str) -> list[str]:
 
 
 def git_commit() -> str | None:
+    """HEAD's short hash, with "+dirty" when tracked files differ from it (what the replays ran)."""
+    here = Path(__file__).resolve().parent
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=here).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10, cwd=here).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
+    return (head + ("+dirty" if dirty else "")) or None
 
 
 def _baselines(policies: list[str]) -> list[str]:
@@ -360,7 +365,7 @@ def main(argv=None):
         raise SystemExit(str(e)) from None
     # The slowest replays first, so the pool's tail is short: our planners and prefetch-all, long traces.
     todo.sort(key=lambda j: (j["policy"] not in OURS + ("prefetch-all",), j["trace"] != "mixed-tenants"))
-    t0 = time.time()
+    t0, commit = time.time(), git_commit()  # the code the replays run: HEAD may move while they do
 
     def progress(done, total):
         el = time.time() - t0
@@ -373,7 +378,7 @@ def main(argv=None):
     wall = time.time() - t0
     out = _output(rows, seeds, starts, traces, policies, python=sys.executable, cluster=args.cluster,
                   catalog=args.catalog, hours=args.hours, load=args.load, tuning=args.tuning, warmup_s=warmup,
-                  workers=args.workers, wall_s=round(wall, 1))
+                  workers=args.workers, wall_s=round(wall, 1), git=commit)
     _write(out, args)
     print(f"{len(rows)} replays in {wall:.0f} s", file=sys.stderr)
     return out
@@ -427,8 +432,8 @@ def _output(rows: list[dict], seeds: list[int], starts: list[str], traces: list[
             tables[st][tr] = summarise(group, seeds, pols)
     return {"benchmark": "bench_policies", "statebudget": __version__,
             "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "git": git_commit(),
-            **fields, "seeds": seeds, "starts": starts, "traces": traces, "policies": policies, "ours": [p for p in OURS if p in policies],
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            **{"git": git_commit(), **fields}, "seeds": seeds, "starts": starts, "traces": traces, "policies": policies, "ours": [p for p in OURS if p in policies],
             "baselines": _baselines(policies),
             "references": [p for p in policies if p in REFERENCES], "excluded": list(EXCLUDED),
             "metrics": {m: {"label": lab, "better": b} for m, (lab, b) in METRICS.items()}, "described": DESCRIBED,

@@ -23,12 +23,9 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from bench_policies import parse_seeds
-from statebudget.models.load import load_catalog, load_cluster
 from statebudget.policies import REGISTRY, make_policy
 from statebudget.policies.base import Policy
-from statebudget.sim.config import SimConfig
-from statebudget.sim.runner import replay
-from statebudget.traces.generators import generate
+from statebudget.sim import sweep as sw
 
 EVENTS = ("on_call_arrive", "on_call_admitted", "on_call_end", "on_hints", "on_program_start", "on_tool_start",
           "on_tool_end", "on_call_cancelled", "on_copy_ready", "on_program_end", "on_waiting")
@@ -54,7 +51,7 @@ def handover(first: str, then: str, at_s: float) -> type[Policy]:
             if len(ticks) == 2 and abs(ticks[1] / ticks[0] - round(ticks[1] / ticks[0])) > 1e-9:
                 raise ValueError(f"tick periods {ticks} are not multiples: the slower policy would tick late")
             self.tick_s = ticks[0] if ticks else None
-            self.a_ticked = self.b_ticked = -float("inf")
+            self.ticked: dict[int, float] = {}  # id(policy) -> its last tick
             # a policy that re-plans off the decision path (statebudget-track's MILP) keeps its period
             periods = {p.replan_s for p in (self.a, self.b) if getattr(p, "replan_s", None)}
             if len(periods) > 1:
@@ -71,17 +68,19 @@ def handover(first: str, then: str, at_s: float) -> type[Policy]:
 
         def on_tick(self, sim):
             # each policy ticks at its own period: a rate forecast counts arrivals per its tick
-            out = {}
-            for p, last in ((self.a, "a_ticked"), (self.b, "b_ticked")):
-                if p.tick_s and sim.now - getattr(self, last) >= p.tick_s - 1e-9:
-                    setattr(self, last, sim.now)
-                    out[id(p)] = p.on_tick(sim)
+            out = {id(p): p.on_tick(sim) for p in (self.a, self.b) if self._due(p, sim.now)}
             return out.get(id(self._deciding(sim)))
+
+        def _due(self, p: Policy, now: float) -> bool:
+            if not p.tick_s or now - self.ticked.get(id(p), -float("inf")) < p.tick_s - 1e-9:
+                return False
+            self.ticked[id(p)] = now
+            return True
 
     def event(name):
         def hook(self, sim, *args):
             ra, rb = getattr(self.a, name)(sim, *args), getattr(self.b, name)(sim, *args)
-            return rb if sim.now >= at_s else ra
+            return rb if self._deciding(sim) is self.b else ra
         return hook
 
     def query(name):
@@ -94,14 +93,9 @@ def handover(first: str, then: str, at_s: float) -> type[Policy]:
     return Handover
 
 
-def run(job: tuple) -> dict:
-    trace, seed, first, then, at_s, load = job
-    REGISTRY["handover"] = handover(first, then, at_s)  # in this worker process only
-    tr = generate(trace, seed, 2.0, load=load)
-    rep = replay(load_cluster("hetero16"), load_catalog("agent-team"), tr, ["handover"],
-                 SimConfig(seed=seed, start="warm", warmup_s=1800.0)).report
-    b = rep.policies["handover"]
-    return {"seed": seed, "at": at_s, "p95": b.handoff_stall_s.p95, "stall": b.stall_total_s, "ttft": b.ttft_s.p95}
+def _register(first: str, then: str, at_s: float) -> None:
+    """A worker's initializer: the sweep's jobs find the hand-over in the registry by its name."""
+    REGISTRY["handover"] = handover(first, then, at_s)
 
 
 def main():
@@ -125,10 +119,13 @@ def main():
         handover(args.first, args.then, 0.0)()
     except ValueError as e:
         ap.error(str(e))
+    jobs = sw.jobs(["hetero16"], [args.trace], seeds, ["handover"], "agent-team", 2.0, start="warm",
+                   warmup_s=1800.0, load=args.load)
     for at in (float(x) for x in args.at.split(",")):
-        jobs = [(args.trace, s, args.first, args.then, at, args.load) for s in seeds]
-        with ProcessPoolExecutor(max_workers=args.workers) as pool:
-            rows = list(pool.map(run, jobs))
+        with ProcessPoolExecutor(max_workers=args.workers, initializer=_register,
+                                 initargs=(args.first, args.then, at)) as pool:
+            rows = [{"seed": r["seed"], "p95": r["handoff_p95_s"], "stall": r["stall_total_s"], "ttft": r["ttft_p95_s"]}
+                    for r in pool.map(sw.run_job, jobs)]
         for r in rows:
             print(f"{args.trace} seed {r['seed']} {args.first} -> {args.then} at {at:g} s: handoff p95 "
                   f"{r['p95']:.3f} s, total stall {r['stall']:.0f} s, TTFT p95 {r['ttft']:.2f} s", flush=True)

@@ -376,9 +376,9 @@ def main(argv=None):
     rows = sw.run_local(todo, args.workers, progress)
     print(file=sys.stderr)
     wall = time.time() - t0
-    out = _output(rows, seeds, starts, traces, policies, python=sys.executable, cluster=args.cluster,
+    out = _output(rows, seeds, starts, traces, policies, commit, python=sys.executable, cluster=args.cluster,
                   catalog=args.catalog, hours=args.hours, load=args.load, tuning=args.tuning, warmup_s=warmup,
-                  workers=args.workers, wall_s=round(wall, 1), git=commit)
+                  workers=args.workers, wall_s=round(wall, 1))
     _write(out, args)
     print(f"{len(rows)} replays in {wall:.0f} s", file=sys.stderr)
     return out
@@ -416,7 +416,7 @@ def _call_graph_lines(cg: dict) -> list[str]:
 
 
 def _output(rows: list[dict], seeds: list[int], starts: list[str], traces: list[str], policies: list[str],
-            **fields) -> dict:
+            git: str | None, **fields) -> dict:
     """The run's JSON: the fair table per start and trace (each with the policies that have a row
     for every seed, in `policies` order), what it compares and how, and `fields`."""
     tables = {}
@@ -433,7 +433,7 @@ def _output(rows: list[dict], seeds: list[int], starts: list[str], traces: list[
     return {"benchmark": "bench_policies", "statebudget": __version__,
             "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            **{"git": git_commit(), **fields}, "seeds": seeds, "starts": starts, "traces": traces, "policies": policies, "ours": [p for p in OURS if p in policies],
+            "git": git, **fields, "seeds": seeds, "starts": starts, "traces": traces, "policies": policies, "ours": [p for p in OURS if p in policies],
             "baselines": _baselines(policies),
             "references": [p for p in policies if p in REFERENCES], "excluded": list(EXCLUDED),
             "metrics": {m: {"label": lab, "better": b} for m, (lab, b) in METRICS.items()}, "described": DESCRIBED,
@@ -482,7 +482,8 @@ def tabulate_saved(args) -> dict:
     seeds = sorted({r["seed"] for r in rows})
     starts = [st for st in ("warm", "cold") if any(r["start"] == st for r in rows)]
     out = _output(rows, seeds, starts, sorted({r["trace"] for r in rows}), sorted({r["policy"] for r in rows}),
-                  **{"from": args.rows_from}, **{f: rows[0].get(f) for f in same}, tuning=min(seeds) < 100)
+                  git_commit(), **{"from": args.rows_from}, **{f: rows[0].get(f) for f in same},
+                  tuning=min(seeds) < 100)
     _write(out, args)
     return out
 

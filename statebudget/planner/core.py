@@ -28,7 +28,7 @@ from ..models.state import expert_key, kv_key, weights_key
 from ..core.costs import page_touch_probs, touched_pages
 from ..solvers.greedy import Candidates, solve
 from .leases import LeaseLedger, LeaseRequest, LeaseState, Quote, decide, rank_key, rejection_reason
-from .homes import home_of, idle_room, resident_by_model, scale_out
+from .homes import home_of, idle_room, layout, resident_by_model, scale_out
 from .overload import Pressure
 from .predictor import Predictor
 from ..core.decisions import Demote, Promote, PromoteHost
@@ -98,6 +98,11 @@ class PlannerConfig:
     # seeds 100-139: mapreduce handoff P95 0.84-0.90x, total stall 0.89-0.91x; mixed-tenants
     # track's handoff P95 +3 % (one seed 2.2x), the rest within 0.5 % (docs/planner.md). None: off.
     uncalled_room_after_s: float | None = 600.0
+    # The operator's layout: ((model, (GPU index, ...)), ...), a group per model that a model
+    # with no copy is homed on, whatever the view says; models left out are homed as before. Off:
+    # a layout suits one workload, and its gains trade against TTFT (docs/tracking.md, "A layout
+    # fixed in advance"). None: no layout.
+    homes: tuple | None = None
 
 
 def lease_config(**overrides) -> PlannerConfig:
@@ -145,6 +150,7 @@ class PlannerCore:
         self.target: dict[str, tuple] = {}  # model -> group the tracked MILP wants it on (`target.py`)
         self.target_p = 0.0                 # a target model counts as needed at least this likely (1: kept for sure)
         self.target_homes = False           # the target's group homes a target model that has no copy
+        self._homes = layout(catalog, cost.cluster, self.cfg.homes)
         self._hot_pages = {m.name: touched_pages(m, self.cfg.page_min_touch) for m in catalog.models}
         self._lease_pages = {m.name: touched_pages(m, self.cfg.lease_page_min_touch) for m in catalog.models}
         self._model_index = {name: i for i, name in enumerate(self.models)}
@@ -193,11 +199,13 @@ class PlannerCore:
             st = self._static[mi]
             wk = st.wk
             held = sorted(tiers.groups_of.get(wk, ()), key=lambda g: (-gpu_copies[(wk, g)].last_use, g))
-            # One held stays where its calls run. One with no copy goes where its engine sleeps, else
-            # to the most free HBM (`homes.home_of`; with `home_reclaim`, clear of other models'
-            # weights), or, with `target_homes`, to its target group: the MILP sees only the models
-            # its share holds, not the GPUs the others need.
+            # One held stays where its calls run. One with no copy goes, with `target_homes`, to its
+            # target group (the MILP sees only the models its share holds), else to its group in the
+            # operator's layout (`homes`), else where its engine sleeps, else to the most free HBM
+            # (`homes.home_of`; with `home_reclaim`, clear of other models' weights).
             home = held[0] if held else (self.target.get(m.name) if self.target_homes else None)
+            if home is None and self._homes:
+                home = self._homes.get(m.name)
             if home is None:
                 if by_model is None and cfg.home_reclaim is not None:
                     by_model = resident_by_model(view, [s.stage for s in self._static])

@@ -15,7 +15,38 @@ from __future__ import annotations
 from collections import Counter
 
 from ..core.decisions import Promote
+from ..models.cluster import GB
 from ..models.state import weights_key
+
+
+def layout(catalog, cluster, homes) -> dict[str, tuple[int, ...]]:
+    """An operator's layout (`PlannerConfig.homes`: ((model, (GPU index, ...)), ...)) as
+    {model: group}, each entry checked against the catalog and the groups the cluster lets that
+    model run on; a bad entry is named by its position."""
+    out: dict[str, tuple[int, ...]] = {}
+    for i, entry in enumerate(homes or ()):
+        try:
+            name, group = entry
+            group = tuple(sorted(group))  # the same GPUs in any order
+        except (TypeError, ValueError):
+            group = None
+        if group is None or not isinstance(name, str) or not all(type(g) is int for g in group):
+            raise ValueError(f"homes[{i}]: expected (model name, (GPU index, ...)), got {entry!r}")
+        m = catalog.by_name.get(name)
+        if m is None:
+            raise ValueError(f"homes[{i}]: no model {name!r} in catalog {catalog.name!r}")
+        allowed = cluster.model_groups(m)
+        if group not in allowed:
+            raise ValueError(f"homes[{i}]: {name} (tp {m.tp}) cannot run on GPUs {group}; "
+                             f"its groups: {', '.join(map(str, allowed))}")
+        hbm = min(cluster.gpu_kinds[cluster.gpus[j].kind].hbm_gb * GB for j in group)
+        if m.dense_bytes / m.tp > hbm:
+            raise ValueError(f"homes[{i}]: {name}'s weights ({m.dense_bytes / m.tp / GB:.1f} GB a GPU) "
+                             f"do not fit GPUs {group} ({hbm / GB:.0f} GB)")
+        if name in out:
+            raise ValueError(f"homes[{i}]: {name} is given a home twice")
+        out[name] = group
+    return out
 
 
 def most_free(view, groups, need: float | None = None, extra=None):

@@ -2,11 +2,14 @@
 models not far less likely than it, counting idle state of those far less likely as room, else
 the most free."""
 
+import re
 from dataclasses import replace
 
+import pytest
+
 from tests.helpers import call, catalog, cluster, program, resident, trace
-from statebudget.planner.core import PlannerConfig
-from statebudget.planner.homes import home_of, resident_by_model
+from statebudget.planner.core import PlannerConfig, PlannerCore
+from statebudget.planner.homes import home_of, layout, resident_by_model
 from statebudget.policies.ours import StateBudgetLease
 from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
@@ -112,3 +115,36 @@ def test_idle_copies_of_models_no_call_asked_for_are_room_once_calls_have_flowed
     core.predictor.called.discard("c")
     assert promoted(730.0) == [(0,)], "off: the most free HBM alone"
     assert PlannerConfig().uncalled_room_after_s == 600.0
+
+
+def test_an_operators_layout_homes_a_model_with_no_copy_and_not_one_that_has_a_copy():
+    sim, _ = _sim()
+    core = sim.policy._core(sim)
+    core.target, core.target_p = {"b": (0,), "c": (0,)}, 1.0  # promoted for sure, wherever homed
+    sim.tiers.alloc_gpu((0,), 15e9)                 # GPU 0 the fullest: never the most free
+    resident(sim, ("w", "c"), (1,), 30.0)           # c already has a copy on GPU 1
+
+    def promoted(cfg):
+        core.cfg, core._homes = cfg, layout(sim.catalog, sim.cluster, cfg.homes)
+        return {d.key[1]: d.group for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote" and d.key[0] == "w"}
+
+    assert promoted(PlannerConfig())["b"] == (2,), "the most free HBM, with no layout"
+    assert promoted(PlannerConfig(homes=(("b", (0,)), ("c", (2,)))))["b"] == (0,)
+    assert layout(sim.catalog, sim.cluster, (("a", (1, 0)),)) == {"a": (0, 1)}, "a group's GPUs in any order"
+    assert "c" not in promoted(PlannerConfig(homes=(("c", (2,)),))), "a held copy stays where its calls ran"
+
+
+def test_a_bad_layout_fails_when_the_planner_is_made_and_names_the_entry():
+    sim, _ = _sim()
+    for homes, words in [((("b", (0,)), ("z", (1,))), "homes[1]: no model 'z'"),
+                         ((("b", (7,)),), "homes[0]: b (tp 1) cannot run on GPUs (7,)"),
+                         ((("a", (0,)),), "homes[0]: a (tp 2) cannot run"),
+                         ((("b", (0,)), ("b", (1,))), "homes[1]: b is given a home twice"),
+                         ((("b",),), "homes[0]: expected (model name, (GPU index, ...))"),
+                         ((("b", (0.5,)),), "homes[0]: expected"), ((([], (0,)),), "homes[0]: expected")]:
+        with pytest.raises(ValueError, match=re.escape(words)):
+            PlannerCore(sim.catalog, sim.cost, PlannerConfig(homes=homes))
+    big = Simulator(cluster(gpus=2, hbm_gb=24.0), catalog(("b", 30.0)), trace(program("p", [call("x", "b")])),
+                    StateBudgetLease(), config=SimConfig(start="warm"))
+    with pytest.raises(ValueError, match=re.escape("homes[0]: b's weights (30.0 GB a GPU) do not fit GPUs (1,)")):
+        PlannerCore(big.catalog, big.cost, PlannerConfig(homes=(("b", (1,)),)))

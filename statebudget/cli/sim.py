@@ -1,4 +1,4 @@
-"""The simulator's commands: replay, oracle, sweep, bench planner, presets."""
+"""The simulator's commands: replay, oracle, sweep, layout, bench planner, presets."""
 
 from __future__ import annotations
 
@@ -291,6 +291,61 @@ def bench_planner_cmd(
             console.print("  by hook (p99): " + ", ".join(f"{n} {fmt(d['p99'])} ms ({d['hooks']})" for n, d in slow))
     if json_out:
         write_json(json_out, {"results": out})
+
+
+@guard
+def layout(
+    cluster: ClusterOpt,
+    catalog: CatalogOpt,
+    history: Annotated[list[Path], typer.Option("--history", help="a trace of the deployment's past calls "
+                                                                   "(JSONL, format v1); repeat for more")],
+    policy: Annotated[str, typer.Option(help="the planner the layout is for")] = "statebudget-lease",
+    budget: Annotated[int, typer.Option(help="layouts replayed at most", min=2)] = 24,
+    tolerance: Annotated[float, typer.Option(help="how much worse than no layout a kept layout's TTFT P95 and "
+                                                  "program-latency P95 may be (0.05: 5 %)", min=0.0)] = 0.05,
+    warmup: Annotated[float, typer.Option("--warmup", help="seconds of each replay no figure counts",
+                                          min=0.0)] = 1800.0,
+    workers: Annotated[Optional[int], typer.Option(help="local processes (default: one per core)", min=1)] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write every layout tried here")] = None,
+):
+    """Choose an operator's layout (a GPU group per model, `PlannerConfig.homes`) by replaying the
+    history's traces with candidate layouts (docs/tracking.md, "A layout fixed in advance")."""
+    check_outputs(files=[("--json", json_out)])
+    from ..models.load import check_compatible, load_catalog, load_cluster
+    from ..sim.layouts import METRICS, search
+
+    name = _policy_list(policy)[0]
+    cl, cat = load_cluster(cluster), load_catalog(catalog)
+    check_compatible(cl, cat)
+    jobs = []
+    for path in history:
+        tr = load_trace_warned(path)  # a bad file fails here, naming it, before any replay
+        last = max((p.start for p in tr.programs), default=0.0)
+        if warmup >= last:
+            raise ValueError(f"--warmup {warmup:g} s: no program of {path} starts after it (the last at {last:g} s)")
+        jobs.append({"cluster": cluster, "catalog": catalog, "trace": str(path), "trace_file": str(path),
+                     "seed": tr.header.seed or 0, "hours": tr.header.hours or 0.0, "start": "warm",
+                     "warmup_s": float(warmup)})
+    with progress_bar(TextColumn("{task.description}"), TimeElapsedColumn()) as prog:
+        task = prog.add_task("replaying no layout and a first one")
+        found = search(cl, cat, jobs, name, budget, tolerance, workers,
+                       lambda msg: prog.update(task, description=escape(msg)))
+    console.print(f"{len(found.tried)} layouts replayed on {len(jobs)} trace(s), means (handoff P95, TTFT P95, "
+                  f"program P95, s); * acceptable within {tolerance:.0%} of no layout's TTFT and program P95:")
+    for s in sorted(found.tried, key=lambda s: s.means[METRICS[0]]):
+        what = "no layout" if s.layout is None else " ".join(f"{m}:{','.join(map(str, g))}" for m, g in s.layout)
+        mark = "*" if s.acceptable else " "
+        console.print(f" {mark} {s.means[METRICS[0]]:8.3f} {s.means[METRICS[1]]:8.2f} {s.means[METRICS[2]]:8.1f}  "
+                      f"{escape(what)}", highlight=False)
+    if found.chosen.layout is None:
+        console.print("kept: no layout (none beats the planner's own homing on this history)")
+    else:
+        console.print(f"kept: --planner {escape(repr(found.planner_arg()))}", highlight=False)
+    if json_out:
+        write_json(json_out, {"policy": name, "budget": budget, "tolerance": tolerance, "warmup_s": warmup,
+                              "history": [str(p) for p in history], "kept": found.chosen.layout,
+                              "tried": [{"layout": s.layout, "acceptable": s.acceptable, **s.means}
+                                        for s in found.tried]})
 
 
 def presets():

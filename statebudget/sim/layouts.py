@@ -1,0 +1,175 @@
+"""Choosing an operator's layout (`PlannerConfig.homes`) from a deployment's history.
+
+Which model gets which GPUs moves handoff stall more than any homing rule the planner has, and
+trades against TTFT: a layout suits one workload (docs/tracking.md, "A layout fixed in advance").
+So the layout is searched for by replaying the history with our planner:
+
+1. a first layout: the models the history calls, the widest first, then those with the fewest
+   groups, then by calls, each on the fastest group no other model of the layout holds;
+2. its neighbours: two models swapping groups, a model moved to a free group of another GPU kind,
+   a model left to the planner's own homing;
+3. steepest descent, one batch of neighbours at a time, within a budget of replayed layouts.
+
+A layout is acceptable when its TTFT P95 and program-latency P95 (means over the history) are
+within `tolerance` of no layout's; of those, the least handoff-stall P95 wins, and no layout is
+kept unless one beats it. Every figure comes from replays of the history alone: no layout sees
+the traces it is later judged on.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..models.catalog import Catalog
+from ..models.cluster import GB, Cluster
+from ..models.load import load_trace
+from ..models.trace import Trace
+from ..policies.baselines import hot_page_ids
+from ..traces.generators import generate
+from .sweep import run_local
+
+METRICS = ("handoff_p95_s", "ttft_p95_s", "program_p95_s")
+
+Layout = tuple  # ((model, (GPU index, ...)), ...) in catalog order: `PlannerConfig.homes`
+
+
+def call_shares(traces: list[Trace]) -> Counter:
+    """Calls per model over the history's traces."""
+    return Counter(n.model for tr in traces for p in tr.programs for n in p.nodes if n.kind == "call")
+
+
+def _groups(cluster: Cluster, catalog: Catalog) -> dict[str, list[tuple[int, ...]]]:
+    """Per model, the groups it may run on whose GPUs hold its dense part and the expert pages
+    half its calls touch (what `static` keeps resident): a MoE model's calls need them there."""
+    hbm = [cluster.gpu_kinds[g.kind].hbm_gb * GB for g in cluster.gpus]
+    need = {m.name: (m.dense_bytes + len(hot_page_ids(m)) * (m.moe.page_bytes if m.moe else 0.0)) / m.tp
+            for m in catalog.models}
+    return {m.name: [g for g in cluster.model_groups(m) if need[m.name] <= min(hbm[i] for i in g)]
+            for m in catalog.models}
+
+
+def _speed(cluster: Cluster, g: tuple[int, ...]) -> tuple:
+    """Faster first: the group's slowest GPU's TFLOP/s, then its least HBM, then its index."""
+    kinds = [cluster.gpu_kinds[cluster.gpus[i].kind] for i in g]
+    return (-min(k.tflops for k in kinds), -min(k.hbm_gb for k in kinds), g)
+
+
+def _kind(cluster: Cluster, g: tuple[int, ...]) -> str:
+    return cluster.gpus[g[0]].kind
+
+
+def _ordered(catalog: Catalog, homes: dict) -> Layout:
+    return tuple((m.name, homes[m.name]) for m in catalog.models if m.name in homes)
+
+
+def first_layout(cluster: Cluster, catalog: Catalog, shares: Counter) -> Layout:
+    groups = _groups(cluster, catalog)
+    taken: set[int] = set()
+    homes = {}
+    called = [m for m in catalog.models if shares.get(m.name, 0) > 0 and groups[m.name]]
+    for m in sorted(called, key=lambda m: (-m.tp, len(groups[m.name]), -shares[m.name], m.name)):
+        free = [g for g in groups[m.name] if not taken.intersection(g)]
+        if free:
+            g = min(free, key=lambda g: _speed(cluster, g))
+            taken.update(g)
+            homes[m.name] = g
+    return _ordered(catalog, homes)
+
+
+def neighbours(cluster: Cluster, catalog: Catalog, lay: Layout) -> list[Layout]:
+    """Swaps of two models' groups (each fits the other's), moves of one model to the fastest free
+    group of each other GPU kind, and each model dropped from the layout; no duplicates."""
+    groups = _groups(cluster, catalog)
+    homes = dict(lay)
+    out: list[Layout] = []
+    names = list(homes)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if homes[b] in groups[a] and homes[a] in groups[b] and homes[a] != homes[b]:
+                out.append(_ordered(catalog, {**homes, a: homes[b], b: homes[a]}))
+    for a in names:
+        taken = {i for n, g in homes.items() if n != a for i in g}
+        by_kind: dict[str, tuple] = {}
+        for g in sorted(groups[a], key=lambda g: _speed(cluster, g)):
+            k = _kind(cluster, g)
+            if k != _kind(cluster, homes[a]) and not taken.intersection(g):
+                by_kind.setdefault(k, g)
+        out += [_ordered(catalog, {**homes, a: g}) for g in by_kind.values()]
+        out.append(_ordered(catalog, {n: g for n, g in homes.items() if n != a}))
+    seen, unique = {lay}, []
+    for cand in out:
+        if cand not in seen:
+            seen.add(cand)
+            unique.append(cand)
+    return unique
+
+
+@dataclass
+class Scored:
+    layout: Layout | None          # None: no layout (the planner's own homing)
+    means: dict[str, float]        # METRICS, means over the history's replays
+    acceptable: bool = True
+
+
+@dataclass
+class Search:
+    chosen: Scored
+    none: Scored
+    tried: list[Scored] = field(default_factory=list)
+
+    def planner_arg(self) -> str:
+        """The `--planner` argument that sets the chosen layout ('' for none)."""
+        return "" if self.chosen.layout is None else f"homes={self.chosen.layout!r}"
+
+
+def search(cluster: Cluster, catalog: Catalog, history: list[dict], policy: str = "statebudget-lease",
+           budget: int = 24, tolerance: float = 0.05, workers: int | None = None, progress=None) -> Search:
+    """Steepest descent over layouts (see the module). `history`: sweep jobs without a policy,
+    each a trace (`trace` and `seed`, or `trace_file`) with its cluster, catalog, start and
+    warm-up; every candidate is replayed on all of them. `budget` counts replayed layouts, no
+    layout included. `progress(message)` after each batch."""
+    if budget < 2:
+        raise ValueError(f"budget must be >= 2 (no layout and a first one), got {budget}")
+    if not tolerance >= 0:
+        raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+    traces = [load_trace(j["trace_file"]) if j.get("trace_file") else generate(j["trace"], j["seed"], j["hours"])
+              for j in history]
+
+    def score(batch: list[Layout | None]) -> list[Scored]:
+        jobs = [dict(j, policy=policy, planner={"homes": lay} if lay is not None else {})
+                for lay in batch for j in history]
+        rows = run_local(jobs, workers)
+        out = []
+        for lay in batch:
+            mine = [r for r in rows if (r.get("planner") or {}).get("homes") == lay]
+            out.append(Scored(lay, {m: sum(r[m] or 0.0 for r in mine) / len(mine) for m in METRICS}))
+        return out
+
+    none, first = score([None, first_layout(cluster, catalog, call_shares(traces))])
+    limit = {m: none.means[m] * (1 + tolerance) for m in METRICS[1:]}
+
+    def judge(s: Scored) -> Scored:
+        s.acceptable = all(s.means[m] <= limit[m] for m in limit)
+        return s
+
+    tried = [none, judge(first)]
+    best = first if first.acceptable and first.means[METRICS[0]] < none.means[METRICS[0]] else none
+    current = first
+    while len(tried) < budget + 1:
+        seen = {s.layout for s in tried}
+        batch = [c for c in neighbours(cluster, catalog, current.layout) if c and c not in seen]
+        batch = batch[:budget + 1 - len(tried)]
+        if not batch:
+            break
+        scored = [judge(s) for s in score(batch)]
+        tried += scored
+        better = [s for s in scored if s.acceptable and s.means[METRICS[0]] < best.means[METRICS[0]]]
+        if better:
+            best = current = min(better, key=lambda s: s.means[METRICS[0]])
+        if progress:
+            progress(f"{len(tried) - 1}/{budget} layouts replayed; handoff P95 {best.means[METRICS[0]]:.3f} s "
+                     f"kept (no layout {none.means[METRICS[0]]:.3f} s)")
+        if not better:
+            break
+    return Search(best, none, tried)

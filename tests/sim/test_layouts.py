@@ -1,0 +1,98 @@
+"""Choosing a layout from history (`sim/layouts.py`): the first layout, its neighbours, and the
+descent's rules (replays stubbed by a score of the layout)."""
+
+from collections import Counter
+
+import pytest
+
+from statebudget.models.load import load_catalog, load_cluster
+from statebudget.planner.homes import layout as checked
+from statebudget.sim import layouts
+from statebudget.sim.layouts import first_layout, neighbours, search
+
+CL, CAT = load_cluster("hetero16"), load_catalog("agent-team")  # GPUs 0-7 RTX 3090, 8-11 L40, 12-15 A100
+SHARES = Counter({"reviewer": 30, "coder": 20, "planner": 18, "summarizer": 17, "fast-coder": 16, "reasoner": 4})
+
+
+def _gpus(lay):
+    return [i for _, g in lay for i in g]
+
+
+def test_the_first_layout_puts_the_widest_first_on_the_fastest_free_groups_and_skips_uncalled_models():
+    lay = first_layout(CL, CAT, SHARES)
+    homes = dict(lay)
+    checked(CAT, CL, lay)  # every entry is one the planner takes
+    assert "vlm" not in homes, "the history never calls it"
+    assert homes["reasoner"] == (12, 13, 14, 15), "the widest model takes the fastest node"
+    assert homes["coder"] == (8, 9) and homes["reviewer"] == (10,)
+    assert homes["planner"] == (11,), "of the models any GPU holds, the most called gets the last fast GPU"
+    assert len(_gpus(lay)) == len(set(_gpus(lay))), "no GPU is shared"
+    assert [n for n, _ in lay] == [m.name for m in CAT.models if m.name in homes], "catalog order"
+
+
+def test_neighbours_swap_move_and_drop_and_each_is_a_layout_the_planner_takes():
+    lay = first_layout(CL, CAT, SHARES)
+    homes = dict(lay)
+    near = neighbours(CL, CAT, lay)
+    assert lay not in near and len(near) == len(set(near))
+    for cand in near:
+        checked(CAT, CL, cand)
+        assert len(_gpus(cand)) == len(set(_gpus(cand)))
+    swapped = {**homes, "planner": homes["fast-coder"], "fast-coder": homes["planner"]}
+    assert tuple((n, swapped[n]) for n, _ in lay) in near
+    assert not any(dict(c).get("coder") == homes["planner"] for c in near), "a tp-2 model never takes one GPU"
+    assert not any(dict(c).get("reviewer", (10,))[0] < 8 for c in near), "30 GB does not fit an RTX 3090"
+    assert tuple((n, g) for n, g in lay if n != "summarizer") in near
+
+
+def _stub(monkeypatch, handoff, ttft):
+    """Replays replaced by figures of the layout: handoff(lay) and ttft(lay) seconds, program P95
+    100 s; records each batch of layouts."""
+    batches = []
+
+    def run_local(jobs, workers=None, progress=None):
+        lays = []
+        for j in jobs:
+            lay = (j.get("planner") or {}).get("homes")
+            if lay not in lays:
+                lays.append(lay)
+        batches.append(lays)
+        return [dict(j, handoff_p95_s=handoff(lay), ttft_p95_s=ttft(lay), program_p95_s=100.0)
+                for j in jobs for lay in [(j.get("planner") or {}).get("homes")]]
+
+    monkeypatch.setattr(layouts, "run_local", run_local)
+    return batches
+
+
+HISTORY = [{"cluster": "hetero16", "catalog": "agent-team", "trace": "swe-team", "seed": s, "hours": 0.25}
+           for s in (1, 2)]
+
+
+def test_the_search_descends_to_the_least_handoff_p95_within_the_ttft_tolerance(monkeypatch):
+    def on_l40(lay, model):
+        return lay is not None and dict(lay).get(model, (0,))[0] in (8, 9, 10, 11)
+
+    # the fast-coder on an L40 halves handoff stall; the summarizer there costs TTFT
+    batches = _stub(monkeypatch, lambda lay: 0.5 if on_l40(lay, "fast-coder") else 1.0,
+                    lambda lay: 4.0 if on_l40(lay, "summarizer") else 3.0)
+    found = search(CL, CAT, HISTORY, budget=40, tolerance=0.05)
+    assert batches[0][0] is None, "no layout is replayed first, as the yardstick"
+    assert not on_l40(found.tried[1].layout, "fast-coder"), "the first layout gives the L40 to the planner"
+    assert found.chosen.means["handoff_p95_s"] == 0.5 and on_l40(found.chosen.layout, "fast-coder")
+    assert not on_l40(found.chosen.layout, "summarizer")
+    assert any(on_l40(s.layout, "summarizer") and not s.acceptable for s in found.tried), \
+        "a layout over the TTFT tolerance was tried and not kept"
+    assert found.planner_arg() == f"homes={found.chosen.layout!r}"
+    assert len(found.tried) == sum(len(b) for b in batches) <= 41
+    assert len({s.layout for s in found.tried}) == len(found.tried), "no layout replayed twice"
+
+
+def test_the_search_keeps_no_layout_when_none_beats_it_and_respects_its_budget(monkeypatch):
+    batches = _stub(monkeypatch, lambda lay: 1.0 if lay is None else 2.0, lambda lay: 3.0)
+    found = search(CL, CAT, HISTORY, budget=5)
+    assert found.chosen.layout is None and found.planner_arg() == ""
+    assert sum(len(b) for b in batches) == 6, "no layout, the first, then four neighbours: the budget"
+    with pytest.raises(ValueError, match="budget must be >= 2"):
+        search(CL, CAT, HISTORY, budget=1)
+    with pytest.raises(ValueError, match="tolerance must be >= 0"):
+        search(CL, CAT, HISTORY, tolerance=-0.1)

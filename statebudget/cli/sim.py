@@ -314,12 +314,20 @@ def layout(
     from ..models.load import check_compatible, load_catalog, load_cluster
     from ..sim.layouts import METRICS, search
 
+    from ..core.programs import parse_spec
+    from ..policies import REGISTRY, SEES_FUTURE
+    from ..policies.ours import StateBudget
+
     name = _policy_list(policy)[0]
+    base = parse_spec(name, REGISTRY)[0]
+    if not issubclass(REGISTRY[base], StateBudget) or base in SEES_FUTURE:
+        raise ValueError(f"--policy {name}: a layout is for our planners (statebudget, statebudget-lease, "
+                         "statebudget-track); the baselines do not take one")
     cl, cat = load_cluster(cluster), load_catalog(catalog)
-    check_compatible(cl, cat)
     jobs = []
     for path in history:
         tr = load_trace_warned(path)  # a bad file fails here, naming it, before any replay
+        check_compatible(cl, cat, tr, str(path))
         last = max((p.start for p in tr.programs), default=0.0)
         if warmup >= last:
             raise ValueError(f"--warmup {warmup:g} s: no program of {path} starts after it (the last at {last:g} s)")
@@ -330,7 +338,7 @@ def layout(
         task = prog.add_task("replaying no layout and a first one")
         found = search(cl, cat, jobs, name, budget, tolerance, workers,
                        lambda msg: prog.update(task, description=escape(msg)))
-    console.print(f"{len(found.tried)} layouts replayed on {len(jobs)} trace(s), means (handoff P95, TTFT P95, "
+    console.print(f"{len(found.tried) - 1} layouts and no layout replayed on {len(jobs)} trace(s), means (handoff P95, TTFT P95, "
                   f"program P95, s); * acceptable within {tolerance:.0%} of no layout's TTFT and program P95:")
     for s in sorted(found.tried, key=lambda s: s.means[METRICS[0]]):
         what = "no layout" if s.layout is None else " ".join(f"{m}:{','.join(map(str, g))}" for m, g in s.layout)

@@ -8,7 +8,9 @@ So the layout is searched for by replaying the history with our planner:
    groups, then by calls, each on the fastest group no other model of the layout holds;
 2. its neighbours: two models swapping groups, a model moved to a free group of another GPU kind,
    a model left to the planner's own homing;
-3. steepest descent, one batch of neighbours at a time, within a budget of replayed layouts.
+3. steepest descent, one batch of neighbours at a time, within a budget of replayed layouts: the
+   descent moves to the best neighbour (acceptable ones first, then by handoff-stall P95) while
+   it improves on the layout it stands on, even one worse than no layout.
 
 A layout is acceptable when its TTFT P95 and program-latency P95 (means over the history) are
 within `tolerance` of no layout's; of those, the least handoff-stall P95 wins, and no layout is
@@ -153,9 +155,13 @@ def search(cluster: Cluster, catalog: Catalog, history: list[dict], policy: str 
         s.acceptable = all(s.means[m] <= limit[m] for m in limit)
         return s
 
+    def rank(s: Scored) -> tuple:  # the descent's order: acceptable layouts first, then handoff P95
+        return (not s.acceptable, s.means[METRICS[0]])
+
     tried = [none, judge(first)]
-    best = first if first.acceptable and first.means[METRICS[0]] < none.means[METRICS[0]] else none
-    current = first
+    best, current = none, first  # `best`: what is kept; `current`: where the descent stands
+    if first.acceptable and first.means[METRICS[0]] < none.means[METRICS[0]]:
+        best = first
     while len(tried) < budget + 1:
         seen = {s.layout for s in tried}
         batch = [c for c in neighbours(cluster, catalog, current.layout) if c and c not in seen]
@@ -164,12 +170,13 @@ def search(cluster: Cluster, catalog: Catalog, history: list[dict], policy: str 
             break
         scored = [judge(s) for s in score(batch)]
         tried += scored
-        better = [s for s in scored if s.acceptable and s.means[METRICS[0]] < best.means[METRICS[0]]]
-        if better:
-            best = current = min(better, key=lambda s: s.means[METRICS[0]])
+        step = min(scored, key=rank)
+        if step.acceptable and step.means[METRICS[0]] < best.means[METRICS[0]]:
+            best = step
         if progress:
             progress(f"{len(tried) - 1}/{budget} layouts replayed; handoff P95 {best.means[METRICS[0]]:.3f} s "
                      f"kept (no layout {none.means[METRICS[0]]:.3f} s)")
-        if not better:
+        if rank(step) >= rank(current):  # no neighbour improves on where the descent stands
             break
+        current = step
     return Search(best, none, tried)

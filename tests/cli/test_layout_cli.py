@@ -49,3 +49,22 @@ def test_layout_names_bad_input_before_any_replay(tmp_path):
     res = runner.invoke(app, ["layout", "--cluster", "hetero16", "--catalog", "agent-team", "--history",
                               str(tmp_path / "missing.jsonl")])
     assert res.exit_code == 2 and "missing.jsonl" in res.stdout + res.stderr
+    assert "Traceback" not in res.stdout + res.stderr
+
+
+def test_layout_refuses_a_baseline_and_a_history_naming_a_model_the_catalog_lacks(tmp_path):
+    path = _history(tmp_path, "0.2")
+    res = runner.invoke(app, ["layout", "--cluster", "hetero16", "--catalog", "agent-team", "--history", str(path),
+                              "--warmup", "60", "--policy", "lru-keepwarm"])
+    assert res.exit_code == 2 and "--policy lru-keepwarm: a layout is for our planners" in res.stderr
+    lines = path.read_text().splitlines()
+    prog = json.loads(lines[1])
+    call = next(n for n in prog["nodes"] if n.get("model"))
+    call["model"] = "ghost"
+    lines[1] = json.dumps(prog)
+    path.write_text("\n".join(lines) + "\n")
+    res = runner.invoke(app, ["layout", "--cluster", "hetero16", "--catalog", "agent-team", "--history", str(path),
+                              "--warmup", "60"])
+    assert res.exit_code == 2, res.output
+    assert "ghost" in res.stderr and str(path) in res.stderr and "Traceback" not in res.stderr
+

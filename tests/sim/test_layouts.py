@@ -96,3 +96,22 @@ def test_the_search_keeps_no_layout_when_none_beats_it_and_respects_its_budget(m
         search(CL, CAT, HISTORY, budget=1)
     with pytest.raises(ValueError, match="tolerance must be >= 0"):
         search(CL, CAT, HISTORY, tolerance=-0.1)
+
+
+def test_the_descent_moves_to_the_best_neighbour_through_layouts_worse_than_none(monkeypatch):
+    def fast_coder_on_l40(lay):
+        return dict(lay).get("fast-coder", (0,))[0] in (8, 9, 10, 11)
+
+    def handoff(lay):  # no layout 1.0; the first layout 3.2; two steps reach 0.1
+        if lay is None:
+            return 1.0
+        return 3.2 - 1.6 * ("vlm" not in dict(lay)) - 1.5 * fast_coder_on_l40(lay)
+
+    batches = _stub(monkeypatch, handoff, lambda lay: 3.0)
+    found = search(CL, CAT, HISTORY, budget=200)
+    assert found.tried[1].means["handoff_p95_s"] == 3.2
+    assert min(handoff(lay) for lay in batches[1]) == pytest.approx(1.6), "the first step stays worse than no layout"
+    assert all("vlm" not in dict(lay) for lay in batches[2]), "it stood on the best neighbour, not the first"
+    assert found.chosen.means["handoff_p95_s"] == pytest.approx(0.1)
+    assert "vlm" not in dict(found.chosen.layout) and fast_coder_on_l40(found.chosen.layout)
+    assert min(handoff(lay) for lay in batches[-1]) >= 0.1 - 1e-9, "it stopped when no neighbour improved"

@@ -66,6 +66,7 @@ def _ordered(catalog: Catalog, homes: dict) -> Layout:
 
 
 def first_layout(cluster: Cluster, catalog: Catalog, shares: Counter) -> Layout:
+    """Step 1 of the module: the called models, widest first, each on the fastest free group."""
     groups = _groups(cluster, catalog)
     taken: set[int] = set()
     homes = {}
@@ -164,6 +165,7 @@ def search(cluster: Cluster, catalog: Catalog, history: list[dict], policy: str 
         best = first
     while len(tried) < budget + 1:
         seen = {s.layout for s in tried}
+        # an empty layout is no layout, replayed already
         batch = [c for c in neighbours(cluster, catalog, current.layout) if c and c not in seen]
         batch = batch[:budget + 1 - len(tried)]
         if not batch:

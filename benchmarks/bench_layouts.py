@@ -58,8 +58,7 @@ def main(argv=None):
         def say(msg, trace=trace):
             print(f"[{time.time() - t0:.0f} s] {trace}: {msg}", file=sys.stderr, flush=True)
 
-        hist = [{k: v for k, v in j.items() if k != "policy"}
-                for j in jobs(["hetero16"], [trace], history, policies[:1], **common)]
+        hist = jobs(["hetero16"], [trace], history, policies[:1], **common)
         found = search(cl, cat, hist, policies[0], args.budget, args.tolerance, args.workers, say)
         lay = found.chosen.layout
         say(f"kept {lay!r}")

@@ -131,7 +131,7 @@ class Static(Policy):
         home = {}
         for model, _ in sorted(shares.items(), key=lambda kv: (-kv[1], kv[0])):
             m = sim.catalog.by_name[model]
-            need = (m.dense_bytes + len(hot_page_ids(m)) * (m.moe.page_bytes if m.moe else 0)) / m.tp
+            need = hot_bytes(m) / m.tp
             fits = [g for g in sim.model_groups(m) if all(budget[i] >= need for i in g)]
             if not fits:
                 continue
@@ -169,6 +169,12 @@ def hot_page_ids(m) -> list[int]:
     """The pages of a MoE model that at least half of its calls touch (none for a dense model):
     what a static placement keeps resident and what prefetch-all brings with the weights."""
     return [p for p, _ in touched_pages(m, 0.5)]
+
+
+def hot_bytes(m) -> float:
+    """A model's dense weights and its `hot_page_ids` pages: what a static placement keeps
+    resident for it, over all its GPUs."""
+    return m.dense_bytes + len(hot_page_ids(m)) * (m.moe.page_bytes if m.moe else 0.0)
 
 
 class RayMultiplex(Policy):

@@ -10,7 +10,7 @@ from collections import Counter
 from ..core.decisions import Demote, Promote, PromoteHost
 from ..models.state import expert_key, weights_key
 from .base import Policy
-from .baselines import home_or_default, hot_page_ids
+from .baselines import home_or_default, hot_bytes, hot_page_ids
 
 
 def _model_of(key) -> str:
@@ -24,7 +24,7 @@ def resident_bytes(sim, m, budget: list[float]) -> float:
     groups = sim.model_groups(m)
     if groups and m.total_bytes / m.tp <= max(min(budget[i] for i in g) for g in groups):
         return m.total_bytes
-    return m.dense_bytes + len(hot_page_ids(m)) * (m.moe.page_bytes if m.moe else 0.0)
+    return hot_bytes(m)
 
 
 def plan_homes(sim, kv_headroom: float = 0.1):

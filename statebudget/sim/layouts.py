@@ -27,7 +27,7 @@ from ..models.catalog import Catalog
 from ..models.cluster import GB, Cluster
 from ..models.load import load_trace
 from ..models.trace import Trace
-from ..policies.baselines import hot_page_ids
+from ..policies.baselines import hot_bytes
 from ..traces.generators import generate
 from .sweep import run_local
 
@@ -45,8 +45,7 @@ def _groups(cluster: Cluster, catalog: Catalog) -> dict[str, list[tuple[int, ...
     """Per model, the groups it may run on whose GPUs hold its dense part and the expert pages
     half its calls touch (what `static` keeps resident): a MoE model's calls need them there."""
     hbm = [cluster.gpu_kinds[g.kind].hbm_gb * GB for g in cluster.gpus]
-    need = {m.name: (m.dense_bytes + len(hot_page_ids(m)) * (m.moe.page_bytes if m.moe else 0.0)) / m.tp
-            for m in catalog.models}
+    need = {m.name: hot_bytes(m) / m.tp for m in catalog.models}
     return {m.name: [g for g in cluster.model_groups(m) if need[m.name] <= min(hbm[i] for i in g)]
             for m in catalog.models}
 
@@ -128,8 +127,8 @@ class Search:
 
 def search(cluster: Cluster, catalog: Catalog, history: list[dict], policy: str = "statebudget-lease",
            budget: int = 24, tolerance: float = 0.05, workers: int | None = None, progress=None) -> Search:
-    """Steepest descent over layouts (see the module). `history`: sweep jobs without a policy,
-    each a trace (`trace` and `seed`, or `trace_file`) with its cluster, catalog, start and
+    """Steepest descent over layouts (see the module). `history`: sweep jobs (a policy in them is
+    replaced by `policy`), each a trace (`trace` and `seed`, or `trace_file`) with its cluster, catalog, start and
     warm-up; every candidate is replayed on all of them. `budget` counts replayed layouts, no
     layout included. `progress(message)` after each batch."""
     if budget < 2:

@@ -28,6 +28,9 @@ ClusterOpt = Annotated[str, typer.Option(help="cluster file or preset (hetero16,
                                                "single-a100, toy2)")]
 CatalogOpt = Annotated[str, typer.Option(help="catalog file or preset (agent-team, solo, toy)")]
 TraceOpt = Annotated[Path, typer.Option(help="trace file (JSONL, format v1)")]
+LayoutOpt = Annotated[Optional[Path], typer.Option(
+    help="an operator's layout for our planners (`homes:` model: [GPU index, ...], or what `statebudget layout "
+         "--json` wrote): a model with no copy is homed on its group (docs/tracking.md)")]
 
 # A secret on the command line is in `ps` and shell history: commands that take a token read it
 # from a file or the environment as well, and --token is never required.
@@ -72,6 +75,26 @@ def load_trace_warned(path: Path):
     for msg in trace_warnings(tr):  # names from the trace are text, never markup
         err.print(f"[yellow]warning:[/] {escape(str(path))}: {escape(msg)}", highlight=False)
     return tr
+
+
+def load_layout_checked(path: Path | None, cluster, catalog) -> tuple | None:
+    """The layout in `path` (None: none) as `PlannerConfig.homes`, each entry checked against the
+    cluster and catalog; a bad one fails here, naming the file and the entry."""
+    if path is None:
+        return None
+    from ..models.load import load_layout
+    from ..planner.homes import layout
+
+    homes = load_layout(path)
+    if homes is None:
+        err.print(f"[yellow]warning:[/] {escape(str(path))}: the search kept no layout; the planner homes "
+                  "models as without one", highlight=False)
+        return None
+    try:
+        layout(catalog, cluster, homes)
+    except ValueError as e:
+        raise InputError(str(path), "", str(e)) from None
+    return homes
 
 
 def fail(msg: str) -> None:

@@ -15,8 +15,8 @@ import typer
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from ..models.errors import InputError
-from .common import (CatalogOpt, ClusterOpt, TokenFileOpt, TokenOpt, TraceOpt, check_outputs, console, err, fail, guard,
-                     load_trace_warned, progress_bar, resolve_token, write_json)
+from .common import (CatalogOpt, ClusterOpt, LayoutOpt, TokenFileOpt, TokenOpt, TraceOpt, check_outputs, console, err,
+                     fail, guard, load_layout_checked, load_trace_warned, progress_bar, resolve_token, write_json)
 from .render import counts_text, print_profile, print_residency
 
 
@@ -116,6 +116,7 @@ def serve(
                                                     min=0.0)] = 20.0,
     docs: Annotated[bool, typer.Option(help="serve /docs (plain HTML, nothing from the internet) and /openapi.json, "
                                             "both for admin tokens")] = False,
+    layout: LayoutOpt = None,
 ):
     """Run the planner service: runtimes post events and leases, adapters poll plans (docs/service.md).
     On a restart with the same --db the cluster and catalog come from the ledger. Without --tokens
@@ -150,6 +151,7 @@ def serve(
     _check_port(host, port)
     cl, cat = load_cluster(cluster), load_catalog(catalog)  # bad input fails before anything is written
     check_compatible(cl, cat)
+    homes = load_layout_checked(layout, cl, cat)
     prof = None
     if profile is not None:
         from ..engine_adapters.local.profile import load_profile
@@ -181,7 +183,7 @@ def serve(
 
     track = TrackConfig(replan_s=track_every_s) if track_every_s > 0 else None
     config = lease_config(stage_host=stage_host, overload_wait_s=overload_wait_s or None,
-                          scale_out_wait_s=scale_out_wait_s or None)
+                          scale_out_wait_s=scale_out_wait_s or None, homes=homes)
     planner = LivePlanner(cl, cat, store, profile=prof, queue=queue, config=config,
                           kv_rule=kv_rule, tenant_weights=weights, require_checksums=require_checksums, track=track)
     if (planner.cluster.name, planner.catalog.name) != (cl.name, cat.name):

@@ -12,8 +12,8 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
-from .common import (CatalogOpt, ClusterOpt, TraceOpt, check_outputs, console, err, fail, guard,
-                     load_trace_warned, progress_bar, write_json)
+from .common import (CatalogOpt, ClusterOpt, LayoutOpt, TraceOpt, check_outputs, console, err, fail, guard,
+                     load_layout_checked, load_trace_warned, progress_bar, write_json)
 from .render import print_by_model, print_oracle, print_replay, print_sweep
 
 
@@ -31,6 +31,26 @@ def _policy_list(spec: str) -> list[str]:
         except ValueError as e:
             raise ValueError(f"--policy: {e}") from None
     return names
+
+
+def _layout_maker(homes: tuple | None, names: list[str]):
+    """The policy factory of a replay: our planners with the layout `homes` (none: the registry's
+    policies as they are); the baselines have no use for one, and a note says so."""
+    from ..core.programs import parse_spec
+    from ..policies import REGISTRY, make_policy
+    from ..policies.ours import StateBudget
+    from ..sim.sweep import policy_maker
+
+    if homes is None:
+        return make_policy
+    ours = {parse_spec(n, REGISTRY)[0] for n in names} & {n for n, c in REGISTRY.items() if issubclass(c, StateBudget)}
+    if not ours:
+        raise ValueError("--layout: none of the policies takes a layout (our planners do: statebudget, "
+                         "statebudget-lease, statebudget-track)")
+    others = [n for n in names if parse_spec(n, REGISTRY)[0] not in ours]
+    if others:
+        err.print(f"note: --layout is for our planners; {', '.join(others)} place models as they always do", highlight=False)
+    return lambda base: policy_maker({"policy": base, "planner": {"homes": homes}})(base)
 
 
 @guard
@@ -65,6 +85,7 @@ def replay(
                                                               "SLO attainment at 5 and the GPU groups its calls ran on")] = False,
     timeline: Annotated[Optional[Path], typer.Option(help="write every load, eviction and engine stop of models' "
                                                           "weights, with its cause, here (JSON lines, one per event)")] = None,
+    layout: LayoutOpt = None,
 ):
     """Replay a trace against policies; print a table, write the report and plots."""
     check_outputs(files=[("--json", json_out), ("--html", html_out), ("--timeline", timeline)], folders=[("--plots", plots)])
@@ -81,6 +102,8 @@ def replay(
         raise ValueError(f"--start must be one of {', '.join(START_MODES)}, got {start!r}")
     cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace_warned(trace)
     check_compatible(cl, cat, tr, str(trace))
+    homes = load_layout_checked(layout, cl, cat)
+    make = _layout_maker(homes, names)
     if seed is None:
         seed = tr.header.seed if tr.header.seed is not None else 0
     last = max(p.start for p in tr.programs)
@@ -102,7 +125,7 @@ def replay(
         config = SimConfig(seed=seed, check_invariants=check, prefill_slots=prefill_slots, max_batch=max_batch,
                            admit_starve_s=starve, call_failure_rate=call_failure_rate, start=start, warmup_s=warmup,
                            timeline=timeline is not None)
-        result = run_replay(cl, cat, tr, names, config, progress=progress, profile=prof)
+        result = run_replay(cl, cat, tr, names, config, progress=progress, profile=prof, make=make)
         for n in names:
             prog.update(tasks[n], completed=horizon)
     wall = time.perf_counter() - t0

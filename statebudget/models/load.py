@@ -235,3 +235,33 @@ def check_compatible(cluster: Cluster, catalog: Catalog, trace: Trace | None = N
                 if n.kind == "call" and n.model not in known:
                     raise InputError(trace_source, f"program {p.program} node {n.id}",
                                      f"unknown model {n.model!r} (catalog {catalog.name} has: {', '.join(known)})")
+
+
+def load_layout(path: str | Path) -> tuple | None:
+    """An operator's layout (`PlannerConfig.homes`) from a YAML or JSON file: either a `homes`
+    mapping, model: [GPU index, ...], or what `statebudget layout --json` wrote (its `kept`
+    layout; None when it kept none). The shape is checked here; whether each model and group
+    fits the cluster and catalog is `planner.homes.layout`'s to say."""
+    path = Path(path)
+    data = _read_mapping(path)
+    if "homes" in data:
+        homes, where = data["homes"], "homes"
+        if not isinstance(homes, dict):
+            raise InputError(str(path), where, "expected a mapping, model: [GPU index, ...]")
+        entries = list(homes.items())
+    elif "kept" in data:
+        homes, where = data["kept"], "kept"
+        if homes is None:
+            return None
+        if not isinstance(homes, list) or not all(isinstance(e, list) and len(e) == 2 for e in homes):
+            raise InputError(str(path), where, "expected a list of [model, [GPU index, ...]] pairs")
+        entries = [tuple(e) for e in homes]
+    else:
+        raise InputError(str(path), "", "expected `homes:` (model: [GPU index, ...]) or the output of "
+                                        "`statebudget layout --json` (its `kept` layout)")
+    out = []
+    for model, group in entries:
+        if not isinstance(group, list) or not group or not all(type(g) is int for g in group):
+            raise InputError(str(path), f"{where}.{model}", f"expected a list of GPU indices, got {group!r}")
+        out.append((model, tuple(group)))
+    return tuple(out)

@@ -52,6 +52,7 @@ from ..models.cluster import Cluster
 from ..models.errors import InputError, pydantic_where
 from ..models.load import check_compatible
 from ..planner.core import PlannerConfig
+from ..planner.homes import layout
 from ..policies.ours import StateBudgetLease, StateBudgetTrack
 from .errors import REFUSAL_STATUS, Conflict, Forbidden, Invalid, NotFound, Unavailable
 from .journal import Journal, OpRec, OpStatus, gpu_tier
@@ -119,6 +120,8 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         saved = self.store.get_meta("cluster")
         if saved is not None:  # a restart: the books on disk win over the arguments
             cluster, catalog = Cluster(**saved), Catalog(**self.store.get_meta("catalog"))
+        if config is not None and config.homes:  # the operator's layout fits the cluster the planner runs on
+            layout(catalog, cluster, config.homes)
         self._setup(cluster, catalog)
         if saved is not None:
             self._restore()
@@ -253,6 +256,8 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
                            f"{len(self.ops)} open ops): finish or cancel the programs and let the ops drain first")
         try:  # what can fail is tried before anything changes: the model store must fit the NVMe
             CostModel(cl, cat, profile=self.profile)
+            if self.config is not None and self.config.homes:
+                layout(cat, cl, self.config.homes)
             for node in cl.nodes:
                 need = sum(b for m in cat.models for _, b in self.object_sizes(m))
                 if need > node.nvme_gb * 1e9:

@@ -36,7 +36,7 @@ WALL_CLOCK = ("decision_p50_ms", "decision_p99_ms")  # the only figures that are
 def jobs(clusters, traces, seeds, policies, catalog: str, hours: float, start: str = "warm",
          warmup_s: float = 0.0, load: float = 1.0, planner: dict | None = None) -> list[dict]:
     """`load` multiplies the presets' program arrival rates (`generate`); `planner`: `PlannerConfig`
-    fields our planners take over their defaults (`_maker`; baselines ignore them)."""
+    fields our planners take over their defaults (`policy_maker`; baselines ignore them)."""
     SimConfig(start=start, warmup_s=warmup_s)  # bad values fail here, not in a worker
     if not load > 0:
         raise ValueError(f"load must be > 0, got {load}")
@@ -108,7 +108,7 @@ def run_job(job: dict) -> dict:
         generate(job["trace"], job["seed"], job["hours"], load=job.get("load", 1.0))
     config = SimConfig(seed=job["seed"], start=job.get("start", "warm"), warmup_s=job.get("warmup_s", 0.0),
                        **(job.get("sim") or {}))
-    rep = replay(cl, cat, tr, [job["policy"]], config, make=_maker(job))
+    rep = replay(cl, cat, tr, [job["policy"]], config, make=policy_maker(job))
     block = rep.report.policies[job["policy"]]
     row = dict(job, **figures(block))
     row["handoff_by_model"] = handoff_split(block.stall_by_model)  # where the handoff stall went
@@ -119,7 +119,7 @@ def run_job(job: dict) -> dict:
     return row
 
 
-def _maker(job: dict):
+def policy_maker(job: dict):
     """The policy factory of a job: the registry's; statebudget-track re-planning every `replan_s`
     seconds when the job names one (`evidence`'s "how often to re-plan"); our planners with the
     `PlannerConfig` fields of `planner` overridden when the job has them (baselines ignore them)."""

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from statebudget.cli import app
@@ -68,3 +70,61 @@ def test_layout_refuses_a_baseline_and_a_history_naming_a_model_the_catalog_lack
     assert res.exit_code == 2, res.output
     assert "ghost" in res.stderr and str(path) in res.stderr and "Traceback" not in res.stderr
 
+
+
+def _loads(timeline, model: str) -> set:
+    """(policy, GPUs) of every load or prefetch of `model`'s weights in a `replay --timeline` file."""
+    rows = [json.loads(line) for line in timeline.read_text().splitlines()]
+    return {(r["policy"], tuple(r["gpus"])) for r in rows if r["model"] == model and r["event"] in ("load", "prefetch")}
+
+
+def test_replay_takes_a_layout_file_for_our_planners_only(tmp_path):
+    trace = _history(tmp_path, "0.1")
+    runs = {}
+    for name, text in (("none", None), ("homes.yaml", "homes:\n  summarizer: [6]\n"),
+                       ("kept.json", json.dumps({"kept": [["summarizer", [6]]], "tried": []}))):
+        args = ["replay", "--cluster", "hetero16", "--catalog", "agent-team", "--trace", str(trace),
+                "--policy", "statebudget-lease,lru-keepwarm", "--timeline", str(tmp_path / f"{name}.tl")]
+        if text is not None:
+            (tmp_path / name).write_text(text)
+            args += ["--layout", str(tmp_path / name)]
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0, res.output
+        runs[name] = _loads(tmp_path / f"{name}.tl", "summarizer")
+    assert ("statebudget-lease", (6,)) not in runs["none"]
+    for name in ("homes.yaml", "kept.json"):
+        assert {g for p, g in runs[name] if p == "statebudget-lease"} == {(6,)}, name
+        assert {r for r in runs[name] if r[0] == "lru-keepwarm"} == {r for r in runs["none"] if r[0] == "lru-keepwarm"}
+
+
+@pytest.mark.parametrize("text, error", [
+    ("homes:\n  summarizer: [5, 6]\n", "homes[0]: summarizer (tp 1) cannot run on GPUs (5, 6)"),
+    ("homes:\n  ghost: [5]\n", "homes[0]: no model 'ghost' in catalog 'agent-team'"),
+    ("homes:\n  summarizer: 5\n", "homes.summarizer: expected a list of GPU indices, got 5"),
+    ("homes: [summarizer]\n", "homes: expected a mapping, model: [GPU index, ...]"),
+    ("layout: {}\n", "expected `homes:`"),
+])
+def test_a_bad_layout_is_named_before_anything_runs_or_is_written(tmp_path, text, error):
+    path = tmp_path / "layout.yaml"
+    path.write_text(text)
+    res = runner.invoke(app, ["replay", "--cluster", "hetero16", "--catalog", "agent-team", "--trace",
+                              str(_history(tmp_path, "0.05")), "--policy", "statebudget-lease", "--layout", str(path)])
+    assert res.exit_code == 2, res.output
+    assert f"{path}" in res.stderr and error in res.stderr and "Traceback" not in res.stderr
+    db = tmp_path / "sb.db"
+    res = runner.invoke(app, ["serve", "--db", str(db), "--port", "0", "--layout", str(path)])
+    assert res.exit_code == 2 and error in res.stderr
+    assert not db.exists() and not list(tmp_path.glob("sb.db*"))
+
+
+def test_a_search_that_kept_no_layout_leaves_the_planner_as_it_is(tmp_path):
+    path = tmp_path / "layout.json"
+    path.write_text(json.dumps({"kept": None, "tried": []}))
+    res = runner.invoke(app, ["replay", "--cluster", "hetero16", "--catalog", "agent-team", "--trace",
+                              str(_history(tmp_path, "0.05")), "--policy", "statebudget-lease", "--layout", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "the search kept no layout" in res.stderr
+    res = runner.invoke(app, ["replay", "--cluster", "hetero16", "--catalog", "agent-team", "--trace",
+                              str(tmp_path / "history.jsonl"), "--policy", "lru-keepwarm", "--layout",
+                              str(tmp_path / "layout.json")])
+    assert res.exit_code == 0, res.output

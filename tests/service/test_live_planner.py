@@ -9,7 +9,8 @@ from tests.helpers import make_live_planner, report_op
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.planner.core import lease_config
 from statebudget.service.ledger import Store
-from statebudget.service.live import Conflict, LivePlanner
+from statebudget.models.cluster import Cluster
+from statebudget.service.live import Conflict, Invalid, LivePlanner
 from statebudget.core.decisions import Demote, Promote, apply
 
 W = ("w", "planner")
@@ -197,3 +198,24 @@ def test_a_call_starts_where_its_kv_is_being_restored_even_on_the_busier_copy():
     assert p.event("a", {"type": "call_started", "program": "z", "call": "c1"}).group == groups["x"]  # used last
     p.event("a", {"type": "call_arrived", "program": "k", "call": "c2", "model": "planner"})
     assert p.event("a", {"type": "call_started", "program": "k", "call": "c2"}).group == groups["x"]
+
+
+@pytest.mark.parametrize("homes, want", [(None, (0,)), ((("reviewer", (1,)),), (1,))])
+def test_the_operators_layout_homes_a_model_with_no_copy(homes, want):
+    p = make_live_planner(config=lease_config(homes=homes))
+    p.event("a", {"type": "program_started", "program": "p1"})
+    p.event("a", {"type": "call_arrived", "program": "p1", "call": "c1", "model": "reviewer"})
+    p.tick()
+    assert [g for (key, g) in p.tiers.gpu if key == ("w", "reviewer")] == [want]
+
+
+def test_a_layout_that_does_not_fit_is_refused_at_start_and_by_a_new_cluster():
+    homes = (("reviewer", (1,)),)
+    one = load_cluster("toy2").model_dump(mode="json")
+    one["nodes"] = one["nodes"][:1]
+    with pytest.raises(ValueError, match=r"homes\[0\]: reviewer \(tp 1\) cannot run on GPUs \(1,\)"):
+        LivePlanner(Cluster(**one), load_catalog("toy"), config=lease_config(homes=homes))
+    p = make_live_planner(config=lease_config(homes=homes))
+    with pytest.raises(Invalid, match=r"homes\[0\]: reviewer"):
+        p.set_cluster(one, p.catalog.model_dump(mode="json"))
+    assert len(p.cluster.gpus) == 2  # nothing changed

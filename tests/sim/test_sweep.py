@@ -134,10 +134,10 @@ def test_a_job_can_set_the_re_plan_period_of_statebudget_track_and_only_of_it():
 
 
 def test_a_job_s_planner_fields_reach_our_planners_and_no_baseline():
-    from statebudget.sim.sweep import _maker
+    from statebudget.sim.sweep import policy_maker
 
     def made(policy, **job):
-        return _maker(dict(job, policy=policy))(policy)
+        return policy_maker(dict(job, policy=policy))(policy)
     lease = made("statebudget-lease", planner={"scale_out_calls": 3})
     assert lease.config.scale_out_calls == 3 and lease.config.lease_page_min_touch == 0.99  # lease_config's own
     assert made("statebudget", planner={"scale_out_calls": 3}).config.scale_out_calls == 3
@@ -146,7 +146,7 @@ def test_a_job_s_planner_fields_reach_our_planners_and_no_baseline():
     assert made("statebudget-lease").config.scale_out_calls is None  # no fields: the registry's
     assert type(made("frequency", planner={"scale_out_calls": 3})).__name__ == "Frequency"
     with pytest.raises(ValueError, match="replan_s"):
-        _maker({"policy": "statebudget", "replan_s": 60})
+        policy_maker({"policy": "statebudget", "replan_s": 60})
 
 
 def test_jobs_carry_planner_fields_and_refuse_an_unknown_one_before_any_run():

@@ -6,7 +6,7 @@ warm-up, as the fair table.
 
     .venv/bin/python benchmarks/bench_layouts.py --history 1-10 --seeds 100-139 --workers 2 \\
         [--traces mapreduce,mixed-tenants] [--policies statebudget-lease] [--budget 24] \\
-        [--tolerance 0.05] [--json out/bench_layouts.json]
+        [--tolerance 0.05] [--against sleep-swap,forecast-prewarm] [--json out/bench_layouts.json]
 
 Per trace: the layout kept, the search's means (no layout, first layout, kept), and on the
 evaluation seeds the mean per-seed change [bootstrap 95 %] and seeds lower, for handoff-stall
@@ -39,6 +39,8 @@ def main(argv=None):
     ap.add_argument("--budget", type=int, default=24, help="layouts the search may replay")
     ap.add_argument("--tolerance", type=float, default=0.05,
                     help="how much worse than no layout a kept layout's TTFT P95 and program P95 may be")
+    ap.add_argument("--against", default="", help="baselines whose best TTFT and program P95 on the history bound "
+                                                 "a kept layout's, in place of no layout's")
     ap.add_argument("--hours", type=float, default=2.0)
     ap.add_argument("--warmup", type=float, default=1800.0)
     ap.add_argument("--workers", type=int, default=2)
@@ -49,17 +51,18 @@ def main(argv=None):
         ap.error("--history takes tuning seeds (< 100), --seeds evaluation seeds (>= 100)")
     traces = [t for t in args.traces.split(",") if t]
     policies = [p for p in args.policies.split(",") if p]
+    against = [p for p in args.against.split(",") if p]
     cl, cat = load_cluster("hetero16"), load_catalog("agent-team")
     common = dict(catalog="agent-team", hours=args.hours, warmup_s=args.warmup)
     t0 = time.time()
     out = {"benchmark": "bench_layouts", "history": history, "seeds": seeds, "policies": policies,
-           "budget": args.budget, "tolerance": args.tolerance, "traces": {}}
+           "budget": args.budget, "tolerance": args.tolerance, "against": against, "traces": {}}
     for trace in traces:
         def say(msg, trace=trace):
             print(f"[{time.time() - t0:.0f} s] {trace}: {msg}", file=sys.stderr, flush=True)
 
         hist = jobs(["hetero16"], [trace], history, policies[:1], **common)
-        found = search(cl, cat, hist, policies[0], args.budget, args.tolerance, args.workers, say)
+        found = search(cl, cat, hist, policies[0], args.budget, args.tolerance, args.workers, say, against)
         lay = found.chosen.layout
         say(f"kept {lay!r}")
         todo = jobs(["hetero16"], [trace], seeds, policies, **common)
@@ -68,6 +71,7 @@ def main(argv=None):
         rows = run_local(todo, args.workers)
         rec = {"layout": lay, "planner_arg": found.planner_arg(),
                "search": [{"layout": s.layout, "acceptable": s.acceptable, **s.means} for s in found.tried],
+               "against": found.against,
                "evaluation": {}, "rows": rows}
         print(f"\n{trace}: layout {found.planner_arg() or 'none'}; search, handoff / TTFT / program P95 means: "
               + "; ".join(f"{name} {s.means['handoff_p95_s']:.3f} / {s.means['ttft_p95_s']:.2f} / "

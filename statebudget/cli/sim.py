@@ -324,8 +324,11 @@ def layout(
                                                                    "(JSONL, format v1); repeat for more")],
     policy: Annotated[str, typer.Option(help="the planner the layout is for")] = "statebudget-lease",
     budget: Annotated[int, typer.Option(help="layouts replayed at most", min=2)] = 24,
-    tolerance: Annotated[float, typer.Option(help="how much worse than no layout a kept layout's TTFT P95 and "
-                                                  "program-latency P95 may be (0.05: 5 %)", min=0.0)] = 0.05,
+    tolerance: Annotated[float, typer.Option(help="how much worse than no layout (or --against) a kept layout's "
+                                                  "TTFT P95 and program-latency P95 may be (0.05: 5 %)", min=0.0)] = 0.05,
+    against: Annotated[str, typer.Option(help="comma-separated baselines (what you would run instead, e.g. "
+                                              "sleep-swap,forecast-prewarm): a kept layout's TTFT and program P95 "
+                                              "are held to the best of theirs on the history, not to no layout's")] = "",
     warmup: Annotated[float, typer.Option("--warmup", help="seconds of each replay no figure counts",
                                           min=0.0)] = 1800.0,
     workers: Annotated[Optional[int], typer.Option(help="local processes (default: one per core)", min=1)] = None,
@@ -346,6 +349,10 @@ def layout(
     if not issubclass(REGISTRY[base], StateBudget) or base in SEES_FUTURE:
         raise ValueError(f"--policy {name}: a layout is for our planners (statebudget, statebudget-lease, "
                          "statebudget-track); the baselines do not take one")
+    refs = _policy_list(against) if against else []
+    for ref in refs:
+        if issubclass(REGISTRY[parse_spec(ref, REGISTRY)[0]], StateBudget) or parse_spec(ref, REGISTRY)[0] in SEES_FUTURE:
+            raise ValueError(f"--against {ref}: name baselines (what would run instead of our planner)")
     cl, cat = load_cluster(cluster), load_catalog(catalog)
     jobs = []
     for path in history:
@@ -360,20 +367,27 @@ def layout(
     with progress_bar(TextColumn("{task.description}"), TimeElapsedColumn()) as prog:
         task = prog.add_task("replaying no layout and a first one")
         found = search(cl, cat, jobs, name, budget, tolerance, workers,
-                       lambda msg: prog.update(task, description=escape(msg)))
+                       lambda msg: prog.update(task, description=escape(msg)), against=refs)
+    ref = f"the best of {', '.join(refs)}" if refs else "no layout's"
     console.print(f"{len(found.tried) - 1} layouts and no layout replayed on {len(jobs)} trace(s), means (handoff P95, TTFT P95, "
-                  f"program P95, s); * acceptable within {tolerance:.0%} of no layout's TTFT and program P95:")
+                  f"program P95, s); * acceptable within {tolerance:.0%} of {ref} TTFT and program P95:")
+    for p, means in found.against.items():
+        console.print(f"   {means[METRICS[0]]:8.3f} {means[METRICS[1]]:8.2f} {means[METRICS[2]]:8.1f}  {escape(p)} "
+                      "(baseline)", highlight=False)
     for s in sorted(found.tried, key=lambda s: s.means[METRICS[0]]):
         what = "no layout" if s.layout is None else " ".join(f"{m}:{','.join(map(str, g))}" for m, g in s.layout)
         mark = "*" if s.acceptable else " "
         console.print(f" {mark} {s.means[METRICS[0]]:8.3f} {s.means[METRICS[1]]:8.2f} {s.means[METRICS[2]]:8.1f}  "
                       f"{escape(what)}", highlight=False)
     if found.chosen.layout is None:
-        console.print("kept: no layout (none beats the planner's own homing on this history)")
+        console.print("kept: no layout (no acceptable layout has a lower handoff P95 on this history)")
     else:
-        console.print(f"kept: --planner {escape(repr(found.planner_arg()))}", highlight=False)
+        console.print(f"kept: --planner {escape(repr(found.planner_arg()))}"
+                      + (f" (`replay` and `serve` take it as --layout {escape(str(json_out))})" if json_out else ""),
+                      highlight=False)
     if json_out:
         write_json(json_out, {"policy": name, "budget": budget, "tolerance": tolerance, "warmup_s": warmup,
+                              "against": found.against,
                               "history": [str(p) for p in history], "kept": found.chosen.layout,
                               "tried": [{"layout": s.layout, "acceptable": s.acceptable, **s.means}
                                         for s in found.tried]})

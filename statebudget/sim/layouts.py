@@ -4,16 +4,23 @@ Which model gets which GPUs moves handoff stall more than any homing rule the pl
 trades against TTFT: a layout suits one workload (docs/tracking.md, "A layout fixed in advance").
 So the layout is searched for by replaying the history with our planner:
 
-1. a first layout: the models the history calls, the widest first, then those with the fewest
-   groups, then by calls, each on the fastest group no other model of the layout holds;
+1. two first layouts: the models the history calls, the widest first, then those with the fewest
+   groups, then by calls, each on the fastest group no other model of the layout holds; and in
+   the same order, each on the group most of its calls ran on in the planner's own best replay
+   of the history (least handoff P95, no layout), what an operator would freeze by hand; the
+   descent starts from the better of the two;
 2. its neighbours: two models swapping groups, a model moved to a free group of another GPU kind,
-   a model left to the planner's own homing;
+   a model left to the planner's own homing, and every model homed on the slowest GPUs of the
+   layout (then on the slowest two kinds, ...) left to it: the planner's own homing puts a small
+   model on whichever faster GPU is free, which a fixed slow home costs in TTFT;
 3. steepest descent, one batch of neighbours at a time, within a budget of replayed layouts: the
    descent moves to the best neighbour (acceptable ones first, then by handoff-stall P95) while
    it improves on the layout it stands on, even one worse than no layout.
 
 A layout is acceptable when its TTFT P95 and program-latency P95 (means over the history) are
-within `tolerance` of no layout's; of those, the least handoff-stall P95 wins, and no layout is
+within `tolerance` of no layout's or, with `against`, of the best of the named policies' (what
+the operator would run instead: a layout may then give back TTFT the planner gained over them, and
+none that they would have kept); of those, the least handoff-stall P95 wins, and no layout is
 kept unless one beats it. Every figure comes from replays of the history alone: no layout sees
 the traces it is later judged on.
 """
@@ -79,12 +86,36 @@ def first_layout(cluster: Cluster, catalog: Catalog, shares: Counter) -> Layout:
     return _ordered(catalog, homes)
 
 
+def learned_layout(cluster: Cluster, catalog: Catalog, rows: list[dict]) -> Layout:
+    """Step 1's second layout, from the no-layout replays of the history (sweep rows with
+    `groups_by_model`): on the best of them, each called model on the free group most of its
+    calls ran on (then the next most used; of two as used, the faster), in `first_layout`'s order."""
+    groups = _groups(cluster, catalog)
+    best = min(rows, key=lambda r: (r["handoff_p95_s"] or 0.0, r["seed"]))
+    ran = {m: c for m, c in (best.get("groups_by_model") or {}).items() if m in groups and c}
+    taken: set[int] = set()
+    homes = {}
+    for m in sorted((m for m in catalog.models if m.name in ran),
+                    key=lambda m: (-m.tp, len(groups[m.name]), -sum(ran[m.name].values()), m.name)):
+        ran_on = {tuple(int(i) for i in label.split(",")): n for label, n in ran[m.name].items()}
+        for g in sorted(ran_on, key=lambda g: (-ran_on[g], _speed(cluster, g))):  # ties: the faster
+            if g in groups[m.name] and not taken.intersection(g):
+                taken.update(g)
+                homes[m.name] = g
+                break
+    return _ordered(catalog, homes)
+
+
 def neighbours(cluster: Cluster, catalog: Catalog, lay: Layout) -> list[Layout]:
     """Swaps of two models' groups (each fits the other's), moves of one model to the fastest free
-    group of each other GPU kind, and each model dropped from the layout; no duplicates."""
+    group of each other GPU kind, each model dropped from the layout, and the models on the slowest
+    GPUs dropped (those of the slowest kind, of the slowest two, ...); no duplicates."""
     groups = _groups(cluster, catalog)
     homes = dict(lay)
-    out: list[Layout] = []
+    # first, as a budget may cut the list: the models homed this slow or slower left to the planner
+    speeds = sorted({_speed(cluster, g)[:2] for g in homes.values()})  # fastest first
+    out: list[Layout] = [_ordered(catalog, {n: g for n, g in homes.items() if _speed(cluster, g)[:2] < cut})
+                         for cut in speeds[1:]]
     names = list(homes)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
@@ -112,6 +143,7 @@ class Scored:
     layout: Layout | None          # None: no layout (the planner's own homing)
     means: dict[str, float]        # METRICS, means over the history's replays
     acceptable: bool = True
+    rows: list = field(default_factory=list, repr=False)  # the replays' sweep rows
 
 
 @dataclass
@@ -119,18 +151,26 @@ class Search:
     chosen: Scored
     none: Scored
     tried: list[Scored] = field(default_factory=list)
+    against: dict[str, dict] = field(default_factory=dict)  # policy -> its METRICS means on the history
 
     def planner_arg(self) -> str:
         """The `--planner` argument that sets the chosen layout ('' for none)."""
         return "" if self.chosen.layout is None else f"homes={self.chosen.layout!r}"
 
 
+def _means(rows: list[dict]) -> dict[str, float]:
+    return {m: sum(r[m] or 0.0 for r in rows) / len(rows) for m in METRICS}
+
+
 def search(cluster: Cluster, catalog: Catalog, history: list[dict], policy: str = "statebudget-lease",
-           budget: int = 24, tolerance: float = 0.05, workers: int | None = None, progress=None) -> Search:
+           budget: int = 24, tolerance: float = 0.05, workers: int | None = None, progress=None,
+           against: list[str] = ()) -> Search:
     """Steepest descent over layouts (see the module). `history`: sweep jobs (a policy in them is
     replaced by `policy`), each a trace (`trace` and `seed`, or `trace_file`) with its cluster, catalog, start and
     warm-up; every candidate is replayed on all of them. `budget` counts replayed layouts, no
-    layout included. `progress(message)` after each batch."""
+    layout included. `against`: policies whose best TTFT and program P95 bound an acceptable
+    layout's, in place of no layout's (replayed on the history first). `progress(message)` after
+    each batch."""
     if budget < 2:
         raise ValueError(f"budget must be >= 2 (no layout and a first one), got {budget}")
     if not tolerance >= 0:
@@ -145,11 +185,21 @@ def search(cluster: Cluster, catalog: Catalog, history: list[dict], policy: str 
         out = []
         for lay in batch:
             mine = [r for r in rows if (r.get("planner") or {}).get("homes") == lay]
-            out.append(Scored(lay, {m: sum(r[m] or 0.0 for r in mine) / len(mine) for m in METRICS}))
+            out.append(Scored(lay, _means(mine), rows=mine))
         return out
 
-    none, first = score([None, first_layout(cluster, catalog, call_shares(traces))])
-    limit = {m: none.means[m] * (1 + tolerance) for m in METRICS[1:]}
+    others: dict[str, dict] = {}
+    if against:
+        rows = run_local([dict(j, policy=p, planner={}) for p in against for j in history], workers)
+        others = {p: _means([r for r in rows if r["policy"] == p]) for p in against}
+    [none] = score([None])
+    starts = [first_layout(cluster, catalog, call_shares(traces))]
+    learned = learned_layout(cluster, catalog, none.rows)
+    if learned and learned not in starts:
+        starts.append(learned)
+    starts = score(starts)
+    refs = list(others.values()) or [none.means]
+    limit = {m: min(r[m] for r in refs) * (1 + tolerance) for m in METRICS[1:]}
 
     def judge(s: Scored) -> Scored:
         s.acceptable = all(s.means[m] <= limit[m] for m in limit)
@@ -158,10 +208,11 @@ def search(cluster: Cluster, catalog: Catalog, history: list[dict], policy: str 
     def rank(s: Scored) -> tuple:  # the descent's order: acceptable layouts first, then handoff P95
         return (not s.acceptable, s.means[METRICS[0]])
 
-    tried = [none, judge(first)]
-    best, current = none, first  # `best`: what is kept; `current`: where the descent stands
-    if first.acceptable and first.means[METRICS[0]] < none.means[METRICS[0]]:
-        best = first
+    tried = [judge(none)] + [judge(s) for s in starts]  # no layout is kept when none is acceptable, whatever it scores
+    best, current = none, min(starts, key=rank)  # `best`: what is kept; `current`: where the descent stands
+    for s in starts:
+        if s.acceptable and s.means[METRICS[0]] < best.means[METRICS[0]]:
+            best = s
     while len(tried) < budget + 1:
         seen = {s.layout for s in tried}
         # an empty layout is no layout, replayed already
@@ -180,4 +231,4 @@ def search(cluster: Cluster, catalog: Catalog, history: list[dict], policy: str 
         if rank(step) >= rank(current):  # no neighbour improves on where the descent stands
             break
         current = step
-    return Search(best, none, tried)
+    return Search(best, none, tried, others)

@@ -59,6 +59,10 @@ def test_layout_refuses_a_baseline_and_a_history_naming_a_model_the_catalog_lack
     res = runner.invoke(app, ["layout", "--cluster", "hetero16", "--catalog", "agent-team", "--history", str(path),
                               "--warmup", "60", "--policy", "lru-keepwarm"])
     assert res.exit_code == 2 and "--policy lru-keepwarm: a layout is for our planners" in res.stderr
+    for ref in ("statebudget-track", "foresight"):
+        res = runner.invoke(app, ["layout", "--cluster", "hetero16", "--catalog", "agent-team", "--history", str(path),
+                                  "--warmup", "60", "--against", f"sleep-swap,{ref}"])
+        assert res.exit_code == 2 and f"--against {ref}: name baselines" in res.stderr, res.output
     lines = path.read_text().splitlines()
     prog = json.loads(lines[1])
     call = next(n for n in prog["nodes"] if n.get("model"))

@@ -8,7 +8,7 @@ import pytest
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.planner.homes import layout as checked
 from statebudget.sim import layouts
-from statebudget.sim.layouts import first_layout, neighbours, search
+from statebudget.sim.layouts import first_layout, learned_layout, neighbours, search
 
 CL, CAT = load_cluster("hetero16"), load_catalog("agent-team")  # GPUs 0-7 RTX 3090, 8-11 L40, 12-15 A100
 SHARES = Counter({"reviewer": 30, "coder": 20, "planner": 18, "summarizer": 17, "fast-coder": 16, "reasoner": 4})
@@ -45,20 +45,30 @@ def test_neighbours_swap_move_and_drop_and_each_is_a_layout_the_planner_takes():
     assert tuple((n, g) for n, g in lay if n != "summarizer") in near
 
 
-def _stub(monkeypatch, handoff, ttft):
+def test_neighbours_leave_the_models_on_the_slowest_gpus_to_the_planner_first():
+    lay = (("coder", (10, 11)), ("reviewer", (8,)), ("reasoner", (12, 13, 14, 15)), ("fast-coder", (9,)),
+           ("planner", (0,)), ("summarizer", (1,)))
+    near = neighbours(CL, CAT, lay)
+    assert near[:2] == [(("reasoner", (12, 13, 14, 15)),), lay[:4]], "the A100s' alone, then the A100s' and L40s'"
+
+
+def _stub(monkeypatch, handoff, ttft, baselines=None, ran=None):
     """Replays replaced by figures of the layout: handoff(lay) and ttft(lay) seconds, program P95
-    100 s; records each batch of layouts."""
+    100 s; a policy of `baselines` gets its (handoff, TTFT); records each batch of layouts (of
+    policies, for baselines); no layout's rows say its calls ran as `ran` (`groups_by_model`)."""
     batches = []
+    baselines = baselines or {}
 
     def run_local(jobs, workers=None, progress=None):
         lays = []
         for j in jobs:
-            lay = (j.get("planner") or {}).get("homes")
+            lay = j["policy"] if j["policy"] in baselines else (j.get("planner") or {}).get("homes")
             if lay not in lays:
                 lays.append(lay)
         batches.append(lays)
-        return [dict(j, handoff_p95_s=handoff(lay), ttft_p95_s=ttft(lay), program_p95_s=100.0)
-                for j in jobs for lay in [(j.get("planner") or {}).get("homes")]]
+        return [dict(j, handoff_p95_s=b[0] if b else handoff(lay), ttft_p95_s=b[1] if b else ttft(lay),
+                     program_p95_s=100.0, groups_by_model=ran if lay is None and not b else {})
+                for j in jobs for lay, b in [((j.get("planner") or {}).get("homes"), baselines.get(j["policy"]))]]
 
     monkeypatch.setattr(layouts, "run_local", run_local)
     return batches
@@ -102,16 +112,65 @@ def test_the_descent_moves_to_the_best_neighbour_through_layouts_worse_than_none
     def fast_coder_on_l40(lay):
         return dict(lay).get("fast-coder", (0,))[0] in (8, 9, 10, 11)
 
-    def handoff(lay):  # no layout 1.0; the first layout 3.2; two steps reach 0.1
+    def handoff(lay):  # no layout 1.0; the first layout 3.2; two steps reach 0.11 (each model left out: +0.01)
         if lay is None:
             return 1.0
-        return 3.2 - 1.6 * ("vlm" not in dict(lay)) - 1.5 * fast_coder_on_l40(lay)
+        return 3.2 - 1.6 * ("vlm" not in dict(lay)) - 1.5 * fast_coder_on_l40(lay) + 0.01 * (7 - len(lay))
 
     batches = _stub(monkeypatch, handoff, lambda lay: 3.0)
     found = search(CL, CAT, HISTORY, budget=200)
     assert found.tried[1].means["handoff_p95_s"] == 3.2
-    assert min(handoff(lay) for lay in batches[1]) == pytest.approx(1.6), "the first step stays worse than no layout"
-    assert all("vlm" not in dict(lay) for lay in batches[2]), "it stood on the best neighbour, not the first"
-    assert found.chosen.means["handoff_p95_s"] == pytest.approx(0.1)
+    assert batches[:2] == [[None], [found.tried[1].layout]], "no layout, then the first (no learned one: no groups)"
+    assert min(handoff(lay) for lay in batches[2]) == pytest.approx(1.61), "the first step stays worse than no layout"
+    assert all("vlm" not in dict(lay) for lay in batches[3]), "it stood on the best neighbour, not the first"
+    assert found.chosen.means["handoff_p95_s"] == pytest.approx(0.11)
     assert "vlm" not in dict(found.chosen.layout) and fast_coder_on_l40(found.chosen.layout)
-    assert min(handoff(lay) for lay in batches[-1]) >= 0.1 - 1e-9, "it stopped when no neighbour improved"
+    assert min(handoff(lay) for lay in batches[-1]) >= 0.11 - 1e-9, "it stopped when no neighbour improved"
+
+
+def test_against_baselines_a_layout_may_give_back_ttft_it_gained_over_them(monkeypatch):
+    def on_l40(lay, model):
+        return lay is not None and dict(lay).get(model, (0,))[0] in (8, 9, 10, 11)
+
+    def ttft(lay):  # no layout 3.0 s; every layout over 5 % slower, the summarizer on an L40 the most
+        return 3.0 if lay is None else 4.0 if on_l40(lay, "summarizer") else 3.5
+
+    handoff = lambda lay: 0.5 if on_l40(lay, "fast-coder") else 1.0  # noqa: E731
+    _stub(monkeypatch, handoff, ttft)
+    assert search(CL, CAT, HISTORY, budget=40, tolerance=0.05).chosen.layout is None
+    batches = _stub(monkeypatch, handoff, ttft, {"sleep-swap": (2.0, 3.6), "lru-keepwarm": (3.0, 5.0)})
+    found = search(CL, CAT, HISTORY, budget=40, tolerance=0.0, against=["sleep-swap", "lru-keepwarm"])
+    assert batches[0] == ["sleep-swap", "lru-keepwarm"], "the baselines are replayed once, first"
+    assert found.against == {"sleep-swap": {"handoff_p95_s": 2.0, "ttft_p95_s": 3.6, "program_p95_s": 100.0},
+                             "lru-keepwarm": {"handoff_p95_s": 3.0, "ttft_p95_s": 5.0, "program_p95_s": 100.0}}
+    assert found.chosen.means == {"handoff_p95_s": 0.5, "ttft_p95_s": 3.5, "program_p95_s": 100.0}
+    assert not on_l40(found.chosen.layout, "summarizer"), "held to the best baseline's 3.6 s, not the worst's"
+    assert any(on_l40(s.layout, "summarizer") and not s.acceptable for s in found.tried)
+    _stub(monkeypatch, handoff, ttft, {"sleep-swap": (2.0, 2.9)})
+    found = search(CL, CAT, HISTORY, budget=10, tolerance=0.0, against=["sleep-swap"])
+    assert found.chosen.layout is None and not found.none.acceptable, "no layout is judged too, and shown so"
+
+
+RAN = {"reviewer": {"12": 14, "8": 11}, "reasoner": {"12,13,14,15": 5, "0,1,2,3": 5}, "coder": {"10,11": 35},
+       "planner": {"8": 20}, "summarizer": {"9": 20}, "ghost": {"3": 9}}
+
+
+def test_the_learned_layout_freezes_where_the_planners_best_replay_ran_each_model():
+    worse = {"seed": 1, "handoff_p95_s": 2.0, "groups_by_model": {"coder": {"8,9": 30}}}
+    lay = learned_layout(CL, CAT, [worse, {"seed": 2, "handoff_p95_s": 0.5, "groups_by_model": RAN}])
+    checked(CAT, CL, lay)
+    assert dict(lay) == {"reasoner": (12, 13, 14, 15), "coder": (10, 11), "reviewer": (8,), "summarizer": (9,)}, (
+        "widest first (of two groups as used, the faster); the reviewer's 12 is the reasoner's, so its next; "
+        "the planner's only group is taken")
+    assert learned_layout(CL, CAT, [worse]) == (("coder", (8, 9)),)
+
+
+def test_the_descent_starts_from_the_learned_layout_when_it_ranks_better(monkeypatch):
+    learned = learned_layout(CL, CAT, [{"seed": 1, "handoff_p95_s": 1.0, "groups_by_model": RAN}])
+    batches = _stub(monkeypatch, lambda lay: 0.4 if lay == learned else 1.0 if lay is None else 2.0,
+                    lambda lay: 3.0, ran=RAN)
+    found = search(CL, CAT, HISTORY, budget=30)
+    assert batches[1][1] == learned and len(batches[1]) == 2, "scored beside the first layout"
+    assert found.chosen.layout == learned
+    assert any(lay == tuple(e for e in learned if e[0] != "summarizer") for lay in batches[2]), \
+        "the descent went on from the learned layout's neighbours"

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from bench_policies import TRACES, parse_seeds
 from statebudget.models.load import load_catalog, load_cluster
+from statebudget.policies import REGISTRY, SEES_FUTURE
+from statebudget.policies.ours import StateBudget
 from statebudget.sim.layouts import search
 from statebudget.sim.paired import fmt, paired_change
 from statebudget.sim.sweep import jobs, run_local
@@ -38,7 +40,8 @@ def main(argv=None):
     ap.add_argument("--policies", default="statebudget-lease")
     ap.add_argument("--budget", type=int, default=24, help="layouts the search may replay")
     ap.add_argument("--tolerance", type=float, default=0.05,
-                    help="how much worse than no layout a kept layout's TTFT P95 and program P95 may be")
+                    help="how much worse than no layout (or --against's best) a kept layout's TTFT P95 and "
+                         "program P95 may be")
     ap.add_argument("--against", default="", help="baselines whose best TTFT and program P95 on the history bound "
                                                  "a kept layout's, in place of no layout's")
     ap.add_argument("--hours", type=float, default=2.0)
@@ -52,6 +55,9 @@ def main(argv=None):
     traces = [t for t in args.traces.split(",") if t]
     policies = [p for p in args.policies.split(",") if p]
     against = [p for p in args.against.split(",") if p]
+    ours = {n for n, c in REGISTRY.items() if issubclass(c, StateBudget)} | set(SEES_FUTURE)
+    if set(against) - set(REGISTRY) or set(against) & ours:
+        ap.error(f"--against takes baselines: {', '.join(n for n in REGISTRY if n not in ours)}")
     cl, cat = load_cluster("hetero16"), load_catalog("agent-team")
     common = dict(catalog="agent-team", hours=args.hours, warmup_s=args.warmup)
     t0 = time.time()

@@ -77,23 +77,35 @@ def load_trace_warned(path: Path):
     return tr
 
 
-def load_layout_checked(path: Path | None, cluster, catalog) -> tuple | None:
+def layout_text(homes: tuple) -> str:
+    """A layout on one line: "coder:10,11 reviewer:8"."""
+    return " ".join(f"{m}:{','.join(map(str, g))}" for m, g in homes)
+
+
+def load_layout_checked(path: Path | None, cluster=None, catalog=None) -> tuple | None:
     """The layout in `path` (None: none) as `PlannerConfig.homes`, each entry checked against the
-    cluster and catalog; a bad one fails here, naming the file and the entry."""
+    cluster and catalog when given (else its shape alone); a bad one fails here, naming the file
+    and the entry."""
     if path is None:
         return None
     from ..models.load import load_layout
     from ..planner.homes import layout
 
-    homes = load_layout(path)
-    if homes is None:
-        err.print(f"[yellow]warning:[/] {escape(str(path))}: the search kept no layout; the planner homes "
-                  "models as without one", highlight=False)
+    homes, names = load_layout(path)
+    for what, want in (("cluster", cluster and cluster.name), ("catalog", catalog and catalog.name)):
+        if want is not None and names.get(what, want) != want:
+            err.print(f"[yellow]warning:[/] {escape(str(path))}: a layout found on {what} {escape(names[what])}, "
+                      f"used on {escape(want)}", highlight=False)
+    if not homes:
+        why = "the search kept no layout" if homes is None else "it homes no model"
+        err.print(f"[yellow]warning:[/] {escape(str(path))}: {why}; the planner homes models as without one",
+                  highlight=False)
         return None
-    try:
-        layout(catalog, cluster, homes)
-    except ValueError as e:
-        raise InputError(str(path), "", str(e)) from None
+    if cluster is not None and catalog is not None:
+        try:
+            layout(catalog, cluster, homes)
+        except ValueError as e:
+            raise InputError(str(path), "", str(e)) from None
     return homes
 
 

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from ..models.errors import InputError
 from .common import (CatalogOpt, ClusterOpt, LayoutOpt, TokenFileOpt, TokenOpt, TraceOpt, check_outputs, console, err,
-                     fail, guard, load_layout_checked, load_trace_warned, progress_bar, resolve_token, write_json)
+                     fail, guard, layout_text, load_layout_checked, load_trace_warned, progress_bar, resolve_token, write_json)
 from .render import counts_text, print_profile, print_residency
 
 
@@ -73,6 +73,28 @@ def _check_db(db: Path) -> None:
         with open(db, "rb") as f:
             if f.read(16) != b"SQLite format 3\x00":
                 raise InputError(str(db), "", "is not a SQLite file; --db takes the ledger `serve` created, or a new path")
+
+
+def _ledger_runs(db: Path):
+    """(cluster, catalog) a ledger at `db` already runs (a restart runs them, whatever --cluster
+    says), read without writing; None for a new or empty ledger."""
+    import sqlite3
+
+    from ..models.catalog import Catalog
+    from ..models.cluster import Cluster
+
+    if not (db.is_file() and db.stat().st_size):
+        return None
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        meta = dict(con.execute("SELECT k, v FROM meta WHERE k IN ('cluster', 'catalog')").fetchall())
+    except sqlite3.Error:  # no meta table yet
+        return None
+    finally:
+        con.close()
+    if "cluster" not in meta or "catalog" not in meta:
+        return None
+    return Cluster(**json.loads(meta["cluster"])), Catalog(**json.loads(meta["catalog"]))
 
 
 @guard
@@ -151,7 +173,16 @@ def serve(
     _check_port(host, port)
     cl, cat = load_cluster(cluster), load_catalog(catalog)  # bad input fails before anything is written
     check_compatible(cl, cat)
-    homes = load_layout_checked(layout, cl, cat)
+    # The layout is checked before anything is written, against the cluster the planner will run:
+    # the ledger's on a restart, else --cluster.
+    runs = _ledger_runs(db)
+    try:
+        homes = load_layout_checked(layout, *(runs or (cl, cat)))
+    except InputError as e:
+        if runs is None or not e.what.startswith("homes["):
+            raise
+        raise InputError(e.source, e.where, f"{e.what} (on {runs[0].name} and {runs[1].name}, the ledger's: "
+                                            "a restart runs them)") from None
     prof = None
     if profile is not None:
         from ..engine_adapters.local.profile import load_profile
@@ -191,7 +222,8 @@ def serve(
                   f"{planner.catalog.name}; they win over --cluster {cl.name} --catalog {cat.name} (serve a fresh --db, or "
                   f"PUT /v1/cluster while the planner holds no state)", highlight=False)
     err.print(f"planner on http://{host}:{port}: cluster {planner.cluster.name}, catalog {planner.catalog.name}, "
-              f"queue {queue}, tool-wait KV {kv_rule}, ledger {db} (plan version {planner.plan_version}, {len(planner.ops)} open ops)")
+              f"queue {queue}, tool-wait KV {kv_rule}, ledger {db} (plan version {planner.plan_version}, {len(planner.ops)} open ops)"
+              + (f", layout {layout_text(homes)}" if homes else ""))
     uvicorn.run(create_app(planner, auth, tick_s=tick_s, docs=docs), host=host, port=port, log_level="warning")
 
 

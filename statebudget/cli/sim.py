@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from .common import (CatalogOpt, ClusterOpt, LayoutOpt, TraceOpt, check_outputs, console, err, fail, guard,
-                     load_layout_checked, load_trace_warned, progress_bar, write_json)
+                     layout_text, load_layout_checked, load_trace_warned, progress_bar, write_json)
 from .render import print_by_model, print_oracle, print_replay, print_sweep
 
 
@@ -368,26 +368,33 @@ def layout(
         task = prog.add_task("replaying no layout and a first one")
         found = search(cl, cat, jobs, name, budget, tolerance, workers,
                        lambda msg: prog.update(task, description=escape(msg)), against=refs)
-    ref = f"the best of {', '.join(refs)}" if refs else "no layout's"
+    ref = f"the best of {', '.join(found.against)}" if refs else "no layout's"
+    for p, n in found.dropped.items():
+        err.print(f"note: {escape(p)} drops {n:g} calls a trace, more than the others: not a reference "
+                  "(dropped calls flatter its latencies)", highlight=False)
     console.print(f"{len(found.tried) - 1} layouts and no layout replayed on {len(jobs)} trace(s), means (handoff P95, TTFT P95, "
                   f"program P95, s); * acceptable within {tolerance:.0%} of {ref} TTFT and program P95:")
+    def row(means: dict) -> str:
+        return " ".join("     n/a" if means[m] is None else f"{means[m]:8.{d}f}" for m, d in zip(METRICS, (3, 2, 1)))
+
     for p, means in found.against.items():
-        console.print(f"   {means[METRICS[0]]:8.3f} {means[METRICS[1]]:8.2f} {means[METRICS[2]]:8.1f}  {escape(p)} "
-                      "(baseline)", highlight=False)
-    for s in sorted(found.tried, key=lambda s: s.means[METRICS[0]]):
-        what = "no layout" if s.layout is None else " ".join(f"{m}:{','.join(map(str, g))}" for m, g in s.layout)
+        console.print(f"   {row(means)}  {escape(p)} (baseline)", highlight=False)
+    for s in sorted(found.tried, key=lambda s: math.inf if s.means[METRICS[0]] is None else s.means[METRICS[0]]):
+        what = "no layout" if s.layout is None else layout_text(s.layout)
         mark = "*" if s.acceptable else " "
-        console.print(f" {mark} {s.means[METRICS[0]]:8.3f} {s.means[METRICS[1]]:8.2f} {s.means[METRICS[2]]:8.1f}  "
-                      f"{escape(what)}", highlight=False)
+        console.print(f" {mark} {row(s.means)}  {escape(what)}", highlight=False)
     if found.chosen.layout is None:
-        console.print("kept: no layout (no acceptable layout has a lower handoff P95 on this history)")
+        console.print("kept: no layout (" + ("no acceptable layout has a lower handoff P95 on this history)"
+                                             if found.none.acceptable else "no layout tried is acceptable)"))
     else:
-        console.print(f"kept: --planner {escape(repr(found.planner_arg()))}"
-                      + (f" (`replay` and `serve` take it as --layout {escape(str(json_out))})" if json_out else ""),
-                      highlight=False)
+        where = f"--layout {escape(str(json_out))}" if json_out else "--layout FILE, FILE holding"
+        console.print(f"kept (`replay` and `serve` take it as {where}):\nhomes:\n"
+                      + "".join(f"  {m}: [{', '.join(map(str, g))}]\n" for m, g in found.chosen.layout),
+                      end="", highlight=False)
     if json_out:
-        write_json(json_out, {"policy": name, "budget": budget, "tolerance": tolerance, "warmup_s": warmup,
-                              "against": found.against,
+        write_json(json_out, {"cluster": cl.name, "catalog": cat.name, "policy": name, "budget": budget,
+                              "tolerance": tolerance, "warmup_s": warmup,
+                              "against": found.against, "not_references": found.dropped,
                               "history": [str(p) for p in history], "kept": found.chosen.layout,
                               "tried": [{"layout": s.layout, "acceptable": s.acceptable, **s.means}
                                         for s in found.tried]})

@@ -64,12 +64,42 @@ def _yaml_error(e: yaml.YAMLError, text: str) -> tuple[str, str]:
     return (f"{mark.line + 1}:{mark.column + 1}" if mark is not None else ""), msg
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML that refuses a key written twice in one mapping (plain YAML keeps the last, silently);
+    keys a merge (`<<:`) brings in may be overridden, as YAML means them to be."""
+
+    def compose_mapping_node(self, anchor):
+        node = super().compose_mapping_node(anchor)
+        seen = set()
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                if (key.tag, key.value) in seen:
+                    raise yaml.composer.ComposerError(None, None, f"{key.value!r} is given twice", key.start_mark)
+                seen.add((key.tag, key.value))
+        return node
+
+
+class _KeyTwice(ValueError):
+    pass
+
+
+def _unique_pairs(pairs: list) -> dict:
+    keys = [k for k, _ in pairs]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise _KeyTwice(f"{', '.join(map(repr, twice))} given twice in one object")
+    return dict(pairs)
+
+
 def _read_mapping(path: Path) -> dict:
     text = read_utf8(path, "YAML or JSON file")
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text, object_pairs_hook=_unique_pairs) if path.suffix == ".json" \
+            else yaml.load(text, Loader=_UniqueKeys)
     except json.JSONDecodeError as e:
         raise InputError(str(path), f"{e.lineno}", f"malformed JSON: {e.msg}") from None
+    except _KeyTwice as e:
+        raise InputError(str(path), "", f"malformed JSON: {e}") from None
     except yaml.YAMLError as e:
         raise InputError(str(path), *_yaml_error(e, text)) from None
     if not isinstance(data, dict):
@@ -237,13 +267,17 @@ def check_compatible(cluster: Cluster, catalog: Catalog, trace: Trace | None = N
                                      f"unknown model {n.model!r} (catalog {catalog.name} has: {', '.join(known)})")
 
 
-def load_layout(path: str | Path) -> tuple | None:
+def load_layout(path: str | Path) -> tuple[tuple | None, dict]:
     """An operator's layout (`PlannerConfig.homes`) from a YAML or JSON file: either a `homes`
     mapping, model: [GPU index, ...], or what `statebudget layout --json` wrote (its `kept`
-    layout; None when it kept none). The shape is checked here; whether each model and group
-    fits the cluster and catalog is `planner.homes.layout`'s to say."""
+    layout; None when it kept none); and the `cluster` and `catalog` names the file gives, if
+    any. The shape is checked here; whether each model and group fits the cluster and catalog is
+    `planner.homes.layout`'s to say."""
     path = Path(path)
     data = _read_mapping(path)
+    if "homes" in data and "kept" in data:
+        raise InputError(str(path), "", "both `homes:` and `kept:`: keep the one you mean")
+    names = {k: data[k] for k in ("cluster", "catalog") if isinstance(data.get(k), str)}
     if "homes" in data:
         homes, where = data["homes"], "homes"
         if not isinstance(homes, dict):
@@ -252,7 +286,7 @@ def load_layout(path: str | Path) -> tuple | None:
     elif "kept" in data:
         homes, where = data["kept"], "kept"
         if homes is None:
-            return None
+            return None, names
         if not isinstance(homes, list) or not all(isinstance(e, list) and len(e) == 2 for e in homes):
             raise InputError(str(path), where, "expected a list of [model, [GPU index, ...]] pairs")
         entries = [tuple(e) for e in homes]
@@ -264,4 +298,4 @@ def load_layout(path: str | Path) -> tuple | None:
         if not isinstance(group, list) or not group or not all(type(g) is int for g in group):
             raise InputError(str(path), f"{where}.{model}", f"expected a list of GPU indices, got {group!r}")
         out.append((model, tuple(group)))
-    return tuple(out)
+    return tuple(out), names

@@ -110,6 +110,11 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         self.telemetry = telemetry or Telemetry()
         self.last_seen: dict[str, float] = {}  # node -> when its adapter last polled or reported (`now`)
         self.profile = profile
+        saved = self.store.get_meta("cluster")
+        if saved is not None:  # a restart: the books on disk win over the arguments
+            cluster, catalog = Cluster(**saved), Catalog(**self.store.get_meta("catalog"))
+        if config is not None and config.homes:  # the operator's layout fits the cluster the planner runs on
+            layout(catalog, cluster, config.homes)
         # Priorities count aging from this instant (`arrival_priority`); kept on disk, so the
         # priorities given before a restart and after it stay comparable.
         self.epoch_s = self.store.get_meta("priority_epoch_s")
@@ -117,11 +122,6 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
             self.epoch_s = float(clock())
             with self.store.tx():
                 self.store.set_meta("priority_epoch_s", self.epoch_s)
-        saved = self.store.get_meta("cluster")
-        if saved is not None:  # a restart: the books on disk win over the arguments
-            cluster, catalog = Cluster(**saved), Catalog(**self.store.get_meta("catalog"))
-        if config is not None and config.homes:  # the operator's layout fits the cluster the planner runs on
-            layout(catalog, cluster, config.homes)
         self._setup(cluster, catalog)
         if saved is not None:
             self._restore()

@@ -10,9 +10,9 @@ So the layout is searched for by replaying the history with our planner:
    of the history (least handoff P95, no layout), what an operator would freeze by hand; the
    descent starts from the better of the two;
 2. its neighbours: two models swapping groups, a model moved to a free group of another GPU kind,
-   a model left to the planner's own homing, and every model homed on the slowest GPUs of the
-   layout (then on the slowest two kinds, ...) left to it: the planner's own homing puts a small
-   model on whichever faster GPU is free, which a fixed slow home costs in TTFT;
+   a model left to the planner's own homing, and the models homed off the fastest GPU kind of the
+   layout (then off the fastest two kinds, ...) left to it: the planner's own homing can put a
+   small model on whichever faster GPU is free, which a fixed slow home rules out;
 3. steepest descent, one batch of neighbours at a time, within a budget of replayed layouts: the
    descent moves to the best neighbour (acceptable ones first, then by handoff-stall P95) while
    it improves on the layout it stands on, even one worse than no layout.
@@ -20,13 +20,15 @@ So the layout is searched for by replaying the history with our planner:
 A layout is acceptable when its TTFT P95 and program-latency P95 (means over the history) are
 within `tolerance` of no layout's or, with `against`, of the best of the named policies' (what
 the operator would run instead: a layout may then give back TTFT the planner gained over them, and
-none that they would have kept); of those, the least handoff-stall P95 wins, and no layout is
-kept unless one beats it. Every figure comes from replays of the history alone: no layout sees
-the traces it is later judged on.
+none that they would have kept; a policy that drops more calls than the others is not the best,
+as in the fair table). Of the acceptable ones, no layout included, the least handoff-stall P95
+is kept; no layout when none is acceptable. Every figure comes from replays of the history
+alone: no layout sees the traces it is later judged on.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -91,7 +93,7 @@ def learned_layout(cluster: Cluster, catalog: Catalog, rows: list[dict]) -> Layo
     `groups_by_model`): on the best of them, each called model on the free group most of its
     calls ran on (then the next most used; of two as used, the faster), in `first_layout`'s order."""
     groups = _groups(cluster, catalog)
-    best = min(rows, key=lambda r: (r["handoff_p95_s"] or 0.0, r["seed"]))
+    best = min(rows, key=lambda r: (math.inf if r["handoff_p95_s"] is None else r["handoff_p95_s"], r["seed"]))
     ran = {m: c for m, c in (best.get("groups_by_model") or {}).items() if m in groups and c}
     taken: set[int] = set()
     homes = {}
@@ -108,11 +110,12 @@ def learned_layout(cluster: Cluster, catalog: Catalog, rows: list[dict]) -> Layo
 
 def neighbours(cluster: Cluster, catalog: Catalog, lay: Layout) -> list[Layout]:
     """Swaps of two models' groups (each fits the other's), moves of one model to the fastest free
-    group of each other GPU kind, each model dropped from the layout, and the models on the slowest
-    GPUs dropped (those of the slowest kind, of the slowest two, ...); no duplicates."""
+    group of each other GPU kind, each model dropped from the layout, and the models off the
+    fastest GPU kind dropped (then those off the fastest two kinds, ...); no duplicates."""
     groups = _groups(cluster, catalog)
     homes = dict(lay)
-    # first, as a budget may cut the list: the models homed this slow or slower left to the planner
+    # first, as a budget may cut the list: only the models on the fastest kind kept, then on the
+    # fastest two, ...
     speeds = sorted({_speed(cluster, g)[:2] for g in homes.values()})  # fastest first
     out: list[Layout] = [_ordered(catalog, {n: g for n, g in homes.items() if _speed(cluster, g)[:2] < cut})
                          for cut in speeds[1:]]
@@ -152,14 +155,24 @@ class Search:
     none: Scored
     tried: list[Scored] = field(default_factory=list)
     against: dict[str, dict] = field(default_factory=dict)  # policy -> its METRICS means on the history
+    dropped: dict[str, float] = field(default_factory=dict)  # policy left out of `against` -> calls it drops a trace
 
     def planner_arg(self) -> str:
         """The `--planner` argument that sets the chosen layout ('' for none)."""
         return "" if self.chosen.layout is None else f"homes={self.chosen.layout!r}"
 
 
-def _means(rows: list[dict]) -> dict[str, float]:
-    return {m: sum(r[m] or 0.0 for r in rows) / len(rows) for m in METRICS}
+def _s(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f} s"
+
+
+def _means(rows: list[dict]) -> dict[str, float | None]:
+    """Each metric's mean over the replays that measured it (None: none did)."""
+    out = {}
+    for m in METRICS:
+        v = [r[m] for r in rows if r.get(m) is not None]
+        out[m] = sum(v) / len(v) if v else None
+    return out
 
 
 def search(cluster: Cluster, catalog: Catalog, history: list[dict], policy: str = "statebudget-lease",
@@ -189,9 +202,16 @@ def search(cluster: Cluster, catalog: Catalog, history: list[dict], policy: str 
         return out
 
     others: dict[str, dict] = {}
+    dropped: dict[str, float] = {}
+    against = list(dict.fromkeys(against))
     if against:
         rows = run_local([dict(j, policy=p, planner={}) for p in against for j in history], workers)
-        others = {p: _means([r for r in rows if r["policy"] == p]) for p in against}
+        dropped = {p: sum(r.get("unplaceable_calls") or 0 for r in rows if r["policy"] == p) / len(history)
+                   for p in against}
+        fewest = min(dropped.values())
+        # a policy that drops more calls than the others is not the best: dropped calls flatter it
+        others = {p: _means([r for r in rows if r["policy"] == p]) for p in against if dropped[p] <= fewest + 0.5}
+        dropped = {p: d for p, d in dropped.items() if p not in others}
     [none] = score([None])
     starts = [first_layout(cluster, catalog, call_shares(traces))]
     learned = learned_layout(cluster, catalog, none.rows)
@@ -199,20 +219,25 @@ def search(cluster: Cluster, catalog: Catalog, history: list[dict], policy: str 
         starts.append(learned)
     starts = score(starts)
     refs = list(others.values()) or [none.means]
-    limit = {m: min(r[m] for r in refs) * (1 + tolerance) for m in METRICS[1:]}
+    limit = {m: min((r[m] for r in refs if r[m] is not None), default=math.inf) * (1 + tolerance)
+             for m in METRICS[1:]}
 
-    def judge(s: Scored) -> Scored:
-        s.acceptable = all(s.means[m] <= limit[m] for m in limit)
+    def judge(s: Scored) -> Scored:  # a metric no replay measured is no evidence for the layout
+        s.acceptable = all(s.means[m] is not None and s.means[m] <= limit[m] for m in limit)
         return s
 
     def rank(s: Scored) -> tuple:  # the descent's order: acceptable layouts first, then handoff P95
-        return (not s.acceptable, s.means[METRICS[0]])
+        h = s.means[METRICS[0]]
+        return (not s.acceptable, math.inf if h is None else h)
 
     tried = [judge(none)] + [judge(s) for s in starts]  # no layout is kept when none is acceptable, whatever it scores
     best, current = none, min(starts, key=rank)  # `best`: what is kept; `current`: where the descent stands
+
+    def keep(s: Scored) -> Scored:  # the acceptable layout with the least handoff P95, else no layout
+        return s if s.acceptable and (not best.acceptable or rank(s) < rank(best)) else best
+
     for s in starts:
-        if s.acceptable and s.means[METRICS[0]] < best.means[METRICS[0]]:
-            best = s
+        best = keep(s)
     while len(tried) < budget + 1:
         seen = {s.layout for s in tried}
         # an empty layout is no layout, replayed already
@@ -223,12 +248,11 @@ def search(cluster: Cluster, catalog: Catalog, history: list[dict], policy: str 
         scored = [judge(s) for s in score(batch)]
         tried += scored
         step = min(scored, key=rank)
-        if step.acceptable and step.means[METRICS[0]] < best.means[METRICS[0]]:
-            best = step
+        best = keep(step)
         if progress:
-            progress(f"{len(tried) - 1}/{budget} layouts replayed; handoff P95 {best.means[METRICS[0]]:.3f} s "
-                     f"kept (no layout {none.means[METRICS[0]]:.3f} s)")
+            progress(f"{len(tried) - 1}/{budget} layouts replayed; handoff P95 {_s(best.means[METRICS[0]])} "
+                     f"kept (no layout {_s(none.means[METRICS[0]])})")
         if rank(step) >= rank(current):  # no neighbour improves on where the descent stands
             break
         current = step
-    return Search(best, none, tried, others)
+    return Search(best, none, tried, others, dropped)

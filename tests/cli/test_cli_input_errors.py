@@ -1,6 +1,7 @@
 """Bad input: one clear line naming the file, the line or field and the problem; exit 2; no traceback."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -334,6 +335,7 @@ def test_serve_first_start_keeps_the_admin_secret_out_of_the_token_file_and_the_
     ('name: "c\nnodes: 1\n', "c.yaml:3:1"),
     ("name: c\n  x: : 1\n", "c.yaml:2:4"),
     ("name: c\nx: 1\x00\n", "c.yaml:2"),
+    ("name: c\ngpu_kinds: {}\nname: d\n", "c.yaml:3:1"),  # a key written twice: which one was meant?
 ])
 def test_malformed_yaml_is_one_line_naming_file_and_line(tmp_path, text, where):
     (tmp_path / "c.yaml").write_text(text)
@@ -365,3 +367,14 @@ def test_evidence_checks_its_profile_before_any_replay(tmp_path):
     res = runner.invoke(app, ["evidence", "--quick", "--out", str(tmp_path / "out"), "--profile", str(prof)])
     assert res.exit_code == 2 and "p.json" in res.output and "Traceback" not in res.output, res.output
     assert not (tmp_path / "out" / "evidence.json").exists()
+
+
+def test_a_cluster_file_may_merge_a_shared_block_and_override_its_keys(tmp_path):
+    from statebudget.models.load import load_cluster
+
+    text = (Path(__file__).parents[2] / "examples" / "clusters" / "toy2.yaml").read_text()
+    node = "{name: n1, host_dram_gb: 1.5, nvme_gb: 20, nvme_read_gbps: 1, nvme_write_gbps: 1, root_gbps: 8, gpus: {Arena-0.4G: 1}}"
+    assert node in text
+    text = text.replace(node, "{<<: *n0, name: n1}").replace("  - {name: n0,", "  - &n0 {name: n0,")
+    (tmp_path / "c.yaml").write_text(text)
+    assert [n.name for n in load_cluster(str(tmp_path / "c.yaml")).nodes] == ["n0", "n1"]

@@ -27,8 +27,9 @@ def test_layout_replays_candidates_on_the_history_and_keeps_an_acceptable_one(tm
                               str(_history(tmp_path)), "--warmup", "300", "--budget", "3", "--workers", "1",
                               "--json", str(out)])
     assert res.exit_code == 0, res.output
-    assert "kept:" in res.stdout
+    assert "kept:" in res.stdout or "kept (" in res.stdout
     got = json.loads(out.read_text())
+    assert (got["cluster"], got["catalog"]) == ("hetero16", "agent-team"), "what `--layout` checks the file against"
     tried = got["tried"]
     assert tried[0]["layout"] is None and len(tried) == 4, "no layout, then three within the budget"
     none = tried[0]
@@ -36,7 +37,9 @@ def test_layout_replays_candidates_on_the_history_and_keeps_an_acceptable_one(tm
         kept = next(t for t in tried if t["layout"] == got["kept"])
         assert kept["acceptable"] and kept["handoff_p95_s"] < none["handoff_p95_s"]
         assert kept["ttft_p95_s"] <= 1.05 * none["ttft_p95_s"]
-        assert "--planner \"homes=((" in res.stdout
+        assert f"take it as --layout {out}" in res.stdout and "\nhomes:\n" in res.stdout
+        for m, g in got["kept"]:
+            assert f"\n  {m}: [{', '.join(map(str, g))}]\n" in res.stdout
         layout(load_catalog("agent-team"), load_cluster("hetero16"), tuple(
             (m, tuple(g)) for m, g in got["kept"]))  # one the planner takes
     else:
@@ -132,3 +135,54 @@ def test_a_search_that_kept_no_layout_leaves_the_planner_as_it_is(tmp_path):
                               str(tmp_path / "history.jsonl"), "--policy", "lru-keepwarm", "--layout",
                               str(tmp_path / "layout.json")])
     assert res.exit_code == 0, res.output
+
+
+def test_serve_checks_a_layout_against_the_cluster_it_runs_on_the_ledgers_on_a_restart(tmp_path, monkeypatch):
+    import uvicorn
+
+    from statebudget.service.ledger import Store
+    from statebudget.service.live import LivePlanner
+
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: None)
+    db = tmp_path / "sb.db"
+    LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(db)).store.close()
+    fits_toy2, fits_hetero16 = tmp_path / "toy2.yaml", tmp_path / "hetero16.yaml"
+    fits_toy2.write_text("homes:\n  reviewer: [1]\n")     # 29.5 GB fits no RTX 3090 of hetero16
+    fits_hetero16.write_text("homes:\n  planner: [7]\n")  # toy2 has two GPUs
+    res = runner.invoke(app, ["serve", "--db", str(db), "--port", "0", "--layout", str(fits_hetero16)])
+    assert res.exit_code == 2, res.output
+    assert f"{fits_hetero16}: homes[0]: planner (tp 1) cannot run on GPUs (7,)" in res.stderr
+    assert "(on toy2 and toy, the ledger's" in res.stderr
+    res = runner.invoke(app, ["serve", "--db", str(db), "--port", "0", "--layout", str(fits_toy2)])
+    assert res.exit_code == 0, res.output
+    assert "cluster toy2" in res.stderr and "layout reviewer:1" in res.stderr
+    empty = tmp_path / "empty.db"  # a ledger file with nothing in it yet is a fresh start: --cluster
+    empty.touch()
+    res = runner.invoke(app, ["serve", "--db", str(empty), "--port", "0", "--layout", str(fits_toy2)])
+    assert res.exit_code == 2 and "reviewer's weights (29.5 GB a GPU) do not fit GPUs (1,)" in res.stderr, res.output
+    assert not list(tmp_path.glob("empty.db.*")), "no token file minted before the refusal"
+
+
+def test_a_layout_file_with_a_model_twice_or_both_forms_is_refused(tmp_path):
+    trace = _history(tmp_path, "0.05")
+    for name, text, error in (
+            ("twice.yaml", "homes:\n  summarizer: [6]\n  summarizer: [7]\n", "'summarizer' is given twice"),
+            ("twice.json", '{"homes": {"summarizer": [6], "summarizer": [7]}}', "'summarizer' given twice"),
+            ("both.yaml", "homes:\n  summarizer: [6]\nkept: null\n", "both `homes:` and `kept:`")):
+        (tmp_path / name).write_text(text)
+        res = runner.invoke(app, ["replay", "--cluster", "hetero16", "--catalog", "agent-team", "--trace", str(trace),
+                                  "--policy", "statebudget-lease", "--layout", str(tmp_path / name)])
+        assert res.exit_code == 2 and error in res.stderr and name in res.stderr, res.output
+
+
+def test_a_layout_for_baselines_alone_is_refused_and_another_clusters_is_flagged(tmp_path):
+    trace = _history(tmp_path, "0.05")
+    path = tmp_path / "layout.json"
+    path.write_text(json.dumps({"cluster": "hetero8", "catalog": "agent-team", "kept": [["summarizer", [6]]]}))
+    res = runner.invoke(app, ["replay", "--cluster", "hetero16", "--catalog", "agent-team", "--trace", str(trace),
+                              "--policy", "lru-keepwarm,sleep-swap", "--layout", str(path)])
+    assert res.exit_code == 2 and "--layout: none of the policies takes a layout" in res.stderr, res.output
+    res = runner.invoke(app, ["replay", "--cluster", "hetero16", "--catalog", "agent-team", "--trace", str(trace),
+                              "--policy", "statebudget-lease", "--layout", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "a layout found on cluster hetero8, used on hetero16" in res.stderr

@@ -209,12 +209,14 @@ def test_the_operators_layout_homes_a_model_with_no_copy(homes, want):
     assert [g for (key, g) in p.tiers.gpu if key == ("w", "reviewer")] == [want]
 
 
-def test_a_layout_that_does_not_fit_is_refused_at_start_and_by_a_new_cluster():
+def test_a_layout_that_does_not_fit_is_refused_at_start_and_by_a_new_cluster(tmp_path):
     homes = (("reviewer", (1,)),)
     one = load_cluster("toy2").model_dump(mode="json")
     one["nodes"] = one["nodes"][:1]
+    store = Store(tmp_path / "sb.db")
     with pytest.raises(ValueError, match=r"homes\[0\]: reviewer \(tp 1\) cannot run on GPUs \(1,\)"):
-        LivePlanner(Cluster(**one), load_catalog("toy"), config=lease_config(homes=homes))
+        LivePlanner(Cluster(**one), load_catalog("toy"), store, config=lease_config(homes=homes))
+    assert store.get_meta("priority_epoch_s") is None and store.get_meta("cluster") is None, "refused before a write"
     p = make_live_planner(config=lease_config(homes=homes))
     with pytest.raises(Invalid, match=r"homes\[0\]: reviewer"):
         p.set_cluster(one, p.catalog.model_dump(mode="json"))

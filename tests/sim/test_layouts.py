@@ -54,7 +54,7 @@ def test_neighbours_leave_the_models_on_the_slowest_gpus_to_the_planner_first():
 
 def _stub(monkeypatch, handoff, ttft, baselines=None, ran=None):
     """Replays replaced by figures of the layout: handoff(lay) and ttft(lay) seconds, program P95
-    100 s; a policy of `baselines` gets its (handoff, TTFT); records each batch of layouts (of
+    100 s; a policy of `baselines` gets its (handoff, TTFT[, calls dropped]); records each batch of layouts (of
     policies, for baselines); no layout's rows say its calls ran as `ran` (`groups_by_model`)."""
     batches = []
     baselines = baselines or {}
@@ -67,7 +67,8 @@ def _stub(monkeypatch, handoff, ttft, baselines=None, ran=None):
                 lays.append(lay)
         batches.append(lays)
         return [dict(j, handoff_p95_s=b[0] if b else handoff(lay), ttft_p95_s=b[1] if b else ttft(lay),
-                     program_p95_s=100.0, groups_by_model=ran if lay is None and not b else {})
+                     program_p95_s=100.0, groups_by_model=ran if lay is None and not b else {},
+                     unplaceable_calls=b[2] if b and len(b) > 2 else 0)
                 for j in jobs for lay, b in [((j.get("planner") or {}).get("homes"), baselines.get(j["policy"]))]]
 
     monkeypatch.setattr(layouts, "run_local", run_local)
@@ -174,3 +175,32 @@ def test_the_descent_starts_from_the_learned_layout_when_it_ranks_better(monkeyp
     assert found.chosen.layout == learned
     assert any(lay == tuple(e for e in learned if e[0] != "summarizer") for lay in batches[2]), \
         "the descent went on from the learned layout's neighbours"
+
+
+def test_the_limits_tolerance_a_baseline_that_drops_calls_and_an_unacceptable_no_layout(monkeypatch):
+    def on_l40(lay, model):
+        return lay is not None and dict(lay).get(model, (0,))[0] in (8, 9, 10, 11)
+
+    handoff = lambda lay: 0.5 if on_l40(lay, "fast-coder") else 1.0  # noqa: E731
+    ttft = lambda lay: 3.0 if lay is None else 3.1  # noqa: E731  # every layout 3.3 % slower than none
+    _stub(monkeypatch, handoff, ttft)
+    assert search(CL, CAT, HISTORY, budget=40, tolerance=0.05).chosen.means["handoff_p95_s"] == 0.5
+    assert search(CL, CAT, HISTORY, budget=40, tolerance=0.03).chosen.layout is None, "3.1 > 3.0 x 1.03"
+    # a baseline that drops calls is not the best: its 2.0 s TTFT would make every layout unacceptable
+    batches = _stub(monkeypatch, handoff, ttft, {"sleep-swap": (2.0, 3.2), "static": (1.0, 2.0, 3)})
+    found = search(CL, CAT, HISTORY, budget=40, tolerance=0.0, against=["sleep-swap", "static", "sleep-swap"])
+    assert batches[0] == ["sleep-swap", "static"], "each named once"
+    assert list(found.against) == ["sleep-swap"] and found.dropped == {"static": 3}
+    assert found.chosen.means["handoff_p95_s"] == 0.5
+    # a metric no replay measured (None) is no limit for the others and no evidence for a layout
+    _stub(monkeypatch, handoff, lambda lay: None if on_l40(lay, "fast-coder") else 3.1,
+          {"sleep-swap": (2.0, None), "lru-keepwarm": (3.0, 3.2)})
+    found = search(CL, CAT, HISTORY, budget=40, tolerance=0.0, against=["sleep-swap", "lru-keepwarm"])
+    assert found.against["sleep-swap"]["ttft_p95_s"] is None and found.chosen.layout is None
+    assert all(not s.acceptable for s in found.tried if s.layout is not None and on_l40(s.layout, "fast-coder"))
+    assert any(s.acceptable for s in found.tried if s.layout is not None)
+    # no layout over the limit: an acceptable layout is kept even with a higher handoff P95 than it
+    _stub(monkeypatch, lambda lay: 0.2 if lay is None else 0.9 if on_l40(lay, "fast-coder") else 1.0,
+          lambda lay: 4.0 if lay is None else 3.1, {"sleep-swap": (2.0, 3.2)})
+    found = search(CL, CAT, HISTORY, budget=40, tolerance=0.0, against=["sleep-swap"])
+    assert not found.none.acceptable and found.chosen.means["handoff_p95_s"] == 0.9

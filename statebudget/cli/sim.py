@@ -374,6 +374,7 @@ def layout(
                   "(dropped calls flatter its latencies)", highlight=False)
     console.print(f"{len(found.tried) - 1} layouts and no layout replayed on {len(jobs)} trace(s), means (handoff P95, TTFT P95, "
                   f"program P95, s); * acceptable within {tolerance:.0%} of {ref} TTFT and program P95:")
+
     def row(means: dict) -> str:
         return " ".join("     n/a" if means[m] is None else f"{means[m]:8.{d}f}" for m, d in zip(METRICS, (3, 2, 1)))
 

@@ -23,8 +23,7 @@ from pathlib import Path
 
 from bench_policies import TRACES, parse_seeds
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.policies import REGISTRY, SEES_FUTURE
-from statebudget.policies.ours import StateBudget
+from statebudget.policies import BASELINE_NAMES
 from statebudget.sim.layouts import search
 from statebudget.sim.paired import fmt, paired_change
 from statebudget.sim.sweep import jobs, run_local
@@ -55,9 +54,8 @@ def main(argv=None):
     traces = [t for t in args.traces.split(",") if t]
     policies = [p for p in args.policies.split(",") if p]
     against = [p for p in args.against.split(",") if p]
-    ours = {n for n, c in REGISTRY.items() if issubclass(c, StateBudget)} | set(SEES_FUTURE)
-    if set(against) - set(REGISTRY) or set(against) & ours:
-        ap.error(f"--against takes baselines: {', '.join(n for n in REGISTRY if n not in ours)}")
+    if set(against) - set(BASELINE_NAMES):
+        ap.error(f"--against takes baselines: {', '.join(BASELINE_NAMES)}")
     cl, cat = load_cluster("hetero16"), load_catalog("agent-team")
     common = dict(catalog="agent-team", hours=args.hours, warmup_s=args.warmup)
     t0 = time.time()

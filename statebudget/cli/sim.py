@@ -341,17 +341,15 @@ def layout(
     from ..sim.layouts import METRICS, search
 
     from ..core.programs import parse_spec
-    from ..policies import REGISTRY, SEES_FUTURE
-    from ..policies.ours import StateBudget
+    from ..policies import BASELINE_NAMES, OURS, REGISTRY
 
     name = _policy_list(policy)[0]
-    base = parse_spec(name, REGISTRY)[0]
-    if not issubclass(REGISTRY[base], StateBudget) or base in SEES_FUTURE:
-        raise ValueError(f"--policy {name}: a layout is for our planners (statebudget, statebudget-lease, "
-                         "statebudget-track); the baselines do not take one")
+    if parse_spec(name, REGISTRY)[0] not in OURS:
+        raise ValueError(f"--policy {name}: a layout is for our planners ({', '.join(OURS)}); the baselines "
+                         "do not take one")
     refs = _policy_list(against) if against else []
     for ref in refs:
-        if issubclass(REGISTRY[parse_spec(ref, REGISTRY)[0]], StateBudget) or parse_spec(ref, REGISTRY)[0] in SEES_FUTURE:
+        if parse_spec(ref, REGISTRY)[0] not in BASELINE_NAMES:
             raise ValueError(f"--against {ref}: name baselines (what would run instead of our planner)")
     cl, cat = load_cluster(cluster), load_catalog(catalog)
     jobs = []

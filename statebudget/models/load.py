@@ -80,7 +80,7 @@ class _UniqueKeys(yaml.SafeLoader):
 
 
 class _KeyTwice(ValueError):
-    pass
+    """A JSON object with a key written twice (`_unique_pairs`)."""
 
 
 def _unique_pairs(pairs: list) -> dict:

@@ -21,6 +21,8 @@ for _p in ("llama-swap", "sleep-swap", "forecast-prewarm", "ray-multiplex"):
     REGISTRY[_p] = BASELINES[_p]
 REGISTRY.update({p.name: p for p in (StateBudget, StateBudgetLease, StateBudgetTrack, Oracle, Foresight)})
 SEES_FUTURE = tuple(n for n, p in REGISTRY.items() if p.sees_future)
+OURS = tuple(n for n, p in REGISTRY.items() if issubclass(p, StateBudget) and not p.sees_future)
+BASELINE_NAMES = tuple(n for n in REGISTRY if n not in OURS and n not in SEES_FUTURE)
 
 
 def make_policy(name: str) -> Policy:

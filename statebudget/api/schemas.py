@@ -184,6 +184,16 @@ class ClusterPut(BaseModel):
     catalog: dict
 
 
+class LayoutPut(BaseModel):
+    """PUT /v1/layout: what a `--layout` file holds, `homes` (model: [GPU index, ...]; {} for
+    none) or the output of `statebudget layout --json` (its `kept`; its other keys are not read).
+    The shape is checked by `models.load.layout_entries`, the fit by the planner (`set_layout`),
+    each naming the entry."""
+    model_config = ConfigDict(extra="allow")
+    homes: dict | None = None
+    kept: list | None = None
+
+
 class InventoryCopy(BaseModel):
     """One ready copy an adapter holds: `["w", model]`, `["e", model, page]` or `["kv", program,
     model]` on `gpu:<i>[,<j>]` or `host:<node>`, with the version it was written at if known."""

@@ -15,7 +15,7 @@ import typer
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from ..models.errors import InputError
-from .common import (CatalogOpt, ClusterOpt, LayoutOpt, TokenFileOpt, TokenOpt, TraceOpt, check_outputs, console, err,
+from .common import (CatalogOpt, ClusterOpt, TokenFileOpt, TokenOpt, TraceOpt, check_outputs, console, err,
                      fail, guard, layout_text, load_layout_checked, load_trace_warned, progress_bar, resolve_token, write_json)
 from .render import counts_text, print_profile, print_residency
 
@@ -138,7 +138,10 @@ def serve(
                                                     min=0.0)] = 20.0,
     docs: Annotated[bool, typer.Option(help="serve /docs (plain HTML, nothing from the internet) and /openapi.json, "
                                             "both for admin tokens")] = False,
-    layout: LayoutOpt = None,
+    layout: Annotated[Optional[Path], typer.Option(
+        help="an operator's layout (`homes:` model: [GPU index, ...], or what `statebudget layout --json` wrote): "
+             "a model with no copy is homed on its group (docs/tracking.md). The ledger keeps it: a restart "
+             "without --layout keeps it, `--layout none` drops it; PUT /v1/layout replaces it live")] = None,
 ):
     """Run the planner service: runtimes post events and leases, adapters poll plans (docs/service.md).
     On a restart with the same --db the cluster and catalog come from the ledger. Without --tokens
@@ -177,7 +180,7 @@ def serve(
     # the ledger's on a restart, else --cluster.
     runs = _ledger_runs(db)
     try:
-        homes = load_layout_checked(layout, *(runs or (cl, cat)))
+        homes = None if str(layout) == "none" else load_layout_checked(layout, *(runs or (cl, cat)))
     except InputError as e:
         if runs is None or not e.what.startswith("homes["):
             raise
@@ -217,13 +220,15 @@ def serve(
                           scale_out_wait_s=scale_out_wait_s or None, homes=homes)
     planner = LivePlanner(cl, cat, store, profile=prof, queue=queue, config=config,
                           kv_rule=kv_rule, tenant_weights=weights, require_checksums=require_checksums, track=track)
+    if layout is not None and homes is None and planner.layout:  # `none`, or a search that kept none
+        planner.set_layout(None)
     if (planner.cluster.name, planner.catalog.name) != (cl.name, cat.name):
         err.print(f"[yellow]warning:[/] {db} was started with cluster {planner.cluster.name} and catalog "
                   f"{planner.catalog.name}; they win over --cluster {cl.name} --catalog {cat.name} (serve a fresh --db, or "
                   f"PUT /v1/cluster while the planner holds no state)", highlight=False)
     err.print(f"planner on http://{host}:{port}: cluster {planner.cluster.name}, catalog {planner.catalog.name}, "
               f"queue {queue}, tool-wait KV {kv_rule}, ledger {db} (plan version {planner.plan_version}, {len(planner.ops)} open ops)"
-              + (f", layout {layout_text(homes)}" if homes else ""))
+              + (f", layout {layout_text(planner.layout)}" + ("" if homes else " (the ledger's)") if planner.layout else ""))
     uvicorn.run(create_app(planner, auth, tick_s=tick_s, docs=docs), host=host, port=port, log_level="warning")
 
 

@@ -274,28 +274,33 @@ def load_layout(path: str | Path) -> tuple[tuple | None, dict]:
     any. The shape is checked here; whether each model and group fits the cluster and catalog is
     `planner.homes.layout`'s to say."""
     path = Path(path)
-    data = _read_mapping(path)
+    return layout_entries(_read_mapping(path), str(path))
+
+
+def layout_entries(data: dict, source: str) -> tuple[tuple | None, dict]:
+    """`load_layout` of a mapping already read (a file's, or a PUT /v1/layout body); `source`
+    names it in errors."""
     if "homes" in data and "kept" in data:
-        raise InputError(str(path), "", "both `homes:` and `kept:`: keep the one you mean")
+        raise InputError(source, "", "both `homes:` and `kept:`: keep the one you mean")
     names = {k: data[k] for k in ("cluster", "catalog") if isinstance(data.get(k), str)}
     if "homes" in data:
         homes, where = data["homes"], "homes"
         if not isinstance(homes, dict):
-            raise InputError(str(path), where, "expected a mapping, model: [GPU index, ...]")
+            raise InputError(source, where, "expected a mapping, model: [GPU index, ...]")
         entries = list(homes.items())
     elif "kept" in data:
         homes, where = data["kept"], "kept"
         if homes is None:
             return None, names
         if not isinstance(homes, list) or not all(isinstance(e, list) and len(e) == 2 for e in homes):
-            raise InputError(str(path), where, "expected a list of [model, [GPU index, ...]] pairs")
+            raise InputError(source, where, "expected a list of [model, [GPU index, ...]] pairs")
         entries = [tuple(e) for e in homes]
     else:
-        raise InputError(str(path), "", "expected `homes:` (model: [GPU index, ...]) or the output of "
+        raise InputError(source, "", "expected `homes:` (model: [GPU index, ...]) or the output of "
                                         "`statebudget layout --json` (its `kept` layout)")
     out = []
     for model, group in entries:
         if not isinstance(group, list) or not group or not all(type(g) is int for g in group):
-            raise InputError(str(path), f"{where}.{model}", f"expected a list of GPU indices, got {group!r}")
+            raise InputError(source, f"{where}.{model}", f"expected a list of GPU indices, got {group!r}")
         out.append((model, tuple(group)))
     return tuple(out), names

@@ -98,10 +98,9 @@ class PlannerConfig:
     # seeds 100-139: mapreduce handoff P95 0.84-0.90x, total stall 0.89-0.91x; mixed-tenants
     # track's handoff P95 +3 % (one seed 2.2x), the rest within 0.5 % (docs/planner.md). None: off.
     uncalled_room_after_s: float | None = 600.0
-    # The operator's layout: ((model, (GPU index, ...)), ...), a group per model that a model
-    # with no copy is homed on, whatever the view says; models left out are homed as before. Off:
-    # a layout suits one workload, and its gains trade against TTFT (docs/tracking.md, "A layout
-    # fixed in advance"). None: no layout.
+    # The operator's layout: ((model, (GPU index, ...)), ...), a group a model with no copy is homed
+    # on, whatever the view says; models left out are homed as before. None (no layout) by default:
+    # a layout suits one workload and trades against TTFT (docs/tracking.md, "A layout fixed in advance").
     homes: tuple | None = None
 
 
@@ -150,7 +149,7 @@ class PlannerCore:
         self.target: dict[str, tuple] = {}  # model -> group the tracked MILP wants it on (`target.py`)
         self.target_p = 0.0                 # a target model counts as needed at least this likely (1: kept for sure)
         self.target_homes = False           # the target's group homes a target model that has no copy
-        self._homes = layout(catalog, cost.cluster, self.cfg.homes)
+        self._homes = layout(catalog, cost.cluster, self.cfg.homes)  # `set_homes`
         self._hot_pages = {m.name: touched_pages(m, self.cfg.page_min_touch) for m in catalog.models}
         self._lease_pages = {m.name: touched_pages(m, self.cfg.lease_page_min_touch) for m in catalog.models}
         self._model_index = {name: i for i, name in enumerate(self.models)}
@@ -161,6 +160,11 @@ class PlannerCore:
         self._link_key: tuple | None = None             # `_link_window`
         self._link_base: dict[str, float] = {}
         self._link_gbps: float | None = None            # `admit`: mean link bandwidth, GB/s
+
+    def set_homes(self, homes) -> None:
+        """A new operator's layout (`PlannerConfig.homes`; checked as at the start): the next step homes by it."""
+        self._homes = layout(self.catalog, self.cost.cluster, homes)
+        self.cfg = replace(self.cfg, homes=tuple(homes) if homes else None)
 
     # ---- the greedy step ------------------------------------------------------------------------
     def plan(self, view, now: float) -> list:
@@ -450,9 +454,8 @@ class PlannerCore:
         key = (m.name, group)
         r = self._kv_rate_cache.get(key)
         if r is None:
-            probe = 1e9
-            onboard = self.cost.group_transfer_s(probe, "host", "", group)
-            r = self._kv_rate_cache[key] = (probe / onboard, self.cost.prefill_s(m, 1.0, group))
+            onboard = self.cost.group_transfer_s(1e9, "host", "", group)  # seconds for 1 GB
+            r = self._kv_rate_cache[key] = (1e9 / onboard, self.cost.prefill_s(m, 1.0, group))
         return r
 
     def _leased(self, key) -> bool:
@@ -513,8 +516,7 @@ class PlannerCore:
         backlog = view.link_backlog()
         on_link: dict[str, float] = {}      # bytes this lease puts on each link (objects share them)
         w_link: dict[str, float] = {}       # the same for weights and pages alone
-        compute = reconf = 0.0
-        total = 0.0
+        compute = reconf = total = 0.0
         need = []
         for key in objects:
             c = view.tiers.gpu.get((key, group))
@@ -549,8 +551,7 @@ class PlannerCore:
         p50 = max(finish(on_link, 0.5) + reconf, compute)
         p95 = max(finish(on_link, 1.0) + reconf, compute)
         w95 = finish(w_link, 1.0) + reconf
-        stall = p50
-        return Quote(p50_s=p50, p95_s=p95, weights_p95_s=w95, bytes=total, stall_saved_s=stall, objects=tuple(need))
+        return Quote(p50_s=p50, p95_s=p95, weights_p95_s=w95, bytes=total, stall_saved_s=p50, objects=tuple(need))
 
     def lease_budget_ok(self, view, quote: Quote, group, deadline_s: float, now: float, committed: dict) -> bool:
         """Background bandwidth must leave the SLO margin: the lease's bytes, plus what leases

@@ -38,6 +38,7 @@ import itertools
 import secrets
 import time
 from collections import Counter
+from dataclasses import replace
 
 from pydantic import ValidationError
 
@@ -51,7 +52,7 @@ from ..models.catalog import Catalog
 from ..models.cluster import Cluster
 from ..models.errors import InputError, pydantic_where
 from ..models.load import check_compatible
-from ..planner.core import PlannerConfig
+from ..planner.core import PlannerConfig, lease_config
 from ..planner.homes import layout
 from ..policies.ours import StateBudgetLease, StateBudgetTrack
 from .errors import REFUSAL_STATUS, Conflict, Forbidden, Invalid, NotFound, Unavailable
@@ -115,6 +116,8 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
             cluster, catalog = Cluster(**saved), Catalog(**self.store.get_meta("catalog"))
         if config is not None and config.homes:  # the operator's layout fits the cluster the planner runs on
             layout(catalog, cluster, config.homes)
+        elif saved is not None:  # a restart keeps the layout the ledger holds (checked when it was set)
+            self._layout_from_ledger()
         # Priorities count aging from this instant (`arrival_priority`); kept on disk, so the
         # priorities given before a restart and after it stay comparable.
         self.epoch_s = self.store.get_meta("priority_epoch_s")
@@ -130,6 +133,9 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
                 self.store.set_meta("cluster", cluster.model_dump(mode="json"))
                 self.store.set_meta("catalog", catalog.model_dump(mode="json"))
                 self._save_meta()
+        if config is not None and config.homes and self._ledger_layout() != self.layout:
+            with self.store.tx():
+                self._save_layout()
 
     def _setup(self, cluster: Cluster, catalog: Catalog) -> None:
         self.cluster, self.catalog = cluster, catalog
@@ -256,8 +262,11 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
                            f"{len(self.ops)} open ops): finish or cancel the programs and let the ops drain first")
         try:  # what can fail is tried before anything changes: the model store must fit the NVMe
             CostModel(cl, cat, profile=self.profile)
-            if self.config is not None and self.config.homes:
-                layout(cat, cl, self.config.homes)
+            try:
+                layout(cat, cl, self.layout)
+            except ValueError as e:
+                raise ValueError(f"the layout: {e}; first PUT /v1/layout one that fits, or {{\"homes\": {{}}}} "
+                                 "for none") from None
             for node in cl.nodes:
                 need = sum(b for m in cat.models for _, b in self.object_sizes(m))
                 if need > node.nvme_gb * 1e9:
@@ -276,6 +285,41 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
                 self.store.db.execute(f"DELETE FROM {table}")
             self._save_meta()
         return ClusterView(cl.name, len(cl.gpus), [m.name for m in cat.models], self.catalog_epoch)
+
+    # ---- the operator's layout ---------------------------------------------------------------------
+    @property
+    def layout(self) -> tuple | None:
+        """The operator's layout the planner homes models by (`PlannerConfig.homes`), None: none."""
+        return self.config.homes or None if self.config is not None else None
+
+    def set_layout(self, homes) -> tuple | None:
+        """Replace the operator's layout: ((model, (GPU index, ...)), ...), or None (or empty) for
+        none. From the next planning step a model with no copy is homed by it; copies stay where they
+        are. Kept in the ledger: a restart keeps it. Called by PUT /v1/layout. Returns the layout now.
+        Raises Invalid (an entry the cluster or catalog cannot take; nothing changes)."""
+        homes = tuple((m, tuple(g)) for m, g in homes) if homes else None
+        try:
+            layout(self.catalog, self.cluster, homes)
+        except ValueError as e:
+            raise Invalid(str(e)) from None
+        with self._tx():
+            self.config = _with_homes(self.config, homes)
+            self.policy.config = self.config
+            if self.policy.core is not None:
+                self.policy.core.set_homes(homes)
+            self._save_layout()
+        self.plan_due = True
+        return self.layout
+
+    def _save_layout(self) -> None:
+        self.store.set_meta("layout", [[m, list(g)] for m, g in self.layout] if self.layout else None)
+
+    def _layout_from_ledger(self) -> None:
+        self.config = _with_homes(self.config, self._ledger_layout())
+
+    def _ledger_layout(self) -> tuple | None:
+        saved = self.store.get_meta("layout")
+        return tuple((m, tuple(g)) for m, g in saved) if saved else None
 
     # ---- planning ---------------------------------------------------------------------------------
     def tick(self) -> int:
@@ -460,3 +504,11 @@ _HANDLERS = {
     "program_finished": LivePlanner._program_finished,
     "program_cancelled": LivePlanner._program_cancelled,
 }
+
+
+def _with_homes(config: PlannerConfig | None, homes: tuple | None) -> PlannerConfig | None:
+    """`config` (None: the lease planner's defaults) with the layout `homes`; `config` itself when
+    it has that layout already."""
+    if (config.homes if config is not None else None) == homes:
+        return config
+    return replace(config or lease_config(), homes=homes)

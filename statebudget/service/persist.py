@@ -202,6 +202,7 @@ class Persist:
             self.ledger_error = error
             log.error("%s: the books are rebuilt from the ledger", error)
         cluster, catalog = Cluster(**self.store.get_meta("cluster")), Catalog(**self.store.get_meta("catalog"))
+        self._layout_from_ledger()  # a PUT /v1/layout may have been the request
         self._setup(cluster, catalog)
         self._restore(resume=False)
         try:

@@ -74,11 +74,12 @@ _ROUTES = {
     ("PUT", "/v1/cluster", "admin"): {"cluster": {"name": "x", "gpu_kinds": {}, "nodes": []}, "catalog": {"models": []}},
     ("POST", "/v1/oracle/runs", "admin"): {"preset": "not-a-preset"},
     ("PUT", "/v1/inventory", "adapter"): {"node": "n0", "copies": [{"object": ["w", "planner"], "tier": "gpu:0"}]},
+    ("PUT", "/v1/layout", "admin"): {"homes": {"planner": [0]}},
 }
 _FIELDS = {"type", "program", "call", "model", "tool", "thread", "after", "effect", "result", "ttft_s", "duration_s",
            "context_tokens", "tokens", "epoch", "attempt", "deadline_s", "earliest_s", "confidence", "cancel_token",
            "for_call", "status", "bytes", "seconds", "checksum", "version", "error", "cluster", "catalog", "hours",
-           "seed", "window", "overlap", "time_limit_s", "node", "reason", "copies"}
+           "seed", "window", "overlap", "time_limit_s", "node", "reason", "copies", "homes", "kept"}
 _client = TestClient(app, raise_server_exceptions=False)
 _body = st.one_of(
     _junk,

@@ -163,6 +163,24 @@ def test_serve_checks_a_layout_against_the_cluster_it_runs_on_the_ledgers_on_a_r
     assert not list(tmp_path.glob("empty.db.*")), "no token file minted before the refusal"
 
 
+def test_serve_keeps_the_ledgers_layout_on_a_restart_and_none_drops_it(tmp_path, monkeypatch):
+    import uvicorn
+
+    from statebudget.service.ledger import Store
+
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: None)
+    db, on_1 = tmp_path / "sb.db", tmp_path / "on1.yaml"
+    on_1.write_text("homes:\n  reviewer: [1]\n")
+    serve = ["serve", "--db", str(db), "--port", "0", "--cluster", "toy2", "--catalog", "toy"]
+    res = runner.invoke(app, serve + ["--layout", str(on_1)])
+    assert res.exit_code == 0 and "layout reviewer:1\n" in res.stderr, res.output
+    res = runner.invoke(app, serve)
+    assert res.exit_code == 0 and "layout reviewer:1 (the ledger's)" in res.stderr, res.output
+    res = runner.invoke(app, serve + ["--layout", "none"])
+    assert res.exit_code == 0 and "layout" not in res.stderr.split("planner on")[1], res.output
+    assert Store(db).get_meta("layout") is None
+
+
 def test_a_layout_file_with_a_model_twice_or_both_forms_is_refused(tmp_path):
     trace = _history(tmp_path, "0.05")
     for name, text, error in (

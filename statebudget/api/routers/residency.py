@@ -1,4 +1,5 @@
-"""Operators: the residency of every copy, and the cluster and catalog the planner runs on."""
+"""Operators: the residency of every copy, the cluster and catalog the planner runs on, and the
+operator's layout it homes models by."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ from fastapi import APIRouter
 
 from ..deps import AdminDep, ServiceDep
 from ..inputs import StrictJsonRoute
-from ..schemas import ClusterPut
+from ...models.errors import InputError
+from ...models.load import layout_entries
+from ...service.errors import Invalid
+from ..schemas import ClusterPut, LayoutPut
 
 router = APIRouter(tags=["operators"], route_class=StrictJsonRoute)
 
@@ -31,3 +35,27 @@ async def put_cluster(body: ClusterPut, svc: ServiceDep, who: AdminDep):
     out = svc.planner.set_cluster(body.cluster, body.catalog)
     svc.changed()
     return out.body()
+
+
+def _layout_body(homes) -> dict:
+    return {"homes": {m: list(g) for m, g in homes or ()}}
+
+
+@router.get("/v1/layout")
+async def get_layout(svc: ServiceDep, who: AdminDep):
+    """The operator's layout: {"homes": {model: [GPU index, ...]}} ({}: none; docs/tracking.md)."""
+    return _layout_body(svc.planner.layout)
+
+
+@router.put("/v1/layout")
+async def put_layout(body: LayoutPut, svc: ServiceDep, who: AdminDep):
+    """Replace the layout ({"homes": {}}: none). From the next planning step a model with no copy
+    is homed by it; copies stay where they are. The ledger keeps it across restarts."""
+    data = body.model_dump(exclude_unset=True)
+    try:
+        homes, _ = layout_entries({k: data[k] for k in ("homes", "kept") if k in data}, "body")
+    except InputError as e:
+        raise Invalid(str(e)) from None
+    out = svc.planner.set_layout(homes)
+    svc.changed()
+    return _layout_body(out)

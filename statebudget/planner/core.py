@@ -102,6 +102,7 @@ class PlannerConfig:
     # on, whatever the view says; models left out are homed as before. None (no layout) by default:
     # a layout suits one workload and trades against TTFT (docs/tracking.md, "A layout fixed in advance").
     homes: tuple | None = None
+    layout_holds: bool = False  # a model in `homes` is homed there even while it has a copy elsewhere
 
 
 def lease_config(**overrides) -> PlannerConfig:
@@ -203,13 +204,13 @@ class PlannerCore:
             st = self._static[mi]
             wk = st.wk
             held = sorted(tiers.groups_of.get(wk, ()), key=lambda g: (-gpu_copies[(wk, g)].last_use, g))
-            # One held stays where its calls run. One with no copy goes, with `target_homes`, to its
-            # target group (the MILP sees only the models its share holds), else to its group in the
-            # operator's layout (`homes`), else where its engine sleeps, else to the most free HBM
-            # (`homes.home_of`; with `home_reclaim`, clear of other models' weights).
+            # One held stays where its calls run (with `layout_holds`, one in the operator's layout on
+            # its group there). One with no copy goes, with `target_homes`, to its target group (the
+            # MILP sees only the models its share holds), else to its group in the layout (`homes`),
+            # else where its engine sleeps, else to the most free HBM (`homes.home_of`).
             home = held[0] if held else (self.target.get(m.name) if self.target_homes else None)
-            if home is None and self._homes:
-                home = self._homes.get(m.name)
+            if self._homes and (home is None or held and cfg.layout_holds):
+                home = self._homes.get(m.name, home)
             if home is None:
                 if by_model is None and cfg.home_reclaim is not None:
                     by_model = resident_by_model(view, [s.stage for s in self._static])
@@ -346,8 +347,7 @@ class PlannerCore:
                 or (self.target_p >= 1.0 and k[1] in self.target and g == homes.get(k[1]) and k[0] == "w")
             keep = math.inf if leased else density[i] * (p_idle[mi] / max(p_model[mi], 1e-9))
             idle.append((keep, i))
-        room = cfg.warm_budget * float(cap.sum())
-        out = []
+        room, out = cfg.warm_budget * float(cap.sum()), []
         for keep, i in sorted(idle, key=lambda x: (-x[0], x[1])):
             k, g = keys[i], groups[i]
             nbytes = per_gpu[i] * len(g)

@@ -117,7 +117,7 @@ def test_idle_copies_of_models_no_call_asked_for_are_room_once_calls_have_flowed
     assert PlannerConfig().uncalled_room_after_s == 600.0
 
 
-def test_an_operators_layout_homes_a_model_with_no_copy_and_not_one_that_has_a_copy():
+def test_an_operators_layout_homes_a_model_with_no_copy_and_with_layout_holds_one_held_elsewhere():
     sim, _ = _sim()
     core = sim.policy._core(sim)
     core.target, core.target_p = {"b": (0,), "c": (0,)}, 1.0  # promoted for sure, wherever homed
@@ -125,13 +125,17 @@ def test_an_operators_layout_homes_a_model_with_no_copy_and_not_one_that_has_a_c
     resident(sim, ("w", "c"), (1,), 30.0)           # c already has a copy on GPU 1
 
     def promoted(cfg):
-        core.cfg, core._homes = cfg, layout(sim.catalog, sim.cluster, cfg.homes)
+        core.cfg = cfg
+        core.set_homes(cfg.homes)
         return {d.key[1]: d.group for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote" and d.key[0] == "w"}
 
     assert promoted(PlannerConfig())["b"] == (2,), "the most free HBM, with no layout"
     assert promoted(PlannerConfig(homes=(("b", (0,)), ("c", (2,)))))["b"] == (0,)
     assert layout(sim.catalog, sim.cluster, (("a", (1, 0)),)) == {"a": (0, 1)}, "a group's GPUs in any order"
     assert "c" not in promoted(PlannerConfig(homes=(("c", (2,)),))), "a held copy stays where its calls ran"
+    bound = PlannerConfig(homes=(("b", (0,)), ("c", (2,))), layout_holds=True)
+    assert promoted(bound)["c"] == (2,), "with layout_holds, a held copy elsewhere does not keep it there"
+    assert "c" not in promoted(replace(bound, layout_holds=False))
 
 
 def test_a_bad_layout_fails_when_the_planner_is_made_and_names_the_entry():

@@ -76,8 +76,8 @@ def _check_db(db: Path) -> None:
 
 
 def _ledger_runs(db: Path):
-    """(cluster, catalog) a ledger at `db` already runs (a restart runs them, whatever --cluster
-    says), read without writing; None for a new or empty ledger."""
+    """(cluster, catalog, layout) a ledger at `db` already runs (a restart runs them, whatever
+    --cluster says; layout None: none), read without writing; None for a new or empty ledger."""
     import sqlite3
 
     from ..models.catalog import Catalog
@@ -87,14 +87,26 @@ def _ledger_runs(db: Path):
         return None
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
-        meta = dict(con.execute("SELECT k, v FROM meta WHERE k IN ('cluster', 'catalog')").fetchall())
+        meta = dict(con.execute("SELECT k, v FROM meta WHERE k IN ('cluster', 'catalog', 'layout')").fetchall())
     except sqlite3.Error:  # no meta table yet
         return None
     finally:
         con.close()
     if "cluster" not in meta or "catalog" not in meta:
         return None
-    return Cluster(**json.loads(meta["cluster"])), Catalog(**json.loads(meta["catalog"]))
+    homes = json.loads(meta.get("layout", "null"))
+    return (Cluster(**json.loads(meta["cluster"])), Catalog(**json.loads(meta["catalog"])),
+            tuple((m, tuple(g)) for m, g in homes) if homes else None)
+
+
+def _layout_said(now: tuple | None, before: tuple | None, given: bool) -> str:
+    """The start line's words on the layout: which one runs, and what became of the ledger's (a
+    unit file's --layout replaces at every restart what PUT /v1/layout set since)."""
+    if now is None:
+        return f", no layout (the ledger's {layout_text(before)} dropped)" if before else ""
+    if not given:
+        return f", layout {layout_text(now)} (the ledger's)"
+    return f", layout {layout_text(now)}" + (f" (replaces the ledger's {layout_text(before)})" if before and before != now else "")
 
 
 @guard
@@ -180,7 +192,7 @@ def serve(
     # the ledger's on a restart, else --cluster.
     runs = _ledger_runs(db)
     try:
-        homes = None if str(layout) == "none" else load_layout_checked(layout, *(runs or (cl, cat)))
+        homes = None if str(layout) == "none" else load_layout_checked(layout, *(runs[:2] if runs else (cl, cat)))
     except InputError as e:
         if runs is None or not e.what.startswith("homes["):
             raise
@@ -228,7 +240,7 @@ def serve(
                   f"PUT /v1/cluster while the planner holds no state)", highlight=False)
     err.print(f"planner on http://{host}:{port}: cluster {planner.cluster.name}, catalog {planner.catalog.name}, "
               f"queue {queue}, tool-wait KV {kv_rule}, ledger {db} (plan version {planner.plan_version}, {len(planner.ops)} open ops)"
-              + (f", layout {layout_text(planner.layout)}" + ("" if homes else " (the ledger's)") if planner.layout else ""))
+              + _layout_said(planner.layout, runs[2] if runs else None, layout is not None))
     uvicorn.run(create_app(planner, auth, tick_s=tick_s, docs=docs), host=host, port=port, log_level="warning")
 
 

@@ -150,7 +150,7 @@ class PlannerCore:
         self.target: dict[str, tuple] = {}  # model -> group the tracked MILP wants it on (`target.py`)
         self.target_p = 0.0                 # a target model counts as needed at least this likely (1: kept for sure)
         self.target_homes = False           # the target's group homes a target model that has no copy
-        self._homes = layout(catalog, cost.cluster, self.cfg.homes)  # `set_homes`
+        self._homes = layout(catalog, cost.cluster, self.cfg.homes)  # {model: group}, checked
         self._hot_pages = {m.name: touched_pages(m, self.cfg.page_min_touch) for m in catalog.models}
         self._lease_pages = {m.name: touched_pages(m, self.cfg.lease_page_min_touch) for m in catalog.models}
         self._model_index = {name: i for i, name in enumerate(self.models)}
@@ -204,10 +204,10 @@ class PlannerCore:
             st = self._static[mi]
             wk = st.wk
             held = sorted(tiers.groups_of.get(wk, ()), key=lambda g: (-gpu_copies[(wk, g)].last_use, g))
-            # One held stays where its calls run (with `layout_holds`, one in the operator's layout on
-            # its group there). One with no copy goes, with `target_homes`, to its target group (the
-            # MILP sees only the models its share holds), else to its group in the layout (`homes`),
-            # else where its engine sleeps, else to the most free HBM (`homes.home_of`).
+            # One held stays where its calls run (with `layout_holds`, one in the operator's layout on its
+            # group there). One with no copy goes, with `target_homes`, to its target group (the MILP sees
+            # only the models its share holds), else to its group in the layout (`homes`), else where its
+            # engine sleeps, else to the most free HBM (`home_of`; `home_reclaim`: clear of others' weights).
             home = held[0] if held else (self.target.get(m.name) if self.target_homes else None)
             if self._homes and (home is None or held and cfg.layout_holds):
                 home = self._homes.get(m.name, home)

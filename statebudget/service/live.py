@@ -116,6 +116,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
             cluster, catalog = Cluster(**saved), Catalog(**self.store.get_meta("catalog"))
         if config is not None and config.homes:  # the operator's layout fits the cluster the planner runs on
             layout(catalog, cluster, config.homes)
+            self.config = _with_homes(config, _homes_tuple(config.homes))
         elif saved is not None:  # a restart keeps the layout the ledger holds (checked when it was set)
             self._layout_from_ledger()
         # Priorities count aging from this instant (`arrival_priority`); kept on disk, so the
@@ -265,8 +266,8 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
             try:
                 layout(cat, cl, self.layout)
             except ValueError as e:
-                raise ValueError(f"the layout: {e}; first PUT /v1/layout one that fits, or {{\"homes\": {{}}}} "
-                                 "for none") from None
+                raise ValueError(f"the layout: {e}; drop it first (PUT /v1/layout {{\"homes\": {{}}}}), then "
+                                 "PUT the cluster and a layout for it") from None
             for node in cl.nodes:
                 need = sum(b for m in cat.models for _, b in self.object_sizes(m))
                 if need > node.nvme_gb * 1e9:
@@ -290,23 +291,21 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
     @property
     def layout(self) -> tuple | None:
         """The operator's layout the planner homes models by (`PlannerConfig.homes`), None: none."""
-        return self.config.homes or None if self.config is not None else None
+        return (self.config.homes or None) if self.config is not None else None
 
     def set_layout(self, homes) -> tuple | None:
         """Replace the operator's layout: ((model, (GPU index, ...)), ...), or None (or empty) for
         none. From the next planning step a model with no copy is homed by it; copies stay where they
         are. Kept in the ledger: a restart keeps it. Called by PUT /v1/layout. Returns the layout now.
         Raises Invalid (an entry the cluster or catalog cannot take; nothing changes)."""
-        homes = tuple((m, tuple(g)) for m, g in homes) if homes else None
+        homes = _homes_tuple(homes)
         try:
             layout(self.catalog, self.cluster, homes)
         except ValueError as e:
             raise Invalid(str(e)) from None
         with self._tx():
             self.config = _with_homes(self.config, homes)
-            self.policy.config = self.config
-            if self.policy.core is not None:
-                self.policy.core.set_homes(homes)
+            self.core.set_homes(homes)  # the policy's core (made at `_setup`) reads its own config
             self._save_layout()
         self.plan_due = True
         return self.layout
@@ -318,8 +317,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         self.config = _with_homes(self.config, self._ledger_layout())
 
     def _ledger_layout(self) -> tuple | None:
-        saved = self.store.get_meta("layout")
-        return tuple((m, tuple(g)) for m, g in saved) if saved else None
+        return _homes_tuple(self.store.get_meta("layout"))
 
     # ---- planning ---------------------------------------------------------------------------------
     def tick(self) -> int:
@@ -504,6 +502,12 @@ _HANDLERS = {
     "program_finished": LivePlanner._program_finished,
     "program_cancelled": LivePlanner._program_cancelled,
 }
+
+
+def _homes_tuple(homes) -> tuple | None:
+    """A layout as `PlannerConfig.homes` takes it, whatever sequences it came in (the ledger's JSON
+    has lists); None for none."""
+    return tuple((m, tuple(g)) for m, g in homes) if homes else None
 
 
 def _with_homes(config: PlannerConfig | None, homes: tuple | None) -> PlannerConfig | None:

@@ -1,6 +1,9 @@
 """GET and PUT /v1/layout: the operator's layout, for admin tokens, in the shapes a `--layout`
 file takes; a bad one is named and changes nothing."""
 
+from statebudget.models.load import load_catalog, load_cluster
+from statebudget.service.ledger import Store
+from statebudget.service.live import LivePlanner
 from tests.api import test_api
 
 client = test_api.client  # the fixture: a service with admin, runtime and adapter tokens
@@ -11,11 +14,19 @@ def test_an_admin_puts_a_layout_in_either_file_shape_and_reads_it_back(client):
     assert client.get("/v1/layout", headers=H("admin")).json() == {"homes": {}}
     r = client.put("/v1/layout", json={"homes": {"reviewer": [1]}}, headers=H("admin"))
     assert r.status_code == 200 and r.json() == {"homes": {"reviewer": [1]}}
-    searched = {"cluster": "toy2", "catalog": "toy", "kept": [["planner", [0]]], "tried": [{"homes": None}]}
+    searched = {"cluster": "toy2", "catalog": "toy", "kept": [["planner", [0]]],
+                "tried": [{"layout": None, "acceptable": True}]}
     r = client.put("/v1/layout", json=searched, headers=H("admin"))  # what `statebudget layout --json` wrote
     assert r.json() == {"homes": {"planner": [0]}}
     assert client.get("/v1/layout", headers=H("admin")).json() == {"homes": {"planner": [0]}}
     assert client.put("/v1/layout", json={"homes": {}}, headers=H("admin")).json() == {"homes": {}}
+    assert client.put("/v1/layout", json={"kept": None}, headers=H("admin")).json() == {"homes": {}}
+
+
+def test_a_layout_put_is_kept_by_the_ledger(client, tmp_path):
+    client.put("/v1/layout", json={"homes": {"reviewer": [1]}}, headers=H("admin"))
+    again = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"))  # a restart
+    assert again.layout == (("reviewer", (1,)),)
 
 
 def test_a_bad_layout_is_named_and_nothing_changes(client):
@@ -24,7 +35,10 @@ def test_a_bad_layout_is_named_and_nothing_changes(client):
                          ({"homes": {"reviewer": "1"}}, "body:homes.reviewer: expected a list of GPU indices"),
                          ({"homes": {}, "kept": None}, "both `homes:` and `kept:`"),
                          ({"layout": {}}, "expected `homes:`"),
-                         ({"homes": {"nope": [0]}}, "no model 'nope'")]:
+                         ({"homes": {"nope": [0]}}, "no model 'nope'"),
+                         ({"kept": [["reviewer", [1]]], "cluster": "hetero16"},
+                          "body:cluster: a layout found on 'hetero16'; the planner runs cluster 'toy2'"),
+                         ({"kept": [["reviewer", [1]]], "catalog": "agent-team"}, "body:catalog:")]:
         r = client.put("/v1/layout", json=body, headers=H("admin"))
         assert r.status_code == 422 and detail in r.json()["detail"], (body, r.text)
     assert client.get("/v1/layout", headers=H("admin")).json() == {"homes": {"reviewer": [1]}}

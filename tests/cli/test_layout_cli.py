@@ -176,8 +176,18 @@ def test_serve_keeps_the_ledgers_layout_on_a_restart_and_none_drops_it(tmp_path,
     assert res.exit_code == 0 and "layout reviewer:1\n" in res.stderr, res.output
     res = runner.invoke(app, serve)
     assert res.exit_code == 0 and "layout reviewer:1 (the ledger's)" in res.stderr, res.output
+    on_0 = tmp_path / "on0.yaml"
+    on_0.write_text("homes:\n  reviewer: [0]\n")
+    res = runner.invoke(app, serve + ["--layout", str(on_0)])
+    assert res.exit_code == 0 and "layout reviewer:0 (replaces the ledger's reviewer:1)" in res.stderr, res.output
     res = runner.invoke(app, serve + ["--layout", "none"])
-    assert res.exit_code == 0 and "layout" not in res.stderr.split("planner on")[1], res.output
+    assert res.exit_code == 0 and "no layout (the ledger's reviewer:0 dropped)" in res.stderr, res.output
+    assert Store(db).get_meta("layout") is None
+    runner.invoke(app, serve + ["--layout", str(on_1)])
+    kept_none = tmp_path / "searched.json"  # a search that kept no layout: none runs
+    kept_none.write_text(json.dumps({"kept": None, "tried": []}))
+    res = runner.invoke(app, serve + ["--layout", str(kept_none)])
+    assert res.exit_code == 0 and "the ledger's reviewer:1 dropped" in res.stderr, res.output
     assert Store(db).get_meta("layout") is None
 
 

@@ -70,7 +70,7 @@ def test_a_new_cluster_the_layout_does_not_fit_waits_for_a_new_layout(tmp_path):
     p = planner(tmp_path / "sb.db", ON_1)
     one = load_cluster("toy2").model_dump(mode="json")
     one["nodes"] = one["nodes"][:1]
-    with pytest.raises(Invalid, match=r"the layout: homes\[0\]: reviewer .*; first PUT /v1/layout one that fits"):
+    with pytest.raises(Invalid, match=r"the layout: homes\[0\]: reviewer .*; drop it first \(PUT /v1/layout"):
         p.set_cluster(one, p.catalog.model_dump(mode="json"))
     p.set_layout(None)
     assert p.set_cluster(one, p.catalog.model_dump(mode="json")).gpus == 1

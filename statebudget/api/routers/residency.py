@@ -49,13 +49,19 @@ async def get_layout(svc: ServiceDep, who: AdminDep):
 
 @router.put("/v1/layout")
 async def put_layout(body: LayoutPut, svc: ServiceDep, who: AdminDep):
-    """Replace the layout ({"homes": {}}: none). From the next planning step a model with no copy
-    is homed by it; copies stay where they are. The ledger keeps it across restarts."""
-    data = body.model_dump(exclude_unset=True)
+    """Replace the layout ({"homes": {}} or {"kept": null}: none). From the next planning step a
+    model with no copy is homed by it; copies stay where they are. The ledger keeps it across
+    restarts. A `statebudget layout --json` output found on another cluster or catalog is refused."""
+    data, p = body.model_dump(exclude_unset=True), svc.planner
     try:
-        homes, _ = layout_entries({k: data[k] for k in ("homes", "kept") if k in data}, "body")
+        homes, names = layout_entries({k: v for k, v in data.items() if k in ("homes", "kept", "cluster", "catalog")},
+                                      "body")
     except InputError as e:
         raise Invalid(str(e)) from None
-    out = svc.planner.set_layout(homes)
+    # GPU indices mean something on their own cluster only: a search's output for another is refused
+    for what, runs in (("cluster", p.cluster.name), ("catalog", p.catalog.name)):
+        if names.get(what, runs) != runs:
+            raise Invalid(f"body:{what}: a layout found on {names[what]!r}; the planner runs {what} {runs!r}")
+    out = p.set_layout(homes)
     svc.changed()
     return _layout_body(out)

@@ -186,7 +186,8 @@ class ClusterPut(BaseModel):
 
 class LayoutPut(BaseModel):
     """PUT /v1/layout: what a `--layout` file holds, `homes` (model: [GPU index, ...]; {} for
-    none) or the output of `statebudget layout --json` (its `kept`; its other keys are not read).
+    none) or the output of `statebudget layout --json` (its `kept`; its other keys but `cluster`
+    and `catalog` are not read), and `holds` (true: `PlannerConfig.layout_holds`).
     The shape is checked by `models.load.layout_entries`, the fit by the planner (`set_layout`),
     each naming the entry."""
     model_config = ConfigDict(extra="allow")

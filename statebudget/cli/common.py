@@ -30,7 +30,8 @@ CatalogOpt = Annotated[str, typer.Option(help="catalog file or preset (agent-tea
 TraceOpt = Annotated[Path, typer.Option(help="trace file (JSONL, format v1)")]
 LayoutOpt = Annotated[Optional[Path], typer.Option(
     help="an operator's layout for our planners (`homes:` model: [GPU index, ...], or what `statebudget layout "
-         "--json` wrote): a model with no copy is homed on its group (docs/tracking.md)")]
+         "--json` wrote): a model with no copy is homed on its group, with `holds: true` one with a copy "
+         "elsewhere too (docs/tracking.md)")]
 
 # A secret on the command line is in `ps` and shell history: commands that take a token read it
 # from a file or the environment as well, and --token is never required.
@@ -77,17 +78,17 @@ def load_trace_warned(path: Path):
     return tr
 
 
-def layout_text(homes: tuple) -> str:
-    """A layout on one line: "coder:10,11 reviewer:8"."""
-    return " ".join(f"{m}:{','.join(map(str, g))}" for m, g in homes)
+def layout_text(homes: tuple, holds: bool = False) -> str:
+    """A layout on one line: "coder:10,11 reviewer:8" (" holding" with `layout_holds`)."""
+    return " ".join(f"{m}:{','.join(map(str, g))}" for m, g in homes) + (" holding" if holds else "")
 
 
-def load_layout_checked(path: Path | None, cluster=None, catalog=None) -> tuple | None:
-    """The layout in `path` (None: none) as `PlannerConfig.homes`, each entry checked against the
-    cluster and catalog when given (else its shape alone); a bad one fails here, naming the file
-    and the entry."""
+def load_layout_checked(path: Path | None, cluster=None, catalog=None) -> tuple[tuple | None, bool]:
+    """(the layout in `path` as `PlannerConfig.homes`, its `holds`) ((None, False): none), each
+    entry checked against the cluster and catalog when given (else its shape alone); a bad one
+    fails here, naming the file and the entry."""
     if path is None:
-        return None
+        return None, False
     from ..models.load import load_layout
     from ..planner.homes import layout
 
@@ -100,13 +101,13 @@ def load_layout_checked(path: Path | None, cluster=None, catalog=None) -> tuple 
         why = "the search kept no layout" if homes is None else "it homes no model"
         err.print(f"[yellow]warning:[/] {escape(str(path))}: {why}; the planner homes models as without one",
                   highlight=False)
-        return None
+        return None, False
     if cluster is not None and catalog is not None:
         try:
             layout(catalog, cluster, homes)
         except ValueError as e:
             raise InputError(str(path), "", str(e)) from None
-    return homes
+    return homes, names.get("holds", False)
 
 
 def fail(msg: str) -> None:

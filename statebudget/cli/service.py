@@ -76,8 +76,8 @@ def _check_db(db: Path) -> None:
 
 
 def _ledger_runs(db: Path):
-    """(cluster, catalog, layout) a ledger at `db` already runs (a restart runs them, whatever
-    --cluster says; layout None: none), read without writing; None for a new or empty ledger."""
+    """(cluster, catalog, (layout, holds)) a ledger at `db` already runs (a restart runs them,
+    whatever --cluster says; layout None: none), read without writing; None for a new or empty ledger."""
     import sqlite3
 
     from ..models.catalog import Catalog
@@ -94,19 +94,22 @@ def _ledger_runs(db: Path):
         con.close()
     if "cluster" not in meta or "catalog" not in meta:
         return None
-    homes = json.loads(meta.get("layout", "null"))
+    saved = json.loads(meta.get("layout", "null")) or {}
+    homes = tuple((m, tuple(g)) for m, g in saved["homes"]) if saved.get("homes") else None
     return (Cluster(**json.loads(meta["cluster"])), Catalog(**json.loads(meta["catalog"])),
-            tuple((m, tuple(g)) for m, g in homes) if homes else None)
+            (homes, bool(saved.get("holds"))))
 
 
-def _layout_said(now: tuple | None, before: tuple | None, given: bool) -> str:
-    """The start line's words on the layout: which one runs, and what became of the ledger's (a
-    unit file's --layout replaces at every restart what PUT /v1/layout set since)."""
-    if now is None:
-        return f", no layout (the ledger's {layout_text(before)} dropped)" if before else ""
+def _layout_said(now: tuple, before: tuple, given: bool) -> str:
+    """The start line's words on the layout (`now`, `before`: (homes, holds), homes None for none):
+    which one runs, and what became of the ledger's (a unit file's --layout replaces at every
+    restart what PUT /v1/layout set since)."""
+    if now[0] is None:
+        return f", no layout (the ledger's {layout_text(*before)} dropped)" if before[0] else ""
     if not given:
-        return f", layout {layout_text(now)} (the ledger's)"
-    return f", layout {layout_text(now)}" + (f" (replaces the ledger's {layout_text(before)})" if before and before != now else "")
+        return f", layout {layout_text(*now)} (the ledger's)"
+    replaced = before[0] is not None and before != now
+    return f", layout {layout_text(*now)}" + (f" (replaces the ledger's {layout_text(*before)})" if replaced else "")
 
 
 @guard
@@ -152,7 +155,8 @@ def serve(
                                             "both for admin tokens")] = False,
     layout: Annotated[Optional[Path], typer.Option(
         help="an operator's layout (`homes:` model: [GPU index, ...], or what `statebudget layout --json` wrote): "
-             "a model with no copy is homed on its group (docs/tracking.md). The ledger keeps it: a restart "
+             "a model with no copy is homed on its group, with `holds: true` one with a copy elsewhere too "
+             "(docs/tracking.md). The ledger keeps it: a restart "
              "without --layout keeps it, `--layout none` drops it; PUT /v1/layout replaces it live")] = None,
 ):
     """Run the planner service: runtimes post events and leases, adapters poll plans (docs/service.md).
@@ -192,7 +196,8 @@ def serve(
     # the ledger's on a restart, else --cluster.
     runs = _ledger_runs(db)
     try:
-        homes = None if str(layout) == "none" else load_layout_checked(layout, *(runs[:2] if runs else (cl, cat)))
+        homes, holds = (None, False) if str(layout) == "none" else \
+            load_layout_checked(layout, *(runs[:2] if runs else (cl, cat)))
     except InputError as e:
         if runs is None or not e.what.startswith("homes["):
             raise
@@ -229,7 +234,7 @@ def serve(
 
     track = TrackConfig(replan_s=track_every_s) if track_every_s > 0 else None
     config = lease_config(stage_host=stage_host, overload_wait_s=overload_wait_s or None,
-                          scale_out_wait_s=scale_out_wait_s or None, homes=homes)
+                          scale_out_wait_s=scale_out_wait_s or None, homes=homes, layout_holds=holds)
     planner = LivePlanner(cl, cat, store, profile=prof, queue=queue, config=config,
                           kv_rule=kv_rule, tenant_weights=weights, require_checksums=require_checksums, track=track)
     if layout is not None and homes is None and planner.layout:  # `none`, or a search that kept none
@@ -240,7 +245,8 @@ def serve(
                   f"PUT /v1/cluster while the planner holds no state)", highlight=False)
     err.print(f"planner on http://{host}:{port}: cluster {planner.cluster.name}, catalog {planner.catalog.name}, "
               f"queue {queue}, tool-wait KV {kv_rule}, ledger {db} (plan version {planner.plan_version}, {len(planner.ops)} open ops)"
-              + _layout_said(planner.layout, runs[2] if runs else None, layout is not None))
+              + _layout_said((planner.layout, planner.layout_holds), runs[2] if runs else (None, False),
+                             layout is not None))
     uvicorn.run(create_app(planner, auth, tick_s=tick_s, docs=docs), host=host, port=port, log_level="warning")
 
 

@@ -33,9 +33,9 @@ def _policy_list(spec: str) -> list[str]:
     return names
 
 
-def _layout_maker(homes: tuple | None, names: list[str]):
-    """The policy factory of a replay: our planners with the layout `homes` (none: the registry's
-    policies as they are); the baselines have no use for one, and a note says so."""
+def _layout_maker(homes: tuple | None, names: list[str], holds: bool = False):
+    """The policy factory of a replay: our planners with the layout `homes` (and `layout_holds`;
+    none: the registry's policies as they are); the baselines have no use for one, and a note says so."""
     from ..core.programs import parse_spec
     from ..policies import REGISTRY, make_policy
     from ..policies.ours import StateBudget
@@ -50,7 +50,7 @@ def _layout_maker(homes: tuple | None, names: list[str]):
     others = [n for n in names if parse_spec(n, REGISTRY)[0] not in ours]
     if others:
         err.print(f"note: --layout is for our planners; {', '.join(others)} place models as they always do", highlight=False)
-    return lambda base: policy_maker({"policy": base, "planner": {"homes": homes}})(base)
+    return lambda base: policy_maker({"policy": base, "planner": {"homes": homes, "layout_holds": holds}})(base)
 
 
 @guard
@@ -102,8 +102,8 @@ def replay(
         raise ValueError(f"--start must be one of {', '.join(START_MODES)}, got {start!r}")
     cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace_warned(trace)
     check_compatible(cl, cat, tr, str(trace))
-    homes = load_layout_checked(layout, cl, cat)
-    make = _layout_maker(homes, names)
+    homes, holds = load_layout_checked(layout, cl, cat)
+    make = _layout_maker(homes, names, holds)
     if seed is None:
         seed = tr.header.seed if tr.header.seed is not None else 0
     last = max(p.start for p in tr.programs)

@@ -270,9 +270,10 @@ def check_compatible(cluster: Cluster, catalog: Catalog, trace: Trace | None = N
 def load_layout(path: str | Path) -> tuple[tuple | None, dict]:
     """An operator's layout (`PlannerConfig.homes`) from a YAML or JSON file: either a `homes`
     mapping, model: [GPU index, ...], or what `statebudget layout --json` wrote (its `kept`
-    layout; None when it kept none); and the `cluster` and `catalog` names the file gives, if
-    any. The shape is checked here; whether each model and group fits the cluster and catalog is
-    `planner.homes.layout`'s to say."""
+    layout; None when it kept none); and what else the file says: the `cluster` and `catalog`
+    names, if any, and `holds` (`PlannerConfig.layout_holds`), if given. The shape is checked
+    here; whether each model and group fits the cluster and catalog is `planner.homes.layout`'s
+    to say."""
     path = Path(path)
     return layout_entries(_read_mapping(path), str(path))
 
@@ -283,6 +284,10 @@ def layout_entries(data: dict, source: str) -> tuple[tuple | None, dict]:
     if "homes" in data and "kept" in data:
         raise InputError(source, "", "both `homes:` and `kept:`: keep the one you mean")
     names = {k: data[k] for k in ("cluster", "catalog") if isinstance(data.get(k), str)}
+    if "holds" in data:
+        if not isinstance(data["holds"], bool):
+            raise InputError(source, "holds", f"expected true or false, got {data['holds']!r}")
+        names["holds"] = data["holds"]
     if "homes" in data:
         homes, where = data["homes"], "homes"
         if not isinstance(homes, dict):

@@ -162,10 +162,10 @@ class PlannerCore:
         self._link_base: dict[str, float] = {}
         self._link_gbps: float | None = None            # `admit`: mean link bandwidth, GB/s
 
-    def set_homes(self, homes) -> None:
-        """A new operator's layout (`PlannerConfig.homes`; checked as at the start): the next step homes by it."""
+    def set_homes(self, homes, holds: bool) -> None:
+        """A new operator's layout (`homes`, `layout_holds`; checked as at the start): the next step homes by it."""
         self._homes = layout(self.catalog, self.cost.cluster, homes)
-        self.cfg = replace(self.cfg, homes=tuple(homes) if homes else None)
+        self.cfg = replace(self.cfg, homes=tuple(homes) if homes else None, layout_holds=holds)
 
     # ---- the greedy step ------------------------------------------------------------------------
     def plan(self, view, now: float) -> list:

@@ -116,7 +116,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
             cluster, catalog = Cluster(**saved), Catalog(**self.store.get_meta("catalog"))
         if config is not None and config.homes:  # the operator's layout fits the cluster the planner runs on
             layout(catalog, cluster, config.homes)
-            self.config = _with_homes(config, _homes_tuple(config.homes))
+            self.config = _with_homes(config, _homes_tuple(config.homes), config.layout_holds)
         elif saved is not None:  # a restart keeps the layout the ledger holds (checked when it was set)
             self._layout_from_ledger()
         # Priorities count aging from this instant (`arrival_priority`); kept on disk, so the
@@ -134,7 +134,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
                 self.store.set_meta("cluster", cluster.model_dump(mode="json"))
                 self.store.set_meta("catalog", catalog.model_dump(mode="json"))
                 self._save_meta()
-        if config is not None and config.homes and self._ledger_layout() != self.layout:
+        if config is not None and config.homes and self._ledger_layout() != (self.layout, self.layout_holds):
             with self.store.tx():
                 self._save_layout()
 
@@ -293,31 +293,42 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         """The operator's layout the planner homes models by (`PlannerConfig.homes`), None: none."""
         return (self.config.homes or None) if self.config is not None else None
 
-    def set_layout(self, homes) -> tuple | None:
+    @property
+    def layout_holds(self) -> bool:
+        """Whether a model in the layout is homed on its group even while it has a copy elsewhere."""
+        return bool(self.layout) and self.config.layout_holds
+
+    def set_layout(self, homes, holds: bool = False) -> tuple | None:
         """Replace the operator's layout: ((model, (GPU index, ...)), ...), or None (or empty) for
-        none. From the next planning step a model with no copy is homed by it; copies stay where they
-        are. Kept in the ledger: a restart keeps it. Called by PUT /v1/layout. Returns the layout now.
-        Raises Invalid (an entry the cluster or catalog cannot take; nothing changes)."""
+        none, and whether it holds (`PlannerConfig.layout_holds`). From the next planning step a
+        model with no copy is homed by it (with `holds`, a model with a copy elsewhere too); copies
+        stay where they are until evicted. Kept in the ledger: a restart keeps it. Called by PUT
+        /v1/layout. Returns the layout now. Raises Invalid (an entry the cluster or catalog cannot
+        take; nothing changes)."""
         homes = _homes_tuple(homes)
+        holds = bool(homes) and holds
         try:
             layout(self.catalog, self.cluster, homes)
         except ValueError as e:
             raise Invalid(str(e)) from None
         with self._tx():
-            self.config = _with_homes(self.config, homes)
-            self.core.set_homes(homes)  # the policy's core (made at `_setup`) reads its own config
+            self.config = _with_homes(self.config, homes, holds)
+            self.core.set_homes(homes, holds)  # the policy's core (made at `_setup`) reads its own config
             self._save_layout()
         self.plan_due = True
         return self.layout
 
     def _save_layout(self) -> None:
-        self.store.set_meta("layout", [[m, list(g)] for m, g in self.layout] if self.layout else None)
+        self.store.set_meta("layout", {"homes": [[m, list(g)] for m, g in self.layout], "holds": self.layout_holds}
+                            if self.layout else None)
 
     def _layout_from_ledger(self) -> None:
-        self.config = _with_homes(self.config, self._ledger_layout())
+        self.config = _with_homes(self.config, *self._ledger_layout())
 
-    def _ledger_layout(self) -> tuple | None:
-        return _homes_tuple(self.store.get_meta("layout"))
+    def _ledger_layout(self) -> tuple[tuple | None, bool]:
+        """(homes, holds) the ledger keeps; (None, False): none."""
+        saved = self.store.get_meta("layout") or {}
+        return _homes_tuple(saved.get("homes")), bool(saved.get("holds"))
 
     # ---- planning ---------------------------------------------------------------------------------
     def tick(self) -> int:
@@ -510,9 +521,10 @@ def _homes_tuple(homes) -> tuple | None:
     return tuple((m, tuple(g)) for m, g in homes) if homes else None
 
 
-def _with_homes(config: PlannerConfig | None, homes: tuple | None) -> PlannerConfig | None:
-    """`config` (None: the lease planner's defaults) with the layout `homes`; `config` itself when
-    it has that layout already."""
-    if (config.homes if config is not None else None) == homes:
+def _with_homes(config: PlannerConfig | None, homes: tuple | None, holds: bool = False) -> PlannerConfig | None:
+    """`config` (None: the lease planner's defaults) with the layout `homes` and `layout_holds`;
+    `config` itself when it has them already."""
+    now = (config.homes, config.layout_holds) if config is not None else (None, False)
+    if now == (homes, holds):
         return config
-    return replace(config or lease_config(), homes=homes)
+    return replace(config or lease_config(), homes=homes, layout_holds=holds)

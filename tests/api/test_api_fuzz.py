@@ -79,7 +79,7 @@ _ROUTES = {
 _FIELDS = {"type", "program", "call", "model", "tool", "thread", "after", "effect", "result", "ttft_s", "duration_s",
            "context_tokens", "tokens", "epoch", "attempt", "deadline_s", "earliest_s", "confidence", "cancel_token",
            "for_call", "status", "bytes", "seconds", "checksum", "version", "error", "cluster", "catalog", "hours",
-           "seed", "window", "overlap", "time_limit_s", "node", "reason", "copies", "homes", "kept"}
+           "seed", "window", "overlap", "time_limit_s", "node", "reason", "copies", "homes", "kept", "holds"}
 _client = TestClient(app, raise_server_exceptions=False)
 _body = st.one_of(
     _junk,

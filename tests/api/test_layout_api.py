@@ -11,16 +11,16 @@ H = test_api.H
 
 
 def test_an_admin_puts_a_layout_in_either_file_shape_and_reads_it_back(client):
-    assert client.get("/v1/layout", headers=H("admin")).json() == {"homes": {}}
-    r = client.put("/v1/layout", json={"homes": {"reviewer": [1]}}, headers=H("admin"))
-    assert r.status_code == 200 and r.json() == {"homes": {"reviewer": [1]}}
+    assert client.get("/v1/layout", headers=H("admin")).json() == {"homes": {}, "holds": False}
+    r = client.put("/v1/layout", json={"homes": {"reviewer": [1]}, "holds": True}, headers=H("admin"))
+    assert r.status_code == 200 and r.json() == {"homes": {"reviewer": [1]}, "holds": True}
     searched = {"cluster": "toy2", "catalog": "toy", "kept": [["planner", [0]]],
                 "tried": [{"layout": None, "acceptable": True}]}
     r = client.put("/v1/layout", json=searched, headers=H("admin"))  # what `statebudget layout --json` wrote
-    assert r.json() == {"homes": {"planner": [0]}}
-    assert client.get("/v1/layout", headers=H("admin")).json() == {"homes": {"planner": [0]}}
-    assert client.put("/v1/layout", json={"homes": {}}, headers=H("admin")).json() == {"homes": {}}
-    assert client.put("/v1/layout", json={"kept": None}, headers=H("admin")).json() == {"homes": {}}
+    assert r.json() == {"homes": {"planner": [0]}, "holds": False}
+    assert client.get("/v1/layout", headers=H("admin")).json() == {"homes": {"planner": [0]}, "holds": False}
+    assert client.put("/v1/layout", json={"homes": {}}, headers=H("admin")).json() == {"homes": {}, "holds": False}
+    assert client.put("/v1/layout", json={"kept": None}, headers=H("admin")).json()["homes"] == {}
 
 
 def test_a_layout_put_is_kept_by_the_ledger(client, tmp_path):
@@ -38,10 +38,11 @@ def test_a_bad_layout_is_named_and_nothing_changes(client):
                          ({"homes": {"nope": [0]}}, "no model 'nope'"),
                          ({"kept": [["reviewer", [1]]], "cluster": "hetero16"},
                           "body:cluster: a layout found on 'hetero16'; the planner runs cluster 'toy2'"),
-                         ({"kept": [["reviewer", [1]]], "catalog": "agent-team"}, "body:catalog:")]:
+                         ({"kept": [["reviewer", [1]]], "catalog": "agent-team"}, "body:catalog:"),
+                         ({"homes": {"reviewer": [1]}, "holds": "yes"}, "body:holds: expected true or false")]:
         r = client.put("/v1/layout", json=body, headers=H("admin"))
         assert r.status_code == 422 and detail in r.json()["detail"], (body, r.text)
-    assert client.get("/v1/layout", headers=H("admin")).json() == {"homes": {"reviewer": [1]}}
+    assert client.get("/v1/layout", headers=H("admin")).json() == {"homes": {"reviewer": [1]}, "holds": False}
 
 
 def test_only_admins_see_or_change_the_layout(client):

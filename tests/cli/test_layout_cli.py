@@ -104,12 +104,25 @@ def test_replay_takes_a_layout_file_for_our_planners_only(tmp_path):
         assert {r for r in runs[name] if r[0] == "lru-keepwarm"} == {r for r in runs["none"] if r[0] == "lru-keepwarm"}
 
 
+def test_a_layout_file_that_holds_reaches_our_planners(tmp_path):
+    from statebudget.cli.common import load_layout_checked
+    from statebudget.cli.sim import _layout_maker
+
+    path = tmp_path / "l.yaml"
+    path.write_text("homes:\n  summarizer: [6]\nholds: true\n")
+    homes, holds = load_layout_checked(path, load_cluster("hetero16"), load_catalog("agent-team"))
+    assert holds and _layout_maker(homes, ["statebudget-lease"], holds)("statebudget-lease").config.layout_holds
+    path.write_text("homes:\n  summarizer: [6]\n")
+    assert load_layout_checked(path)[1] is False
+
+
 @pytest.mark.parametrize("text, error", [
     ("homes:\n  summarizer: [5, 6]\n", "homes[0]: summarizer (tp 1) cannot run on GPUs (5, 6)"),
     ("homes:\n  ghost: [5]\n", "homes[0]: no model 'ghost' in catalog 'agent-team'"),
     ("homes:\n  summarizer: 5\n", "homes.summarizer: expected a list of GPU indices, got 5"),
     ("homes: [summarizer]\n", "homes: expected a mapping, model: [GPU index, ...]"),
     ("layout: {}\n", "expected `homes:`"),
+    ("homes:\n  summarizer: [6]\nholds: 1\n", "holds: expected true or false, got 1"),
 ])
 def test_a_bad_layout_is_named_before_anything_runs_or_is_written(tmp_path, text, error):
     path = tmp_path / "layout.yaml"
@@ -177,11 +190,13 @@ def test_serve_keeps_the_ledgers_layout_on_a_restart_and_none_drops_it(tmp_path,
     res = runner.invoke(app, serve)
     assert res.exit_code == 0 and "layout reviewer:1 (the ledger's)" in res.stderr, res.output
     on_0 = tmp_path / "on0.yaml"
-    on_0.write_text("homes:\n  reviewer: [0]\n")
+    on_0.write_text("homes:\n  reviewer: [0]\nholds: true\n")
     res = runner.invoke(app, serve + ["--layout", str(on_0)])
-    assert res.exit_code == 0 and "layout reviewer:0 (replaces the ledger's reviewer:1)" in res.stderr, res.output
+    assert res.exit_code == 0 and "layout reviewer:0 holding (replaces the ledger's reviewer:1)" in res.stderr, res.output
+    res = runner.invoke(app, serve)
+    assert res.exit_code == 0 and "layout reviewer:0 holding (the ledger's)" in res.stderr, res.output
     res = runner.invoke(app, serve + ["--layout", "none"])
-    assert res.exit_code == 0 and "no layout (the ledger's reviewer:0 dropped)" in res.stderr, res.output
+    assert res.exit_code == 0 and "no layout (the ledger's reviewer:0 holding dropped)" in res.stderr, res.output
     assert Store(db).get_meta("layout") is None
     runner.invoke(app, serve + ["--layout", str(on_1)])
     kept_none = tmp_path / "searched.json"  # a search that kept no layout: none runs

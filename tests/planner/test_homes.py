@@ -126,7 +126,7 @@ def test_an_operators_layout_homes_a_model_with_no_copy_and_with_layout_holds_on
 
     def promoted(cfg):
         core.cfg = cfg
-        core.set_homes(cfg.homes)
+        core.set_homes(cfg.homes, cfg.layout_holds)
         return {d.key[1]: d.group for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote" and d.key[0] == "w"}
 
     assert promoted(PlannerConfig())["b"] == (2,), "the most free HBM, with no layout"

@@ -57,13 +57,26 @@ def test_set_layout_steers_the_next_step_and_is_kept_and_none_clears_it(tmp_path
     assert reviewer_homed_on(p) == [(0,)]
 
 
+def test_a_holding_layout_is_kept_with_its_holds_and_reaches_the_planning_step(tmp_path):
+    db = tmp_path / "sb.db"
+    p = planner(db)
+    p.set_layout(ON_1, holds=True)
+    assert p.layout_holds and p.core.cfg.layout_holds and p.core.cfg.homes == ON_1
+    p.store.close()
+    p = planner(db)  # a restart
+    assert (p.layout, p.layout_holds) == (ON_1, True) and p.core.cfg.layout_holds
+    p.set_layout(ON_1)
+    assert not p.layout_holds and not p.core.cfg.layout_holds
+    assert not p.set_layout(None, holds=True) and not p.layout_holds  # no layout holds nothing
+
+
 def test_a_layout_that_does_not_fit_changes_nothing(tmp_path):
     p = planner(tmp_path / "sb.db", ON_1)
     with pytest.raises(Invalid, match=r"homes\[0\]: no model 'nope' in catalog"):
         p.set_layout((("nope", (0,)),))
     with pytest.raises(Invalid, match=r"homes\[1\]: planner \(tp 1\) cannot run on GPUs \(0, 1\)"):
         p.set_layout((("reviewer", (0,)), ("planner", (0, 1))))
-    assert p.layout == ON_1 and p.store.get_meta("layout") == [["reviewer", [1]]]
+    assert p.layout == ON_1 and p.store.get_meta("layout") == {"homes": [["reviewer", [1]]], "holds": False}
 
 
 def test_a_new_cluster_the_layout_does_not_fit_waits_for_a_new_layout(tmp_path):

@@ -37,14 +37,15 @@ async def put_cluster(body: ClusterPut, svc: ServiceDep, who: AdminDep):
     return out.body()
 
 
-def _layout_body(homes) -> dict:
-    return {"homes": {m: list(g) for m, g in homes or ()}}
+def _layout_body(p) -> dict:
+    return {"homes": {m: list(g) for m, g in p.layout or ()}, "holds": p.layout_holds}
 
 
 @router.get("/v1/layout")
 async def get_layout(svc: ServiceDep, who: AdminDep):
-    """The operator's layout: {"homes": {model: [GPU index, ...]}} ({}: none; docs/tracking.md)."""
-    return _layout_body(svc.planner.layout)
+    """The operator's layout: {"homes": {model: [GPU index, ...]} ({}: none), "holds": its models come
+    back to their groups} (docs/tracking.md)."""
+    return _layout_body(svc.planner)
 
 
 @router.put("/v1/layout")
@@ -54,14 +55,14 @@ async def put_layout(body: LayoutPut, svc: ServiceDep, who: AdminDep):
     restarts. A `statebudget layout --json` output found on another cluster or catalog is refused."""
     data, p = body.model_dump(exclude_unset=True), svc.planner
     try:
-        homes, names = layout_entries({k: v for k, v in data.items() if k in ("homes", "kept", "cluster", "catalog")},
-                                      "body")
+        homes, names = layout_entries({k: v for k, v in data.items()
+                                       if k in ("homes", "kept", "cluster", "catalog", "holds")}, "body")
     except InputError as e:
         raise Invalid(str(e)) from None
     # GPU indices mean something on their own cluster only: a search's output for another is refused
     for what, runs in (("cluster", p.cluster.name), ("catalog", p.catalog.name)):
         if names.get(what, runs) != runs:
             raise Invalid(f"body:{what}: a layout found on {names[what]!r}; the planner runs {what} {runs!r}")
-    out = p.set_layout(homes)
+    p.set_layout(homes, names.get("holds", False))
     svc.changed()
-    return _layout_body(out)
+    return _layout_body(p)

@@ -102,7 +102,7 @@ class PlannerConfig:
     # on, whatever the view says; models left out are homed as before. None (no layout) by default:
     # a layout suits one workload and trades against TTFT (docs/tracking.md, "A layout fixed in advance").
     homes: tuple | None = None
-    layout_holds: bool = False  # a model in `homes` is homed there even while it has a copy elsewhere
+    layout_holds: bool = False  # a model in `homes` is homed there even with a copy elsewhere (tracking.md)
 
 
 def lease_config(**overrides) -> PlannerConfig:

@@ -6,7 +6,7 @@ warm-up, as the fair table.
 
     .venv/bin/python benchmarks/bench_layouts.py --history 1-10 --seeds 100-139 --workers 2 \\
         [--traces mapreduce,mixed-tenants] [--policies statebudget-lease] [--budget 24] \\
-        [--tolerance 0.05] [--against sleep-swap,forecast-prewarm] [--json out/bench_layouts.json]
+        [--tolerance 0.05] [--against sleep-swap,forecast-prewarm] [--holds] [--json out/bench_layouts.json]
 
 Per trace: the layout kept, the search's means (no layout, first layout, kept), and on the
 evaluation seeds the mean per-seed change [bootstrap 95 %] and seeds lower, for handoff-stall
@@ -43,6 +43,7 @@ def main(argv=None):
                          "program P95 may be")
     ap.add_argument("--against", default="", help="baselines whose best TTFT and program P95 on the history bound "
                                                  "a kept layout's, in place of no layout's")
+    ap.add_argument("--holds", action="store_true", help="replay and run every layout holding (`holds: true`)")
     ap.add_argument("--hours", type=float, default=2.0)
     ap.add_argument("--warmup", type=float, default=1800.0)
     ap.add_argument("--workers", type=int, default=2)
@@ -60,18 +61,21 @@ def main(argv=None):
     common = dict(catalog="agent-team", hours=args.hours, warmup_s=args.warmup)
     t0 = time.time()
     out = {"benchmark": "bench_layouts", "history": history, "seeds": seeds, "policies": policies,
-           "budget": args.budget, "tolerance": args.tolerance, "against": against, "traces": {}}
+           "budget": args.budget, "tolerance": args.tolerance, "against": against, "holds": args.holds,
+           "traces": {}}
     for trace in traces:
         def say(msg, trace=trace):
             print(f"[{time.time() - t0:.0f} s] {trace}: {msg}", file=sys.stderr, flush=True)
 
         hist = jobs(["hetero16"], [trace], history, policies[:1], **common)
-        found = search(cl, cat, hist, policies[0], args.budget, args.tolerance, args.workers, say, against)
+        found = search(cl, cat, hist, policies[0], args.budget, args.tolerance, args.workers, say, against,
+                       args.holds)
         lay = found.chosen.layout
         say(f"kept {lay!r}")
         todo = jobs(["hetero16"], [trace], seeds, policies, **common)
         if lay is not None:
-            todo += jobs(["hetero16"], [trace], seeds, policies, planner={"homes": lay}, **common)
+            todo += jobs(["hetero16"], [trace], seeds, policies, planner={"homes": lay, "layout_holds": args.holds},
+                         **common)
         rows = run_local(todo, args.workers)
         rec = {"layout": lay, "planner_arg": found.planner_arg(),
                "search": [{"layout": s.layout, "acceptable": s.acceptable, **s.means} for s in found.tried],

@@ -332,6 +332,9 @@ def layout(
     warmup: Annotated[float, typer.Option("--warmup", help="seconds of each replay no figure counts",
                                           min=0.0)] = 1800.0,
     workers: Annotated[Optional[int], typer.Option(help="local processes (default: one per core)", min=1)] = None,
+    holds: Annotated[bool, typer.Option("--holds", help="replay every layout holding: a model in it is homed on its "
+                                                        "group even while it has a copy elsewhere (the file says "
+                                                        "`holds: true`)")] = False,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write every layout tried here")] = None,
 ):
     """Choose an operator's layout (a GPU group per model, `PlannerConfig.homes`) by replaying the
@@ -365,7 +368,7 @@ def layout(
     with progress_bar(TextColumn("{task.description}"), TimeElapsedColumn()) as prog:
         task = prog.add_task("replaying no layout and a first one")
         found = search(cl, cat, jobs, name, budget, tolerance, workers,
-                       lambda msg: prog.update(task, description=escape(msg)), against=refs)
+                       lambda msg: prog.update(task, description=escape(msg)), against=refs, holds=holds)
     ref = f"the best of {', '.join(found.against)}" if refs else "no layout's"
     for p, n in found.dropped.items():
         err.print(f"note: {escape(p)} drops {n:g} calls a trace, more than the others: not a reference "
@@ -388,13 +391,13 @@ def layout(
     else:
         where = f"--layout {escape(str(json_out))}" if json_out else "--layout FILE, FILE holding"
         console.print(f"kept (`replay` and `serve` take it as {where}):\nhomes:\n"
-                      + "".join(f"  {m}: [{', '.join(map(str, g))}]\n" for m, g in found.chosen.layout),
-                      end="", highlight=False)
+                      + "".join(f"  {m}: [{', '.join(map(str, g))}]\n" for m, g in found.chosen.layout)
+                      + ("holds: true\n" if holds else ""), end="", highlight=False)
     if json_out:
         write_json(json_out, {"cluster": cl.name, "catalog": cat.name, "policy": name, "budget": budget,
                               "tolerance": tolerance, "warmup_s": warmup,
                               "against": found.against, "not_references": found.dropped,
-                              "history": [str(p) for p in history], "kept": found.chosen.layout,
+                              "history": [str(p) for p in history], "kept": found.chosen.layout, "holds": holds,
                               "tried": [{"layout": s.layout, "acceptable": s.acceptable, **s.means}
                                         for s in found.tried]})
 

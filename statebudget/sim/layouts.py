@@ -157,9 +157,13 @@ class Search:
     against: dict[str, dict] = field(default_factory=dict)  # policy -> its METRICS means on the history
     dropped: dict[str, float] = field(default_factory=dict)  # policy left out of `against` -> calls it drops a trace
 
+    holds: bool = False  # the layouts were replayed holding (`PlannerConfig.layout_holds`)
+
     def planner_arg(self) -> str:
         """The `--planner` argument that sets the chosen layout ('' for none)."""
-        return "" if self.chosen.layout is None else f"homes={self.chosen.layout!r}"
+        if self.chosen.layout is None:
+            return ""
+        return f"homes={self.chosen.layout!r}" + (",layout_holds=True" if self.holds else "")
 
 
 def _s(v: float | None) -> str:
@@ -177,13 +181,13 @@ def _means(rows: list[dict]) -> dict[str, float | None]:
 
 def search(cluster: Cluster, catalog: Catalog, history: list[dict], policy: str = "statebudget-lease",
            budget: int = 24, tolerance: float = 0.05, workers: int | None = None, progress=None,
-           against: list[str] = ()) -> Search:
+           against: list[str] = (), holds: bool = False) -> Search:
     """Steepest descent over layouts (see the module). `history`: sweep jobs (a policy in them is
     replaced by `policy`), each a trace (`trace` and `seed`, or `trace_file`) with its cluster, catalog, start and
     warm-up; every candidate is replayed on all of them. `budget` counts replayed layouts, no
     layout included. `against`: policies whose best TTFT and program P95 bound an acceptable
-    layout's, in place of no layout's (replayed on the history first). `progress(message)` after
-    each batch."""
+    layout's, in place of no layout's (replayed on the history first). `holds`: every layout is
+    replayed holding (`PlannerConfig.layout_holds`). `progress(message)` after each batch."""
     if budget < 2:
         raise ValueError(f"budget must be >= 2 (no layout and a first one), got {budget}")
     if not tolerance >= 0:
@@ -192,7 +196,7 @@ def search(cluster: Cluster, catalog: Catalog, history: list[dict], policy: str 
               for j in history]
 
     def score(batch: list[Layout | None]) -> list[Scored]:
-        jobs = [dict(j, policy=policy, planner={"homes": lay} if lay is not None else {})
+        jobs = [dict(j, policy=policy, planner={"homes": lay, "layout_holds": holds} if lay is not None else {})
                 for lay in batch for j in history]
         rows = run_local(jobs, workers)
         out = []
@@ -255,4 +259,4 @@ def search(cluster: Cluster, catalog: Catalog, history: list[dict], policy: str 
         if rank(step) >= rank(current):  # no neighbour improves on where the descent stands
             break
         current = step
-    return Search(best, none, tried, others, dropped)
+    return Search(best, none, tried, others, dropped, holds)

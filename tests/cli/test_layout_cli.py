@@ -229,3 +229,25 @@ def test_a_layout_for_baselines_alone_is_refused_and_another_clusters_is_flagged
                               "--policy", "statebudget-lease", "--layout", str(path)])
     assert res.exit_code == 0, res.output
     assert "a layout found on cluster hetero8, used on hetero16" in res.stderr
+
+
+def test_a_holding_search_writes_holds_for_replay_and_serve(tmp_path, monkeypatch):
+    from statebudget.sim import layouts
+
+    lay = (("summarizer", (6,)),)
+    asked = {}
+
+    def search(cl, cat, jobs, name, budget, tolerance, workers, progress, against=(), holds=False):
+        asked["holds"] = holds
+        means = {m: 1.0 for m in layouts.METRICS}
+        return layouts.Search(layouts.Scored(lay, means), layouts.Scored(None, means), [layouts.Scored(None, means),
+                              layouts.Scored(lay, means)], holds=holds)
+
+    monkeypatch.setattr(layouts, "search", search)
+    out = tmp_path / "layout.json"
+    res = runner.invoke(app, ["layout", "--cluster", "hetero16", "--catalog", "agent-team", "--history",
+                              str(_history(tmp_path, "0.6")), "--warmup", "300", "--holds", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert asked["holds"] and "  summarizer: [6]\nholds: true\n" in res.stdout
+    from statebudget.cli.common import load_layout_checked
+    assert load_layout_checked(out, load_cluster("hetero16"), load_catalog("agent-team")) == (lay, True)

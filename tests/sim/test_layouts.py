@@ -204,3 +204,22 @@ def test_the_limits_tolerance_a_baseline_that_drops_calls_and_an_unacceptable_no
           lambda lay: 4.0 if lay is None else 3.1, {"sleep-swap": (2.0, 3.2)})
     found = search(CL, CAT, HISTORY, budget=40, tolerance=0.0, against=["sleep-swap"])
     assert not found.none.acceptable and found.chosen.means["handoff_p95_s"] == 0.9
+
+
+def test_a_holding_search_replays_every_layout_holding_and_says_so(monkeypatch):
+    seen = []
+    _stub(monkeypatch, lambda lay: 1.0 if lay is None else 0.5, lambda lay: 3.0)
+    stubbed = layouts.run_local
+
+    def run_local(jobs, workers=None, progress=None):
+        seen.extend(j.get("planner") or {} for j in jobs)
+        return stubbed(jobs, workers, progress)
+
+    monkeypatch.setattr(layouts, "run_local", run_local)
+    found = search(CL, CAT, HISTORY, budget=4, holds=True)
+    laid = [p for p in seen if p.get("homes")]
+    assert laid and all(p["layout_holds"] is True for p in laid) and {} in seen, "no layout replayed as it is"
+    assert found.planner_arg() == f"homes={found.chosen.layout!r},layout_holds=True"
+    seen.clear()
+    found = search(CL, CAT, HISTORY, budget=4)
+    assert not any(p.get("layout_holds") for p in seen) and found.planner_arg() == f"homes={found.chosen.layout!r}"

@@ -156,7 +156,6 @@ class Search:
     tried: list[Scored] = field(default_factory=list)
     against: dict[str, dict] = field(default_factory=dict)  # policy -> its METRICS means on the history
     dropped: dict[str, float] = field(default_factory=dict)  # policy left out of `against` -> calls it drops a trace
-
     holds: bool = False  # the layouts were replayed holding (`PlannerConfig.layout_holds`)
 
     def planner_arg(self) -> str:

@@ -51,8 +51,9 @@ async def get_layout(svc: ServiceDep, who: AdminDep):
 @router.put("/v1/layout")
 async def put_layout(body: LayoutPut, svc: ServiceDep, who: AdminDep):
     """Replace the layout ({"homes": {}} or {"kept": null}: none). From the next planning step a
-    model with no copy is homed by it; copies stay where they are. The ledger keeps it across
-    restarts. A `statebudget layout --json` output found on another cluster or catalog is refused."""
+    model with no copy is homed by it (with "holds": true, one with a copy elsewhere too); copies
+    stay where they are until evicted. The ledger keeps it across restarts. A `statebudget layout
+    --json` output found on another cluster or catalog is refused."""
     data, p = body.model_dump(exclude_unset=True), svc.planner
     try:
         homes, names = layout_entries({k: v for k, v in data.items()

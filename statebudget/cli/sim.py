@@ -386,8 +386,9 @@ def layout(
         mark = "*" if s.acceptable else " "
         console.print(f" {mark} {row(s.means)}  {escape(what)}", highlight=False)
     if found.chosen.layout is None:
-        console.print("kept: no layout (" + ("no acceptable layout has a lower handoff P95 on this history)"
-                                             if found.none.acceptable else "no layout tried is acceptable)"))
+        some = any(t.acceptable for t in found.tried if t.layout is not None)
+        console.print("kept: no layout (" + ("no acceptable layout has a lower handoff P95 than no layout on this "
+                                             "history)" if some else "no layout tried is acceptable)"))
     else:
         where = f"--layout {escape(str(json_out))}" if json_out else "--layout FILE, FILE holding"
         console.print(f"kept (`replay` and `serve` take it as {where}):\nhomes:\n"

@@ -199,8 +199,13 @@ def test_the_limits_tolerance_a_baseline_that_drops_calls_and_an_unacceptable_no
     assert found.against["sleep-swap"]["ttft_p95_s"] is None and found.chosen.layout is None
     assert all(not s.acceptable for s in found.tried if s.layout is not None and on_l40(s.layout, "fast-coder"))
     assert any(s.acceptable for s in found.tried if s.layout is not None)
-    # no layout over the limit: an acceptable layout is kept even with a higher handoff P95 than it
+    # no layout over the limit: an acceptable layout is kept only with less handoff P95 than it
     _stub(monkeypatch, lambda lay: 0.2 if lay is None else 0.9 if on_l40(lay, "fast-coder") else 1.0,
+          lambda lay: 4.0 if lay is None else 3.1, {"sleep-swap": (2.0, 3.2)})
+    found = search(CL, CAT, HISTORY, budget=40, tolerance=0.0, against=["sleep-swap"])
+    assert not found.none.acceptable and any(s.acceptable for s in found.tried)
+    assert found.chosen.layout is None, "limits met by giving back handoff stall: not kept"
+    _stub(monkeypatch, lambda lay: 1.2 if lay is None else 0.9 if on_l40(lay, "fast-coder") else 1.0,
           lambda lay: 4.0 if lay is None else 3.1, {"sleep-swap": (2.0, 3.2)})
     found = search(CL, CAT, HISTORY, budget=40, tolerance=0.0, against=["sleep-swap"])
     assert not found.none.acceptable and found.chosen.means["handoff_p95_s"] == 0.9

@@ -1,6 +1,6 @@
 """A layout from history, judged on fair ground (`statebudget/sim/layouts.py`). For each trace,
 the layout search replays that preset's tuning seeds (its history) with the first of
-`--policies`; the layout it keeps (or none) then runs on the evaluation seeds beside no layout,
+`--policies`; the layout it keeps, if any, then runs on the evaluation seeds beside no layout,
 for each policy, paired seed by seed. hetero16 + agent-team, 2-hour traces, warm start, 1800 s
 warm-up, as the fair table.
 
@@ -72,11 +72,9 @@ def main(argv=None):
                        args.holds)
         lay = found.chosen.layout
         say(f"kept {lay!r}")
-        todo = jobs(["hetero16"], [trace], seeds, policies, **common)
-        if lay is not None:
-            todo += jobs(["hetero16"], [trace], seeds, policies, planner={"homes": lay, "layout_holds": args.holds},
-                         **common)
-        rows = run_local(todo, args.workers)
+        todo = [] if lay is None else jobs(["hetero16"], [trace], seeds, policies, **common) + jobs(
+            ["hetero16"], [trace], seeds, policies, planner={"homes": lay, "layout_holds": args.holds}, **common)
+        rows = run_local(todo, args.workers) if todo else []  # nothing kept: nothing to judge
         rec = {"layout": lay, "planner_arg": found.planner_arg(),
                "search": [{"layout": s.layout, "acceptable": s.acceptable, **s.means} for s in found.tried],
                "against": found.against,

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StringConstraints,
+                      model_validator)
 
 ID_CHARS = 200        # the longest id
 ERROR_CHARS = 2_000   # what is kept of an op's error text
@@ -193,6 +194,7 @@ class LayoutPut(BaseModel):
     model_config = ConfigDict(extra="allow")
     homes: dict | None = None
     kept: list | None = None
+    holds: StrictBool = False
 
 
 class InventoryCopy(BaseModel):

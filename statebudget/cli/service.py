@@ -94,10 +94,10 @@ def _ledger_runs(db: Path):
         con.close()
     if "cluster" not in meta or "catalog" not in meta:
         return None
-    saved = json.loads(meta.get("layout", "null")) or {}
-    homes = tuple((m, tuple(g)) for m, g in saved["homes"]) if saved.get("homes") else None
+    from ..service.live import ledger_layout
+
     return (Cluster(**json.loads(meta["cluster"])), Catalog(**json.loads(meta["catalog"])),
-            (homes, bool(saved.get("holds"))))
+            ledger_layout(json.loads(meta.get("layout", "null"))))
 
 
 def _layout_said(now: tuple, before: tuple, given: bool) -> str:

@@ -388,9 +388,10 @@ def layout(
     if found.chosen.layout is None:
         some = any(t.acceptable for t in found.tried if t.layout is not None)
         console.print("kept: no layout (" + ("no acceptable layout has a lower handoff P95 than no layout on this "
-                                             "history)" if some else "no layout tried is acceptable)"))
+                                             "history" if some else "no layout tried is acceptable")
+                      + ("" if found.none.acceptable else "; no layout itself is over the limits") + ")")
     else:
-        where = f"--layout {escape(str(json_out))}" if json_out else "--layout FILE, FILE holding"
+        where = f"--layout {escape(str(json_out))}" if json_out else "--layout FILE, a FILE with"
         console.print(f"kept (`replay` and `serve` take it as {where}):\nhomes:\n"
                       + "".join(f"  {m}: [{', '.join(map(str, g))}]\n" for m, g in found.chosen.layout)
                       + ("holds: true\n" if holds else ""), end="", highlight=False)

@@ -327,8 +327,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
 
     def _ledger_layout(self) -> tuple[tuple | None, bool]:
         """(homes, holds) the ledger keeps; (None, False): none."""
-        saved = self.store.get_meta("layout") or {}
-        return _homes_tuple(saved.get("homes")), bool(saved.get("holds"))
+        return ledger_layout(self.store.get_meta("layout"))
 
     # ---- planning ---------------------------------------------------------------------------------
     def tick(self) -> int:
@@ -513,6 +512,15 @@ _HANDLERS = {
     "program_finished": LivePlanner._program_finished,
     "program_cancelled": LivePlanner._program_cancelled,
 }
+
+
+def ledger_layout(saved) -> tuple[tuple | None, bool]:
+    """(homes, holds) from the ledger's `layout` meta: {"homes": [[model, [GPU, ...]], ...],
+    "holds": bool}, or a bare list of entries (ledgers written before `holds`), or None."""
+    if isinstance(saved, list):
+        saved = {"homes": saved}
+    saved = saved or {}
+    return _homes_tuple(saved.get("homes")), bool(saved.get("holds"))
 
 
 def _homes_tuple(homes) -> tuple | None:

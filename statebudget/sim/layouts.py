@@ -22,11 +22,10 @@ within `tolerance` of no layout's or, with `against`, of the best of the named p
 the operator would run instead: a layout may then give back TTFT the planner gained over them, and
 none that they would have kept; a policy that drops more calls than the others is not the best,
 as in the fair table). Of the acceptable layouts, the one with the least handoff-stall P95 is
-kept if that is less than no layout's, whether or not no layout is acceptable: a layout that
-meets the limits only by giving back handoff stall is not kept (swe-team: every acceptable layout
-had 4x no layout's handoff P95 on the history, and on the evaluation seeds the one kept added
-66-384 % a seed for no TTFT gain; docs/tracking.md). Every figure comes from replays of the
-history alone: no layout sees the traces it is later judged on.
+kept if that is less than no layout's, whether or not no layout is acceptable: the search's aim
+is handoff stall, and a layout that meets the limits only by giving it back has given back more
+on evaluation seeds than it bought (docs/tracking.md, swe-team). Every figure comes from replays
+of the history alone: no layout sees the traces it is later judged on.
 """
 
 from __future__ import annotations

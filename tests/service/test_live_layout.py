@@ -104,3 +104,12 @@ def test_a_layout_the_ledger_refuses_is_not_used(tmp_path, monkeypatch):
     assert p.layout == ON_1 and p.policy.config.homes == ON_1  # memory as on disk
     monkeypatch.undo()
     assert reviewer_homed_on(p) == [(1,)]
+
+
+def test_a_ledger_written_before_holds_keeps_its_layout(tmp_path):
+    db = tmp_path / "sb.db"
+    p = planner(db, ON_1)
+    with p.store.tx():
+        p.store.set_meta("layout", [["reviewer", [1]]])  # the format before `holds`
+    p.store.close()
+    assert (planner(db).layout, planner(db).layout_holds) == (ON_1, False)

@@ -89,14 +89,13 @@ def load_layout_checked(path: Path | None, cluster=None, catalog=None) -> tuple[
     fails here, naming the file and the entry."""
     if path is None:
         return None, False
-    from ..models.load import load_layout
+    from ..models.load import found_elsewhere, load_layout
     from ..planner.homes import layout
 
     homes, names = load_layout(path)
-    for what, want in (("cluster", cluster and cluster.name), ("catalog", catalog and catalog.name)):
-        if want is not None and names.get(what, want) != want:
-            err.print(f"[yellow]warning:[/] {escape(str(path))}: a layout found on {what} {escape(names[what])}, "
-                      f"used on {escape(want)}", highlight=False)
+    for what, found, want in found_elsewhere(names, cluster and cluster.name, catalog and catalog.name):
+        err.print(f"[yellow]warning:[/] {escape(str(path))}: a layout found on {what} {escape(found)}, "
+                  f"used on {escape(want)}", highlight=False)
     if not homes:
         why = "the search kept no layout" if homes is None else "it homes no model"
         err.print(f"[yellow]warning:[/] {escape(str(path))}: {why}; the planner homes models as without one",

@@ -392,9 +392,11 @@ def layout(
                       + ("" if found.none.acceptable else "; no layout itself is over the limits") + ")")
     else:
         where = f"--layout {escape(str(json_out))}" if json_out else "--layout FILE, a FILE with"
-        console.print(f"kept (`replay` and `serve` take it as {where}):\nhomes:\n"
-                      + "".join(f"  {m}: [{', '.join(map(str, g))}]\n" for m, g in found.chosen.layout)
-                      + ("holds: true\n" if holds else ""), end="", highlight=False)
+        import yaml
+
+        text = yaml.safe_dump({"homes": {m: list(g) for m, g in found.chosen.layout}, **({"holds": True} if holds else {})},
+                              default_flow_style=None, sort_keys=False)
+        console.print(f"kept (`replay` and `serve` take it as {where}):\n{escape(text)}", end="", highlight=False)
     if json_out:
         write_json(json_out, {"cluster": cl.name, "catalog": cat.name, "policy": name, "budget": budget,
                               "tolerance": tolerance, "warmup_s": warmup,

@@ -278,6 +278,14 @@ def load_layout(path: str | Path) -> tuple[tuple | None, dict]:
     return layout_entries(_read_mapping(path), str(path))
 
 
+def found_elsewhere(names: dict, cluster: str | None, catalog: str | None) -> list[tuple[str, str, str]]:
+    """(what, the name the layout file gives, the one it is used on) for the cluster and the
+    catalog a layout file (`load_layout`'s `names`) says it was found on, where they differ: GPU
+    indices mean something on their own cluster only."""
+    return [(what, names[what], want) for what, want in (("cluster", cluster), ("catalog", catalog))
+            if want is not None and names.get(what, want) != want]
+
+
 def layout_entries(data: dict, source: str) -> tuple[tuple | None, dict]:
     """`load_layout` of a mapping already read (a file's, or a PUT /v1/layout body); `source`
     names it in errors."""

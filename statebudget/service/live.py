@@ -306,14 +306,14 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         /v1/layout. Returns the layout now. Raises Invalid (an entry the cluster or catalog cannot
         take; nothing changes)."""
         homes = _homes_tuple(homes)
-        holds = bool(homes) and holds
         try:
             layout(self.catalog, self.cluster, homes)
         except ValueError as e:
             raise Invalid(str(e)) from None
         with self._tx():
             self.config = _with_homes(self.config, homes, holds)
-            self.core.set_homes(homes, holds)  # the policy's core (made at `_setup`) reads its own config
+            # the policy's core (made at `_setup`) reads its own config
+            self.core.set_homes(self.layout, self.layout_holds)
             self._save_layout()
         self.plan_due = True
         return self.layout
@@ -530,8 +530,9 @@ def _homes_tuple(homes) -> tuple | None:
 
 
 def _with_homes(config: PlannerConfig | None, homes: tuple | None, holds: bool = False) -> PlannerConfig | None:
-    """`config` (None: the lease planner's defaults) with the layout `homes` and `layout_holds`;
-    `config` itself when it has them already."""
+    """`config` (None: the lease planner's defaults) with the layout `homes` and `layout_holds`
+    (no layout holds nothing); `config` itself when it has them already."""
+    holds = bool(homes) and holds
     now = (config.homes, config.layout_holds) if config is not None else (None, False)
     if now == (homes, holds):
         return config

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from ..deps import AdminDep, ServiceDep
 from ..inputs import StrictJsonRoute
 from ...models.errors import InputError
-from ...models.load import layout_entries
+from ...models.load import found_elsewhere, layout_entries
 from ...service.errors import Invalid
 from ..schemas import ClusterPut, LayoutPut
 
@@ -54,16 +54,15 @@ async def put_layout(body: LayoutPut, svc: ServiceDep, who: AdminDep):
     model with no copy is homed by it (with "holds": true, one with a copy elsewhere too); copies
     stay where they are until evicted. The ledger keeps it across restarts. A `statebudget layout
     --json` output found on another cluster or catalog is refused."""
-    data, p = body.model_dump(exclude_unset=True), svc.planner
+    p = svc.planner
     try:
-        homes, names = layout_entries({k: v for k, v in data.items()
-                                       if k in ("homes", "kept", "cluster", "catalog", "holds")}, "body")
+        homes, names = layout_entries(body.model_dump(exclude_unset=True), "body")
     except InputError as e:
         raise Invalid(str(e)) from None
-    # GPU indices mean something on their own cluster only: a search's output for another is refused
-    for what, runs in (("cluster", p.cluster.name), ("catalog", p.catalog.name)):
-        if names.get(what, runs) != runs:
-            raise Invalid(f"body:{what}: a layout found on {names[what]!r}; the planner runs {what} {runs!r}")
+    elsewhere = found_elsewhere(names, p.cluster.name, p.catalog.name)
+    if elsewhere:
+        what, found, runs = elsewhere[0]
+        raise Invalid(f"body:{what}: a layout found on {found!r}; the planner runs {what} {runs!r}")
     p.set_layout(homes, names.get("holds", False))
     svc.changed()
     return _layout_body(p)

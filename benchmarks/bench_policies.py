@@ -49,6 +49,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -251,7 +252,27 @@ def _where_it_went(rows: list[dict], policies, top: int = 3) -> list[str]:
     for p, acc in by.items():
         ranked = sorted(acc.items(), key=lambda kv: (-sum(kv[1]), kv[0]))[:top]
         out.append(f"- {p}: " + ("; ".join(f"{m} {w:.0f} + {ld:.0f}" for m, (w, ld) in ranked) or "none"))
-    return out
+    return out + [""] + _tails(rows, policies, top)
+
+
+def _tails(rows: list[dict], policies, top: int = 3) -> list[str]:
+    """One line per policy: the calls that set its handoff-stall P95 (the rows' `handoff_tail`),
+    summed over the seeds, by what held each most (HBM room, else the state it loaded last) and
+    by model. Rows written before the field have none: the policy is left out."""
+    out = ["The calls that set the handoff-stall P95 (at or above it), summed over the seeds, by what held "
+           "each most (HBM room, else the state it loaded last) and by model:", ""]
+    for p in policies:
+        tails = [r["handoff_tail"] for r in rows if r["policy"] == p and r.get("handoff_tail")]
+        if not tails:
+            continue
+        causes, models = Counter(), Counter()
+        for t in tails:
+            causes.update(t["by_cause"])
+            models.update(t["models"])
+        out.append(f"- {p}: {sum(t['calls'] for t in tails)} calls; "
+                   + ", ".join(f"{k} {n}" for k, n in causes.most_common()) + "; "
+                   + ", ".join(f"{m} {n}" for m, n in models.most_common(top)))
+    return out if len(out) > 2 else []
 
 
 def markdown(out: dict) -> str:

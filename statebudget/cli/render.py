@@ -94,6 +94,16 @@ def print_by_model(rep, cl, top: int = 3) -> None:
             console.print(f"  {model}: {s.hbm_wait_total_s:.0f} of its {s.stall_total_s:.0f} s of stall waited for HBM room, "
                           f"running mostly on {where(next(iter(s.groups)))}: it needs room (a replica, a bigger GPU), "
                           f"not earlier prefetch", highlight=False)
+        if r.handoff_tail.calls:
+            console.print(f"  handoff-stall P95 {r.handoff_tail.p95_s:.2f} s, set by {tail_text(r.handoff_tail)}", highlight=False)
+
+
+def tail_text(tail) -> str:
+    """A `HandoffTail` in words: its calls by cause and by model, with the seconds of each part."""
+    causes = ", ".join(f"{k} {n}" for k, n in tail.by_cause.items())
+    models = ", ".join(f"{m} {n}" for m, n in tail.models.items())
+    parts = ", ".join(f"{k} {getattr(tail, k + '_s'):.0f}" for k in ("room", "weights", "pages", "kv") if getattr(tail, k + "_s") > 0)
+    return f"{tail.calls} calls (by what held them most: {causes}; by model: {models}; seconds: {parts})"
 
 
 def print_oracle(out: dict) -> None:

@@ -57,6 +57,23 @@ class ModelStall(BaseModel):
     slo_attainment: dict[str, float] = Field(default_factory=dict)
 
 
+class HandoffTail(BaseModel):
+    """The handoff calls that set the handoff-stall P95: those whose stall is above 0 and at least
+    the P95. Their stall split into the wait for HBM room (arrive to admission) and loading, the
+    loading by the kind of state the call waited for last (its critical load: weights with their
+    engine, expert pages, or KV); the calls by the larger part of their stall (`by_cause`: room,
+    else that kind) and by model: what to fix to move the P95."""
+    calls: int = 0
+    p95_s: float = 0.0
+    stall_s: float = 0.0
+    room_s: float = 0.0
+    weights_s: float = 0.0
+    pages_s: float = 0.0
+    kv_s: float = 0.0
+    by_cause: dict[str, int] = Field(default_factory=dict)  # "room", "weights", "pages", "kv" ("loading": not known)
+    models: dict[str, int] = Field(default_factory=dict)  # tail calls per model, most first
+
+
 class PolicyReport(BaseModel):
     model_config = ConfigDict(extra="allow")
     stall_s: Dist
@@ -95,6 +112,7 @@ class PolicyReport(BaseModel):
     ttft_slowdown: Dist = Field(default_factory=Dist)   # TTFT / ideal TTFT
     slo_attainment: dict[str, float] = Field(default_factory=dict)  # "2", "5", "10": share with TTFT <= k x ideal
     stall_by_model: dict[str, ModelStall] = Field(default_factory=dict)  # per model, by name
+    handoff_tail: HandoffTail = Field(default_factory=HandoffTail)  # what sets the handoff-stall P95
 
 
 class TraceSummary(BaseModel):

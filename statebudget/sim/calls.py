@@ -51,6 +51,7 @@ class CallRec:
     attempt: int = 0           # retries after a failed attempt (`call_failure_rate`) count up
     seq: int = 0               # when it joined the list it waits in (admission or compute): FCFS's order
     est_run: tuple = ()        # (expected output, reused KV, group, run s) of its last plain `_est_end`
+    ready_by: str = ""         # kind of the state it waited for last ("w", "e", "kv"; "": none): its critical load
 
 
 class CallsMixin:

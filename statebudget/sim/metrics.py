@@ -10,7 +10,7 @@ import numpy as np
 from collections import Counter
 
 from ..core.costs import CostModel
-from ..models.report import DecisionMs, Dist, ModelStall, PolicyReport
+from ..models.report import DecisionMs, Dist, HandoffTail, ModelStall, PolicyReport
 from ..models.trace import ttft_bound
 from .engine import SimResult
 
@@ -192,6 +192,32 @@ def stall_by_model(done: list, ratios: list | None = None) -> dict[str, ModelSta
     return out
 
 
+_LOAD_KINDS = {"w": "weights", "e": "pages", "kv": "kv"}
+
+
+def handoff_tail(done: list) -> HandoffTail:
+    """The completed handoff calls whose stall is above 0 and at least the handoff-stall P95 (the
+    P95 of `PolicyReport.handoff_stall_s`), their stall split as `HandoffTail` says."""
+    handoffs = [c for c in done if c.handoff]
+    if not handoffs:
+        return HandoffTail()
+    p95 = Dist.of(c.ready - c.arrive for c in handoffs).p95
+    tail = [c for c in handoffs if c.ready - c.arrive > 0 and c.ready - c.arrive >= p95]
+    secs = dict.fromkeys(("room", *_LOAD_KINDS.values()), 0.0)
+    calls: Counter = Counter()
+    for c in tail:
+        room, loading = hbm_wait_s(c), c.ready - c.admitted
+        kind = _LOAD_KINDS.get(getattr(c, "ready_by", "")) if loading > 0 else None  # hand-made records may lack it
+        secs["room"] += room
+        if kind is not None:
+            secs[kind] += loading
+        calls["room" if room >= loading else kind or "loading"] += 1
+    models = Counter(c.model for c in tail)
+    return HandoffTail(calls=len(tail), p95_s=p95, stall_s=round(float(sum(c.ready - c.arrive for c in tail)), 9),
+                       **{f"{k}_s": round(float(v), 9) for k, v in secs.items()}, by_cause=dict(calls.most_common()),
+                       models=dict(sorted(models.items(), key=lambda kv: (-kv[1], kv[0]))))
+
+
 def short_of_room(by_model: dict[str, ModelStall], total_stall_s: float, share: float = 0.5,
                   of_total: float = 0.1) -> list[str]:
     """The models (most waiting first) whose stall is mostly the wait for HBM room (at least
@@ -236,6 +262,7 @@ def policy_report(res: SimResult, slo_classes: dict[str, float], nominal: dict |
         unplaceable_calls=sum(1 for c in calls if c.state == "unplaceable"),
         events=res.events,
         stall_by_model=stall_by_model(done, ratios),
+        handoff_tail=handoff_tail(done),
         **slo,
         **program_metrics(res, nominal),
     )

@@ -114,6 +114,7 @@ def run_job(job: dict) -> dict:
     row["handoff_by_model"] = handoff_split(block.stall_by_model)  # where the handoff stall went
     row["slo_at5_by_model"] = slo_split(block.stall_by_model)      # which model pays for SLO@5
     row["groups_by_model"] = {m: s.groups for m, s in block.stall_by_model.items()}  # where its calls ran
+    row["handoff_tail"] = block.handoff_tail.model_dump()  # what sets the handoff-stall P95
     if job.get("kv_demand"):  # H1 of `evidence`: the replay's KV demand per model (hypotheses.py)
         from .hypotheses import kv_demand
         row["kv_demand"] = kv_demand(rep.results[job["policy"]], cat)

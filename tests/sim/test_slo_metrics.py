@@ -13,7 +13,8 @@ from statebudget.cli import app
 from statebudget.core.costs import CostModel
 from statebudget.models import Catalog, Cluster
 from statebudget.models.report import ModelStall
-from statebudget.sim.metrics import IdealTTFT, attainment_curve, policy_report, short_of_room, slo_metrics, stall_by_model
+from statebudget.sim.metrics import (IdealTTFT, attainment_curve, handoff_tail, policy_report, short_of_room, slo_metrics,
+                                     stall_by_model)
 from statebudget.sim.plots import SLO_K, group_styles, placement_points
 from statebudget.sim.recorder import SimResult
 from statebudget.sim.sweep import figures
@@ -192,6 +193,40 @@ def test_short_of_room_names_the_models_whose_stall_is_mostly_the_wait_for_room(
     assert short_of_room(by, 195.0, of_total=0.01) == ["reviewer", "vlm", "planner"]
     assert short_of_room(by, 195.0, share=0.3) == ["reviewer", "vlm", "coder"]
     assert short_of_room({"m": ModelStall()}, 0.0) == []  # no stall: nothing is short of room
+
+
+def test_the_handoff_tail_is_the_calls_at_or_above_the_p95_split_by_what_held_them():
+    def c(model, room, loading, by="w", handoff=True):
+        return SimpleNamespace(model=model, handoff=handoff, arrive=0.0, admitted=room, ready=room + loading, ready_by=by)
+
+    # 40 handoffs with no stall and a tail: one waited for room (8 s) then loaded pages (1 s), one
+    # loaded pages (3 s, ready last), one weights (2 s) behind 0.5 s of room; a non-handoff is left out.
+    calls = [c("s", 0.0, 0.0, by="") for _ in range(40)] + [
+        c("r", 8.0, 1.0, by="e"), c("q", 0.0, 3.0, by="e"), c("p", 0.5, 2.0, by="w"), c("z", 50.0, 0.0, handoff=False)]
+    tail = handoff_tail(calls)
+    assert 0.0 < tail.p95_s <= 2.5 and tail.calls == 3
+    assert (tail.room_s, tail.pages_s, tail.weights_s, tail.kv_s) == pytest.approx((8.5, 4.0, 2.0, 0.0))
+    assert tail.stall_s == pytest.approx(14.5) and tail.by_cause == {"pages": 1, "room": 1, "weights": 1}
+    assert tail.models == {"p": 1, "q": 1, "r": 1}
+    # a P95 of 0 leaves no tail: calls with no stall do not set it
+    assert handoff_tail([c("s", 0.0, 0.0, by="") for _ in range(40)]).calls == 0
+    assert handoff_tail([]).calls == 0
+
+
+def test_a_replay_names_the_state_a_handoff_waited_for_last():
+    from tests.helpers import call, catalog, cluster, program, trace
+    from statebudget.policies import make_policy
+    from statebudget.sim.config import SimConfig
+    from statebudget.sim.engine import Simulator
+
+    # a then b on another model: b loads its weights (ondemand), so its stall is that load
+    tr = trace(program("p", [call("a", "m1"), call("b", "m2", after=["a"])]))
+    res = Simulator(cluster(cold=0.0), catalog(("m1", 10.0), ("m2", 14.0)), tr, make_policy("ondemand"),
+                    config=SimConfig()).run()
+    b = next(x for x in res.calls if x.node == "b")
+    assert b.handoff and b.ready_by == "w" and b.ready - b.arrive > 1.0
+    tail = policy_report(res, {"interactive": 2.0}).handoff_tail
+    assert tail.calls == 1 and tail.weights_s == pytest.approx(b.ready - b.arrive) and tail.by_cause == {"weights": 1}
 
 
 def test_attainment_curve_counts_calls_within_k_times_ideal():

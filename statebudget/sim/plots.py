@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .engine import SimResult  # noqa: E402
-from .metrics import attainment_curve, counted_done, group_label, stall_by_model, ttft_ratios  # noqa: E402
+from .metrics import attainment_curve, counted_done, group_label, handoff_tail, stall_by_model, ttft_ratios  # noqa: E402
 
 SLO_K = np.arange(1, 21)  # the k of `slo_attainment.png`: TTFT <= k x ideal TTFT
 
@@ -113,6 +113,7 @@ def write_plots(results: dict[str, SimResult], out_dir: str | Path) -> list[Path
     paths.append(_save(fig, out / "kv_actions.png"))
 
     paths.append(_stall_by_model(results, out))
+    paths.append(_handoff_tail(results, out))
     paths.append(_placement(results, out))
     if any(res.timeline for res in results.values()):  # replayed with SimConfig.timeline
         paths.append(_residency(results, out))
@@ -170,6 +171,32 @@ def _stall_by_model(results: dict[str, SimResult], out: Path) -> Path:
     axes[-1, 0].set_xlabel("stall, summed over the counted calls (s)")
     fig.suptitle("Where each model's stall goes", x=0.35)
     return _save(fig, out / "stall_by_model.png")
+
+
+TAIL_CAUSES = (("room", "tab:red"), ("weights", "tab:blue"), ("pages", "tab:orange"), ("kv", "tab:green"),
+               ("loading", "tab:gray"))
+
+
+def _handoff_tail(results: dict[str, SimResult], out: Path) -> Path:
+    """Per policy, the handoff calls at or above its handoff-stall P95, by what held each most
+    (`metrics.handoff_tail`): room asks for a replica or a bigger GPU, weights for earlier
+    prefetch, pages for room beside the calls."""
+    tails = {name: handoff_tail(counted_done(res)) for name, res in results.items()}
+    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.45 * len(tails)))
+    y = np.arange(len(tails))
+    left = np.zeros(len(tails))
+    for cause, color in TAIL_CAUSES:
+        n = np.array([t.by_cause.get(cause, 0) for t in tails.values()], float)
+        if n.any():
+            ax.barh(y, n, left=left, color=color, label=cause)
+            left += n
+    ax.set_yticks(y, [f"{name}  (P95 {t.p95_s:.2f} s)" for name, t in tails.items()], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("handoff calls at or above the P95, by what held each most")
+    if left.any():  # above the bars, beside the title: never over a bar
+        ax.legend(fontsize=7, ncol=len(TAIL_CAUSES), loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.set_title("What sets the handoff-stall P95", loc="left", fontsize=10)
+    return _save(fig, out / "handoff_tail.png")
 
 
 STALLED_S = 5.0  # `placement.png` marks calls that stalled at least this long

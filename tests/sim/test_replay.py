@@ -62,7 +62,7 @@ def test_report_has_every_section8_field_and_plots(tmp_path):
     assert 0 <= block["warm_tax"] <= 1 and 0 <= block["slo_violations"] <= 1
     assert block["calls_completed"] + block["calls_cancelled"] + block["unplaceable_calls"] == tr.n_calls
     for png in ("handoff_stall_cdf.png", "ttft_cdf.png", "hbm_occupancy.png", "bytes_per_link.png",
-                "program_latency_cdf.png", "kv_actions.png", "stall_by_model.png", "placement.png"):
+                "program_latency_cdf.png", "kv_actions.png", "stall_by_model.png", "placement.png", "handoff_tail.png"):
         assert (tmp_path / "plots" / png).stat().st_size > 5000
 
 

@@ -102,7 +102,7 @@ def tail_text(tail) -> str:
     """A `HandoffTail` in words: its calls by cause and by model, with the seconds of each part."""
     causes = ", ".join(f"{k} {n}" for k, n in tail.by_cause.items())
     models = ", ".join(f"{m} {n}" for m, n in tail.models.items())
-    parts = ", ".join(f"{k} {getattr(tail, k + '_s'):.0f}" for k in ("room", "weights", "pages", "kv") if getattr(tail, k + "_s") > 0)
+    parts = ", ".join(f"{k} {getattr(tail, k + '_s'):.1f}" for k in ("room", "weights", "pages", "kv") if getattr(tail, k + "_s") > 0)
     return f"{tail.calls} calls (by what held them most: {causes}; by model: {models}; seconds: {parts})"
 
 

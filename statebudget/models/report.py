@@ -59,10 +59,11 @@ class ModelStall(BaseModel):
 
 class HandoffTail(BaseModel):
     """The handoff calls that set the handoff-stall P95: those whose stall is above 0 and at least
-    the P95. Their stall split into the wait for HBM room (arrive to admission) and loading, the
-    loading by the kind of state the call waited for last (its critical load: weights with their
-    engine, expert pages, or KV); the calls by the larger part of their stall (`by_cause`: room,
-    else that kind) and by model: what to fix to move the P95."""
+    the P95. Their stall split into the wait for HBM room (arrival until the call's own loads could
+    start: admission, then the drain of what was evicted for it) and loading after it, the loading
+    by the kind of state the call waited for last (weights with their engine, expert pages, or KV,
+    a recompute included); the calls by the larger part of their stall (`by_cause`: room, else
+    that kind) and by model: what to fix to move the P95."""
     calls: int = 0
     p95_s: float = 0.0
     stall_s: float = 0.0
@@ -70,7 +71,7 @@ class HandoffTail(BaseModel):
     weights_s: float = 0.0
     pages_s: float = 0.0
     kv_s: float = 0.0
-    by_cause: dict[str, int] = Field(default_factory=dict)  # "room", "weights", "pages", "kv" ("loading": not known)
+    by_cause: dict[str, int] = Field(default_factory=dict)  # "room", "weights", "pages", "kv": tail calls, most first
     models: dict[str, int] = Field(default_factory=dict)  # tail calls per model, most first
 
 

@@ -193,7 +193,7 @@ class AdmissionMixin:
                 self.cancel_load(v, cause=why)
                 continue
             drains += self._evict(v, self.policy.demote_tier(self, v), cause=why)
-        c.state, c.admitted = "loading", self.now
+        c.state, c.admitted, c.loads_at = "loading", self.now, self.now
         loads = []
         for key in keys:
             copy = self.tiers.gpu.get((key, group))
@@ -217,7 +217,12 @@ class AdmissionMixin:
         self._apply(self._hook("on_call_admitted", c))
         if loads:
             drains = self._outgoing(group, drains)
-        events = self._after(drains, lambda now: self._start_loads(loads))
+
+        def start(now):  # the call's own loads start once the copies evicted for its room are out
+            if loads:
+                c.loads_at = now
+            return self._start_loads(loads)
+        events = self._after(drains, start)
         self._push_all(events)
         if c.waiting_on == 0:
             self._push_all(self._on_ready(c))

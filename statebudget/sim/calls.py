@@ -51,7 +51,8 @@ class CallRec:
     attempt: int = 0           # retries after a failed attempt (`call_failure_rate`) count up
     seq: int = 0               # when it joined the list it waits in (admission or compute): FCFS's order
     est_run: tuple = ()        # (expected output, reused KV, group, run s) of its last plain `_est_end`
-    ready_by: str = ""         # kind of the state it waited for last ("w", "e", "kv"; "": none): its critical load
+    loads_at: float = -1.0     # when its own loads could start (the drains for its room done); admission if none
+    last_load: str = ""        # kind of the state it waited for last ("w", "e", "kv"; "": none)
 
 
 class CallsMixin:
@@ -183,6 +184,7 @@ class CallsMixin:
         c.attempt += 1
         c.state, c.admitted, c.ready, c.start, c.first_token, c.flow, c.kv_reused_tokens = \
             "pending", -1.0, -1.0, -1.0, -1.0, None, 0
+        c.loads_at, c.last_load = -1.0, ""
         self._retry_waiting()  # the room it freed goes first to the calls already waiting for it
         events += self._call_arrive(c) or []
         events += self._start_queued()

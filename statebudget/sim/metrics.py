@@ -197,25 +197,31 @@ _LOAD_KINDS = {"w": "weights", "e": "pages", "kv": "kv"}
 
 def handoff_tail(done: list) -> HandoffTail:
     """The completed handoff calls whose stall is above 0 and at least the handoff-stall P95 (the
-    P95 of `PolicyReport.handoff_stall_s`), their stall split as `HandoffTail` says."""
+    P95 of `PolicyReport.handoff_stall_s`), their stall split as `HandoffTail` says: room from
+    arrival until the call's own loads could start (`CallRec.loads_at`: admission, then the drain
+    of the copies evicted for it), loading after it, by the kind it waited for last."""
     handoffs = [c for c in done if c.handoff]
     if not handoffs:
         return HandoffTail()
     p95 = Dist.of(c.ready - c.arrive for c in handoffs).p95
-    tail = [c for c in handoffs if c.ready - c.arrive > 0 and c.ready - c.arrive >= p95]
+    # the P95 is rounded (`Dist`); equal stalls differ in their last bits: none is left out for that
+    tail = [c for c in handoffs if c.ready - c.arrive > 0 and c.ready - c.arrive >= p95 - 1e-9]
     secs = dict.fromkeys(("room", *_LOAD_KINDS.values()), 0.0)
     calls: Counter = Counter()
     for c in tail:
-        room, loading = hbm_wait_s(c), c.ready - c.admitted
-        kind = _LOAD_KINDS.get(getattr(c, "ready_by", "")) if loading > 0 else None  # hand-made records may lack it
+        room, loading = c.loads_at - c.arrive, c.ready - c.loads_at
         secs["room"] += room
-        if kind is not None:
-            secs[kind] += loading
-        calls["room" if room >= loading else kind or "loading"] += 1
-    models = Counter(c.model for c in tail)
+        if loading > 0:  # it waited for a copy, and the simulator names the last one's kind
+            secs[_LOAD_KINDS[c.last_load]] += loading
+        calls["room" if room >= loading else _LOAD_KINDS[c.last_load]] += 1
     return HandoffTail(calls=len(tail), p95_s=p95, stall_s=round(float(sum(c.ready - c.arrive for c in tail)), 9),
-                       **{f"{k}_s": round(float(v), 9) for k, v in secs.items()}, by_cause=dict(calls.most_common()),
-                       models=dict(sorted(models.items(), key=lambda kv: (-kv[1], kv[0]))))
+                       **{f"{k}_s": round(float(v), 9) for k, v in secs.items()}, by_cause=_most_first(calls),
+                       models=_most_first(Counter(c.model for c in tail)))
+
+
+def _most_first(counts: Counter) -> dict[str, int]:
+    """Counts, most first, ties by name: the same order in every report of the same run."""
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def short_of_room(by_model: dict[str, ModelStall], total_stall_s: float, share: float = 0.5,

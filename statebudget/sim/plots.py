@@ -173,8 +173,7 @@ def _stall_by_model(results: dict[str, SimResult], out: Path) -> Path:
     return _save(fig, out / "stall_by_model.png")
 
 
-TAIL_CAUSES = (("room", "tab:red"), ("weights", "tab:blue"), ("pages", "tab:orange"), ("kv", "tab:green"),
-               ("loading", "tab:gray"))
+TAIL_CAUSES = (("room", "tab:red"), ("weights", "tab:blue"), ("pages", "tab:orange"), ("kv", "tab:green"))
 
 
 def _handoff_tail(results: dict[str, SimResult], out: Path) -> Path:

@@ -209,7 +209,7 @@ class TransfersMixin:
                 continue
             c.waiting_on -= 1
             if c.waiting_on == 0:
-                c.ready_by = copy.key[0]
+                c.last_load = copy.key[0]
                 events += self._on_ready(c, start=False)  # all the calls this copy completes queue first,
         events += self._start_queued()                    # then the discipline picks among them
         self._retry_waiting()  # a copy that was loading can now be evicted for a waiting call

@@ -255,23 +255,28 @@ def _where_it_went(rows: list[dict], policies, top: int = 3) -> list[str]:
     return out + [""] + _tails(rows, policies, top)
 
 
-def _tails(rows: list[dict], policies, top: int = 3) -> list[str]:
+def _tails(rows: list[dict], policies, top: int = 2) -> list[str]:
     """One line per policy: the calls that set its handoff-stall P95 (the rows' `handoff_tail`),
-    summed over the seeds, by what held each most (HBM room, else the state it loaded last) and
-    by model. Rows written before the field have none: the policy is left out."""
-    out = ["The calls that set the handoff-stall P95 (at or above it), summed over the seeds, by what held "
+    summed over the seeds, as shares by what held each most (HBM room, else the state it loaded
+    last) and by model, beside the median P95 over the seeds. Rows written before the field have
+    none: the policy is left out."""
+    out = ["What sets the handoff-stall P95: its calls (at or above it) summed over the seeds, by what held "
            "each most (HBM room, else the state it loaded last) and by model:", ""]
     for p in policies:
-        tails = [r["handoff_tail"] for r in rows if r["policy"] == p and r.get("handoff_tail")]
-        if not tails:
+        mine = [r for r in rows if r["policy"] == p and r.get("handoff_tail")]
+        if not mine:
             continue
         causes, models = Counter(), Counter()
-        for t in tails:
-            causes.update(t["by_cause"])
-            models.update(t["models"])
-        out.append(f"- {p}: {sum(t['calls'] for t in tails)} calls; "
-                   + ", ".join(f"{k} {n}" for k, n in causes.most_common()) + "; "
-                   + ", ".join(f"{m} {n}" for m, n in models.most_common(top)))
+        for r in mine:
+            causes.update(r["handoff_tail"]["by_cause"])
+            models.update(r["handoff_tail"]["models"])
+        n = sum(causes.values()) or 1
+
+        def shares(counts: Counter, k: int | None) -> str:
+            return ", ".join(f"{name} {c / n:.0%}" for name, c in counts.most_common(k))
+        median = float(np.median([r["handoff_p95_s"] for r in mine if r["handoff_p95_s"] is not None] or [0.0]))
+        out.append(f"- {p}: P95 median {median:.3g} s; {sum(causes.values())} calls: "
+                   f"{shares(causes, None)}; {shares(models, top)}")
     return out if len(out) > 2 else []
 
 

@@ -252,10 +252,10 @@ def _where_it_went(rows: list[dict], policies, top: int = 3) -> list[str]:
     for p, acc in by.items():
         ranked = sorted(acc.items(), key=lambda kv: (-sum(kv[1]), kv[0]))[:top]
         out.append(f"- {p}: " + ("; ".join(f"{m} {w:.0f} + {ld:.0f}" for m, (w, ld) in ranked) or "none"))
-    return out + [""] + _tails(rows, policies, top)
+    return out
 
 
-def _tails(rows: list[dict], policies, top: int = 2) -> list[str]:
+def _tails(rows: list[dict], policies, top: int = 3) -> list[str]:
     """One line per policy: the calls that set its handoff-stall P95 (the rows' `handoff_tail`),
     summed over the seeds, as shares by what held each most (HBM room, else the state it loaded
     last) and by model, beside the median P95 over the seeds. Rows written before the field have
@@ -270,14 +270,15 @@ def _tails(rows: list[dict], policies, top: int = 2) -> list[str]:
         for r in mine:
             causes.update(r["handoff_tail"]["by_cause"])
             models.update(r["handoff_tail"]["models"])
-        n = sum(causes.values()) or 1
-
-        def shares(counts: Counter, k: int | None) -> str:
-            return ", ".join(f"{name} {c / n:.0%}" for name, c in counts.most_common(k))
+        n = sum(causes.values())
         median = float(np.median([r["handoff_p95_s"] for r in mine if r["handoff_p95_s"] is not None] or [0.0]))
-        out.append(f"- {p}: P95 median {median:.3g} s; {sum(causes.values())} calls: "
-                   f"{shares(causes, None)}; {shares(models, top)}")
+        out.append(f"- {p}: P95 median {median:.3g} s; {n} calls: {_shares(causes, n)}; {_shares(models, n, top)}")
     return out if len(out) > 2 else []
+
+
+def _shares(counts: Counter, n: int, k: int | None = None) -> str:
+    """The `k` largest counts as shares of `n`: "room 60%, pages 21%"."""
+    return ", ".join(f"{name} {c / (n or 1):.0%}" for name, c in counts.most_common(k))
 
 
 def markdown(out: dict) -> str:
@@ -298,8 +299,10 @@ def markdown(out: dict) -> str:
                 name = f"**{p}**" if p in OURS else f"{p} (sees the future)" if p in REFERENCES else p
                 lines.append(f"| {name} | " + " | ".join(_cell(t.get(m)) for m in ms) + " |")
             lines.append("")
-            lines += _where_it_went([r for r in out["rows"] if r["start"] == start and r["trace"] == trace],
-                                    g["policies"]) + [""]
+            here = [r for r in out["rows"] if r["start"] == start and r["trace"] == trace]
+            lines += _where_it_went(here, g["policies"]) + [""]
+            tails = _tails(here, g["policies"])
+            lines += tails + [""] if tails else []
             if g.get("drop_more_calls"):
                 lines += [f"Drop more calls than the policy that drops fewest (no best baseline): "
                           f"{', '.join(g['drop_more_calls'])}.", ""]

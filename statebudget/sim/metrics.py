@@ -183,7 +183,7 @@ def stall_by_model(done: list, ratios: list | None = None) -> dict[str, ModelSta
         groups = Counter(group_label(c.group) for c in cs)
         out[model] = ModelStall(calls=len(cs), stall_total_s=round(float(sum(stall)), 9), stall_s=Dist.of(stall),
                                 handoff_stall_s=Dist.of(s for s, c in zip(stall, cs) if c.handoff),
-                                groups=dict(sorted(groups.items(), key=lambda kv: (-kv[1], kv[0]))),
+                                groups=_most_first(groups),
                                 hbm_wait_total_s=round(float(sum(wait)), 9),
                                 handoff_stall_total_s=round(float(sum(s for s, c in zip(stall, cs) if c.handoff)), 9),
                                 handoff_hbm_wait_total_s=round(float(sum(w for w, c in zip(wait, cs) if c.handoff)), 9),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+from ..core.costs import page_touch_probs
 from ..models.state import expert_key, kv_key, weights_key
 
 
@@ -100,7 +101,9 @@ class Policy:
 
 
 def restore_estimate_s(sim, call, group) -> float:
-    """Uncontended seconds to make a call's state ready on `group`, from the best tiers now."""
+    """Uncontended seconds to make a call's state ready on `group`, from the best tiers now. Its
+    expert pages are not known before it runs (its router picks them as its tokens run): the
+    pages missing on `group` count by how often a call touches each."""
     m = sim.catalog.by_name[call.model]
     cost = sim.cost
     node = sim.gpus[group[0]].node
@@ -110,7 +113,8 @@ def restore_estimate_s(sim, call, group) -> float:
         src = sim.best_source(w, group)
         kind, where = src.split(":", 1)
         total += cost.weights_restore_s(m, kind, where, group, wake=sim.tiers.asleep_on(w, group))
-    missing_pages = sum(1 for p in call.pages if (expert_key(m.name, p), group) not in sim.tiers.gpu)
+    missing_pages = sum(t for p, t in enumerate(page_touch_probs(m.moe))
+                        if (expert_key(m.name, p), group) not in sim.tiers.gpu) if m.moe else 0.0
     if missing_pages:
         total += cost.group_transfer_s(missing_pages * m.moe.page_bytes, "nvme", node, group)
     kvk = kv_key(call.program, call.model)
@@ -202,7 +206,7 @@ def place_under_load(sim, call, load, compute: float = 0.0, ready: dict | None =
 
 def room_keeping_weights(sim, call, group) -> bool:
     """The call has room on `group` now without evicting another model's weights."""
-    keys, new, private = sim.call_need(call, group)
+    keys, new, private = sim.expected_need(call, group)
     victims = sim.plan_eviction(group, new + private, protect={(k, group) for k in keys})
     return victims is not None and not any(v.key[0] == "w" and v.key[1] != call.model for v in victims)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.costs import page_touch_probs
 from ..models.state import expert_key, kv_key, weights_key
 from .calls import CallRec
 
@@ -140,14 +141,15 @@ class AdmissionMixin:
         self._maybe_finish_program(pr)
         return events
 
-    def call_need(self, c: CallRec, group) -> tuple[list, float, float]:
+    def call_need(self, c: CallRec, group, pages=None) -> tuple[list, float, float]:
         """(state keys the call needs on `group`, per-GPU bytes of the new copies, per-GPU bytes of
         the call's own new KV). The new KV is reserved for all the call asked for (context and
         `max_tokens`), as an engine that must not run out of KV mid-call does; at its end what it
-        did not write is freed (`_release`)."""
+        did not write is freed (`_release`). `pages`: the expert pages counted (default: the
+        call's own, which only the admission itself may read)."""
         m = self.catalog.by_name[c.model]
         tp = len(group)
-        keys = [weights_key(m.name)] + [expert_key(m.name, p) for p in c.pages]
+        keys = [weights_key(m.name)] + [expert_key(m.name, p) for p in (c.pages if pages is None else pages)]
         kvk = kv_key(c.program, c.model)
         T = self.kv_tokens.get(kvk, 0)
         if T > 0:
@@ -156,6 +158,19 @@ class AdmissionMixin:
             + self.tiers.engine_need(keys[0], group)
         private = max(0, c.context_tokens + c.max_tokens - T) * m.kv_bytes_per_token / tp
         return keys, new, private
+
+    def expected_need(self, c: CallRec, group) -> tuple[list, float, float]:
+        """`call_need` as a policy can know it before the call runs: which expert pages it will
+        touch is not known (its router picks them as its tokens run), so the model's pages on
+        `group` are all kept and each missing one counts by how often calls touch it."""
+        m = self.catalog.by_name[c.model]
+        if m.moe is None:
+            return self.call_need(c, group)
+        gpu = self.tiers.gpu
+        held = [p for p in range(m.moe.pages) if (expert_key(m.name, p), group) in gpu]
+        keys, new, private = self.call_need(c, group, pages=held)
+        missing = sum(t for p, t in enumerate(page_touch_probs(m.moe)) if (expert_key(m.name, p), group) not in gpu)
+        return keys, new + missing * m.moe.page_bytes / len(group), private
 
     def call_footprint(self, c: CallRec) -> float:
         """Bytes the call needs in HBM at once: weights, its expert pages, its program's KV with
@@ -302,5 +317,5 @@ class AdmissionMixin:
 
     def has_room_now(self, c: CallRec, group) -> bool:
         """Whether the call could be admitted on `group` now, evicting only unpinned ready state (and
-        cancelling speculative loads, as `_admit` does)."""
-        return self._victims_for_room(group, *self.call_need(c, group)) is not None
+        cancelling speculative loads, as `_admit` does), as a policy can judge it (`expected_need`)."""
+        return self._victims_for_room(group, *self.expected_need(c, group)) is not None

@@ -21,7 +21,7 @@ the floor.
 What it leaves out, so that it stays a floor: calls that a cancel may drop (counted as 0 in the
 P95, left out of the total), and dropped (unplaceable) calls, which are assumed not to happen. It
 does not hold for a policy whose placement reads the call's pages to choose between copies that
-hold different pages; in this simulator placement may (docs/model.md), no router can. Counted
+hold different pages (no router can; this simulator's policies do not, docs/model.md). Counted
 calls are those of programs that start at or after `warmup_s`, as in every report.
 """
 

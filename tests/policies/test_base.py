@@ -1,0 +1,42 @@
+"""What placement may know of a call (`policies/base.py`): not which expert pages it will touch."""
+
+from tests.helpers import call, cluster, program, resident, trace
+from statebudget.models import Catalog
+from statebudget.policies import make_policy
+from statebudget.policies.base import restore_estimate_s
+from statebudget.sim.calls import CallRec
+from statebudget.sim.engine import Simulator
+
+CAT = Catalog.model_validate({"name": "moe", "models": [
+    {"name": "e", "version": "v", "weights_gb": 2.0, "kv_bytes_per_token": 1000, "active_params_b": 1.0, "tp": 1,
+     "moe": {"experts": 16, "active": 2, "layers": 1, "expert_gb": 1.0, "pages": 16, "zipf_s": 1.0}},
+]})
+
+
+def test_the_restore_estimate_counts_pages_by_how_often_calls_touch_them_not_by_this_calls():
+    sim = Simulator(cluster(gpus=2, hbm_gb=40.0), CAT, trace(program("p", [call("a", "e")])), make_policy("ondemand"))
+    for g, pages in (((0,), range(0, 8)), ((1,), range(8, 16))):  # the most touched half on GPU 0
+        resident(sim, ("w", "e"), g, 2.0)
+        for p in pages:
+            resident(sim, ("e", "e", p), g, 1.0)
+    hot, cold = (CallRec("p", n, "e", 100, 10, 10, "t0", "interactive", True, False, pages=pages)
+                 for n, pages in (("a", (0, 1)), ("b", (8, 9))))
+    # a call that will touch only GPU 1's pages is not told so: both rank the groups alike, by the
+    # pages each group lacks weighted by their touch probabilities
+    for g in ((0,), (1,)):
+        assert restore_estimate_s(sim, hot, g) == restore_estimate_s(sim, cold, g)
+    assert 0 < restore_estimate_s(sim, cold, (0,)) < restore_estimate_s(sim, cold, (1,))
+
+
+def test_room_now_is_judged_without_the_calls_pages():
+    # 4 GB a GPU: the dense part and two pages are held, one more fits; a call that will touch
+    # one page and one that will touch ten are judged alike, by the pages' touch probabilities
+    sim = Simulator(cluster(gpus=1, hbm_gb=4.6), CAT, trace(program("p", [call("a", "e")])), make_policy("ondemand"))
+    resident(sim, ("w", "e"), (0,), 2.0)
+    for p in (0, 1):
+        resident(sim, ("e", "e", p), (0,), 1.0)
+    few, many = (CallRec("p", n, "e", 100, 10, 10, "t0", "interactive", True, False, pages=pages)
+                 for n, pages in (("a", (0,)), ("b", tuple(range(10)))))
+    assert sim.call_need(few, (0,))[1] < sim.call_need(many, (0,))[1]  # the admission counts its own
+    assert sim.has_room_now(few, (0,)) == sim.has_room_now(many, (0,))
+    assert sim.expected_need(few, (0,)) == sim.expected_need(many, (0,))

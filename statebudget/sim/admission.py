@@ -161,15 +161,17 @@ class AdmissionMixin:
 
     def expected_need(self, c: CallRec, group) -> tuple[list, float, float]:
         """`call_need` as a policy can know it before the call runs: which expert pages it will
-        touch is not known (its router picks them as its tokens run), so the model's pages on
-        `group` are all kept and each missing one counts by how often calls touch it."""
+        touch is not known (its router picks them as its tokens run), so each page missing on
+        `group` counts by how often calls touch it, and of the pages there only those a call more
+        likely touches than not are kept; the others may go for room, as the admission may evict
+        any page the call does not touch."""
         m = self.catalog.by_name[c.model]
         if m.moe is None:
             return self.call_need(c, group)
-        gpu = self.tiers.gpu
-        held = [p for p in range(m.moe.pages) if (expert_key(m.name, p), group) in gpu]
-        keys, new, private = self.call_need(c, group, pages=held)
-        missing = sum(t for p, t in enumerate(page_touch_probs(m.moe)) if (expert_key(m.name, p), group) not in gpu)
+        gpu, touch = self.tiers.gpu, page_touch_probs(m.moe)
+        kept = [p for p, t in enumerate(touch) if t >= 0.5 and (expert_key(m.name, p), group) in gpu]
+        keys, new, private = self.call_need(c, group, pages=kept)
+        missing = sum(t for p, t in enumerate(touch) if (expert_key(m.name, p), group) not in gpu)
         return keys, new + missing * m.moe.page_bytes / len(group), private
 
     def call_footprint(self, c: CallRec) -> float:

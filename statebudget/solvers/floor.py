@@ -3,26 +3,31 @@ which expert pages a call will touch (no real router can: a call's experts are c
 tokens run).
 
 A call of a MoE model touches page i with probability `page_touch_probs(moe)[i]`, drawn per call
-(`sim/programs.py`), independently of what is resident when it arrives. Whatever a policy keeps,
-the pages resident or loading on the group where the call runs number at most `k`: those that fit
-one GPU of its best group beside the dense part and the engine (usable HBM, `hbm_reserve_frac`
-held back), the KV left out. Each touched page outside them crosses the link at full bandwidth
-after the call arrives, `t` seconds a page (its bytes at `CostModel.group_transfer_s`'s rate from
-host DRAM, the fastest source). Keeping the `k` most touched pages makes the number of such pages stochastically
-smallest, so for every call, whatever the policy did before,
+(`sim/programs.py`), independently of everything before it. On the group where it runs, at most
+`k` of the model's pages are resident or loading when it arrives: as many as one GPU of any of
+the model's groups holds beside its share of the dense part (usable HBM, `hbm_reserve_frac` held
+back; no engine or KV counted). Each page it touches beyond those crosses the links after it
+arrives, at least `t` seconds a page: the page's bytes at the fastest host-to-GPU rate of any of
+the model's groups (`CostModel.group_transfer_s`, latency left out). Of all sets of at most `k`
+pages the `k` most touched leave the fewest touched pages out, in distribution, so with S the
+pages missing beyond the `k` most touched,
 
-    stall >= t x (touched pages outside the k most touched)      in distribution.
+    stall >= t x S      for each call, in distribution, whatever the policy did before.
 
-Summed over calls that gives a floor on the expected total stall, and, since a percentile only
-grows with its values, a floor on the expected handoff-stall P95: every other stall taken as 0.
-Each model gets its own best group, even where two models' best groups overlap, which only lowers
-the floor.
+The expected total follows by summing over the counted calls. For the P95: each call's draw is
+independent of what came before it, so the calls can be coupled one by one, in arrival order,
+with independent copies of S that are at most their own t x (pages found missing); a percentile
+only grows with its values, hence the expected handoff-stall P95 is at least that of the vector
+t x S over the handoffs, every other stall taken as 0.
 
-What it leaves out, so that it stays a floor: calls that a cancel may drop (counted as 0 in the
-P95, left out of the total), and dropped (unplaceable) calls, which are assumed not to happen. It
-does not hold for a policy whose placement reads the call's pages to choose between copies that
-hold different pages (no router can; this simulator's policies do not, docs/model.md). Counted
-calls are those of programs that start at or after `warmup_s`, as in every report.
+What keeps it a floor: `k` and `t` are each the best over the model's groups, even where no group
+has both, and each model gets them even where two models' best groups overlap. Calls that a
+cancel may drop count 0 in the P95 and are left out of the total; dropped (unplaceable) calls are
+assumed not to happen. Placement must not read which pages the call will touch: this
+simulator's policies do not (docs/model.md). They may learn how many (`could_ever_fit`); given
+the count the `k` most touched pages still leave the fewest out on average, so the total's floor
+stands, while the P95's coupling assumes the group is chosen without it. Counted calls are those
+of programs that start at or after `warmup_s`, as in every report.
 """
 
 from __future__ import annotations
@@ -48,19 +53,18 @@ class PageFloor:
 
 
 def most_pages(cluster: Cluster, cost: CostModel, m) -> tuple[int, float]:
-    """(pages, seconds a page): the most expert pages of `m` one group can hold beside its dense
-    part and engine, and the time one more takes from host DRAM there; of the groups holding the
-    most, the fastest."""
-    best = None
+    """(pages, seconds a page): the most expert pages of `m` one GPU of any of its groups holds
+    beside its share of the dense part (no engine counted), and the least time a page takes from
+    host DRAM onto any of its groups, each taken over the groups separately."""
+    pages, t = 0, None
     for g in cluster.model_groups(m):
         gpus = [cluster.gpus[i] for i in g]
-        room = min(cluster.usable_hbm_bytes(x) - cluster.gpu_kinds[x.kind].engine_overhead_gb * 1e9 for x in gpus)
-        pages = max(0, int((room - m.dense_bytes / m.tp) // (m.moe.page_bytes / m.tp)))
-        # bytes over the link alone: pages loaded together pay the link's latency once
-        t = cost.group_transfer_s(m.moe.page_bytes, "host", gpus[0].node, g) - LATENCY_S["host"]
-        if best is None or (pages, -t) > (best[0], -best[1]):
-            best = (min(pages, m.moe.pages), t)
-    return best if best is not None else (0, 0.0)
+        room = min(cluster.usable_hbm_bytes(x) for x in gpus) - m.dense_bytes / m.tp
+        pages = max(pages, int(room // (m.moe.page_bytes / m.tp)))
+        # bytes over the links alone: pages loaded together pay the link's latency once
+        tg = cost.group_transfer_s(m.moe.page_bytes, "host", gpus[0].node, g) - LATENCY_S["host"]
+        t = tg if t is None else min(t, tg)
+    return (min(pages, m.moe.pages), t) if t is not None else (0, 0.0)
 
 
 def page_floor(cluster: Cluster, catalog: Catalog, trace: Trace, cost: CostModel | None = None,

@@ -6,12 +6,13 @@ import pytest
 
 from tests.helpers import call, cluster, program, tool, trace
 from statebudget.core.costs import page_touch_probs
-from statebudget.models import Catalog
+from statebudget.models import Catalog, Cluster
+from statebudget.core.costs import CostModel
 from statebudget.policies import make_policy
 from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 from statebudget.sim.metrics import counted_done
-from statebudget.solvers.floor import page_floor
+from statebudget.solvers.floor import most_pages, page_floor
 
 # 16 pages of 1 GB beside a 2 GB dense part
 CAT = Catalog.model_validate({"name": "moe", "models": [
@@ -32,7 +33,7 @@ def handoffs(n, cancel=False, start=0.0):
 
 
 def test_pages_kept_follow_the_room_and_the_total_is_exact():
-    # 10.4 GB of room beside the 2 GB dense part and a 0.4 GB engine: 8 pages; 1 GB at 25 GB/s
+    # 8.8 GB beside the 2 GB dense part (no engine counted): 8 pages; 1 GB at 25 GB/s
     cl = cluster(hbm_gb=10.8, h2d=25.0, overhead=0.4)
     f = page_floor(cl, CAT, handoffs(3))
     k, t = f.kept["e"]
@@ -48,6 +49,19 @@ def test_the_p95_is_the_expected_faults_of_the_one_handoff_that_has_them():
     f = page_floor(cl, CAT, tr, draws=20000)
     assert f.handoff_calls == 1
     assert f.handoff_p95_s == pytest.approx(0.04 * TAIL[8:].sum(), rel=0.03)
+
+
+def test_pages_and_seconds_are_each_the_best_of_any_group():
+    # a roomy slow GPU and a small fast one: the floor may not take both from one group, or a
+    # policy running every call on the fast one would stall less than it
+    kinds = {"big": (12.0, 2.0), "fast": (10.0, 50.0)}
+    cl = Cluster.model_validate({"name": "mixed", "hbm_reserve_frac": 0.0, "gpu_kinds": {
+        k: {"hbm_gb": hbm, "hbm_gbps": 1555, "h2d_gbps": bw, "d2h_gbps": bw, "tflops": 312, "wake_s": 0.5,
+            "cold_start_s": 10} for k, (hbm, bw) in kinds.items()},
+        "nodes": [{"name": f"n{i}", "host_dram_gb": 256, "nvme_gb": 4000, "nvme_read_gbps": 7, "nvme_write_gbps": 5,
+                   "root_gbps": 64, "gpus": {k: 1}} for i, k in enumerate(kinds)]})
+    k, t = most_pages(cl, CostModel(cl, CAT), CAT.by_name["e"])
+    assert k == 10 and t == pytest.approx(1.0 / 50.0)
 
 
 def test_room_for_every_page_leaves_no_floor_and_less_room_raises_it():

@@ -49,6 +49,15 @@ def catalog(*models) -> Catalog:
          "active_params_b": 1.0, "tp": m[3] if len(m) > 3 else 1} for m in models]})
 
 
+def moe_catalog() -> Catalog:
+    """A dense model `d` and a MoE model `e`: a 2 GB dense part and 16 expert pages of 1 GB."""
+    return Catalog.model_validate({"name": "moe", "models": [
+        {"name": "d", "version": "v", "weights_gb": 2.0, "kv_bytes_per_token": 1000, "active_params_b": 1.0, "tp": 1},
+        {"name": "e", "version": "v", "weights_gb": 2.0, "kv_bytes_per_token": 1000, "active_params_b": 1.0, "tp": 1,
+         "moe": {"experts": 16, "active": 2, "layers": 1, "expert_gb": 1.0, "pages": 16, "zipf_s": 1.0}},
+    ]})
+
+
 def resident(sim, key, group, gb):
     """A ready copy of `key` (e.g. ("w", model)) of `gb` per GPU in the HBM of `group`, as if a
     call had loaded it."""

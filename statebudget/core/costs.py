@@ -17,6 +17,7 @@ import numpy as np
 
 from ..models.catalog import Catalog, ModelSpec
 from ..models.cluster import GB, Cluster
+from ..models.state import expert_key
 
 # Fixed per-transfer latency by source tier (DMA set-up, file open); small against GB transfers.
 LATENCY_S = {"gpu": 20e-6, "host": 20e-6, "nvme": 200e-6}
@@ -28,6 +29,15 @@ PAGE_TOUCH = 0.4
 def page_touch_probs(moe) -> np.ndarray:
     """Per page of a MoE model: the probability that one call needs it resident."""
     return np.minimum(1.0, PAGE_TOUCH * moe.pages * moe.page_popularity)
+
+
+def expected_missing_pages(m, group, gpu_copies) -> float:
+    """Pages of model `m` a call is expected to find missing on `group`: the touch probabilities
+    of those with no copy there (`gpu_copies`: keyed by (state key, group)). What a policy can
+    count on before the call runs, its router choosing its experts as its tokens run."""
+    if m.moe is None:
+        return 0.0
+    return float(sum(t for p, t in enumerate(page_touch_probs(m.moe)) if (expert_key(m.name, p), group) not in gpu_copies))
 
 
 def touched_pages(m, min_touch: float) -> list[tuple[int, float]]:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 
-from ..core.costs import page_touch_probs
-from ..models.state import expert_key, kv_key, weights_key
+from ..core.costs import expected_missing_pages
+from ..models.state import kv_key, weights_key
 
 
 class Policy:
@@ -101,9 +101,8 @@ class Policy:
 
 
 def restore_estimate_s(sim, call, group) -> float:
-    """Uncontended seconds to make a call's state ready on `group`, from the best tiers now. Its
-    expert pages are not known before it runs (its router picks them as its tokens run): the
-    pages missing on `group` count by how often a call touches each."""
+    """Uncontended seconds to make a call's state ready on `group`, from the best tiers now, its
+    expert pages by how often calls touch them (`expected_missing_pages`)."""
     m = sim.catalog.by_name[call.model]
     cost = sim.cost
     node = sim.gpus[group[0]].node
@@ -113,8 +112,7 @@ def restore_estimate_s(sim, call, group) -> float:
         src = sim.best_source(w, group)
         kind, where = src.split(":", 1)
         total += cost.weights_restore_s(m, kind, where, group, wake=sim.tiers.asleep_on(w, group))
-    missing_pages = sum(t for p, t in enumerate(page_touch_probs(m.moe))
-                        if (expert_key(m.name, p), group) not in sim.tiers.gpu) if m.moe else 0.0
+    missing_pages = expected_missing_pages(m, group, sim.tiers.gpu)
     if missing_pages:
         total += cost.group_transfer_s(missing_pages * m.moe.page_bytes, "nvme", node, group)
     kvk = kv_key(call.program, call.model)

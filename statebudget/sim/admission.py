@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.costs import page_touch_probs
+from ..core.costs import expected_missing_pages, touched_pages
 from ..models.state import expert_key, kv_key, weights_key
 from .calls import CallRec
 
@@ -168,11 +168,10 @@ class AdmissionMixin:
         m = self.catalog.by_name[c.model]
         if m.moe is None:
             return self.call_need(c, group)
-        gpu, touch = self.tiers.gpu, page_touch_probs(m.moe)
-        kept = [p for p, t in enumerate(touch) if t >= 0.5 and (expert_key(m.name, p), group) in gpu]
+        gpu = self.tiers.gpu
+        kept = [p for p, _ in touched_pages(m, 0.5) if (expert_key(m.name, p), group) in gpu]
         keys, new, private = self.call_need(c, group, pages=kept)
-        missing = sum(t for p, t in enumerate(touch) if (expert_key(m.name, p), group) not in gpu)
-        return keys, new + missing * m.moe.page_bytes / len(group), private
+        return keys, new + expected_missing_pages(m, group, gpu) * m.moe.page_bytes / len(group), private
 
     def call_footprint(self, c: CallRec) -> float:
         """Bytes the call needs in HBM at once: weights, its expert pages, its program's KV with

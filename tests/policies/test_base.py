@@ -1,16 +1,12 @@
 """What placement may know of a call (`policies/base.py`): not which expert pages it will touch."""
 
-from tests.helpers import call, cluster, program, resident, trace
-from statebudget.models import Catalog
+from tests.helpers import moe_catalog, call, cluster, program, resident, trace
 from statebudget.policies import make_policy
 from statebudget.policies.base import restore_estimate_s
 from statebudget.sim.calls import CallRec
 from statebudget.sim.engine import Simulator
 
-CAT = Catalog.model_validate({"name": "moe", "models": [
-    {"name": "e", "version": "v", "weights_gb": 2.0, "kv_bytes_per_token": 1000, "active_params_b": 1.0, "tp": 1,
-     "moe": {"experts": 16, "active": 2, "layers": 1, "expert_gb": 1.0, "pages": 16, "zipf_s": 1.0}},
-]})
+CAT = moe_catalog()  # 16 pages of 1 GB beside a 2 GB dense part
 
 
 def test_the_restore_estimate_counts_pages_by_how_often_calls_touch_them_not_by_this_calls():

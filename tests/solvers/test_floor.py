@@ -4,9 +4,9 @@ policy that cannot foresee a call's pages, from the touch probabilities and the 
 import numpy as np
 import pytest
 
-from tests.helpers import call, cluster, program, tool, trace
+from tests.helpers import moe_catalog, call, cluster, program, tool, trace
 from statebudget.core.costs import page_touch_probs
-from statebudget.models import Catalog, Cluster
+from statebudget.models import Cluster
 from statebudget.core.costs import CostModel
 from statebudget.policies import make_policy
 from statebudget.sim.config import SimConfig
@@ -14,12 +14,7 @@ from statebudget.sim.engine import Simulator
 from statebudget.sim.metrics import counted_done
 from statebudget.solvers.floor import most_pages, page_floor
 
-# 16 pages of 1 GB beside a 2 GB dense part
-CAT = Catalog.model_validate({"name": "moe", "models": [
-    {"name": "d", "version": "v", "weights_gb": 2.0, "kv_bytes_per_token": 1000, "active_params_b": 1.0, "tp": 1},
-    {"name": "e", "version": "v", "weights_gb": 2.0, "kv_bytes_per_token": 1000, "active_params_b": 1.0, "tp": 1,
-     "moe": {"experts": 16, "active": 2, "layers": 1, "expert_gb": 1.0, "pages": 16, "zipf_s": 1.0}},
-]})
+CAT = moe_catalog()  # 16 pages of 1 GB beside a 2 GB dense part
 TAIL = np.sort(page_touch_probs(CAT.by_name["e"].moe))[::-1]
 
 

@@ -31,6 +31,16 @@ def page_touch_probs(moe) -> np.ndarray:
     return np.minimum(1.0, PAGE_TOUCH * moe.pages * moe.page_popularity)
 
 
+def page_count_cdf(moe) -> np.ndarray:
+    """[P(a call touches at most n pages of a MoE model) for n = 0 .. pages]: each page touched
+    independently by `page_touch_probs` (a Poisson binomial). What a runtime knows of a call's
+    page count before its router runs."""
+    pmf = np.ones(1)
+    for p in page_touch_probs(moe):
+        pmf = np.append(pmf * (1.0 - p), 0.0) + np.append(0.0, pmf * p)
+    return np.cumsum(pmf)
+
+
 def expected_missing_pages(m, group, gpu_copies) -> float:
     """Pages of model `m` a call is expected to find missing on `group`: the touch probabilities
     of those with no copy there (`gpu_copies`: keyed by (state key, group)). What a policy can

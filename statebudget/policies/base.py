@@ -136,10 +136,9 @@ def ready_by_group(sim, call, compute: float = 0.0, groups=None) -> dict:
     """{group: `ready_s`} over `groups` (default: every group of the call's model) that could ever
     hold the call: what `default_place` ranks and `place_under_load` adds waits to, computed
     once when a hook asks both."""
-    footprint = sim.call_footprint(call)
     return {g: ready_s(sim, call, g, compute)
             for g in (groups if groups is not None else sim.model_groups(sim.catalog.by_name[call.model]))
-            if sim.could_ever_fit(call, g, footprint)}
+            if sim.could_ever_fit(call, g)}
 
 
 def wait_s(sim, group, load=None, ends=None) -> float:

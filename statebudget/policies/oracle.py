@@ -139,7 +139,7 @@ class Oracle(Policy):
         g = self.follow.group(call) if self.bound is not None else self.group_for.get((call.program, call.node))
         if g is None:
             why = "no_group"
-        elif not sim.could_ever_fit(call, g):
+        elif not sim.fits_at_all(call, g):
             why = "never_fits"
         elif self.bound is None and not sim.has_room_now(call, g):
             why = "no_room"

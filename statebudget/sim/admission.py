@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.costs import expected_missing_pages, touched_pages
+from ..core.costs import expected_missing_pages, page_count_cdf, touched_pages
 from ..models.state import expert_key, kv_key, weights_key
 from .calls import CallRec
 
@@ -22,15 +22,24 @@ class AdmissionMixin:
         self.kvw.outcome(kv_key(c.program, c.model), True)
         self._keep_kv(kv_key(c.program, c.model))
         self._apply(self._hook("on_call_arrive", c))
-        c.group = self._decide(self.policy.place, c)
-        self.last_use[c.model] = self.now
-        if c.group is None or not self.could_ever_fit(c, c.group):
-            return self._unplaceable(c)
-        self._reserve()
-        if not self._admit(c):
-            self._join(self.waiting, c)
-            self.waiting_sums.add(c, self._queued_run(c))
-        return None
+        return self._route(c)
+
+    def _route(self, c: CallRec):
+        """The policy places the call, which is admitted there or waits for HBM; a group that
+        refuses it (`_refuse`) is left out and the policy places it again. The events of a call no
+        group takes (`_unplaceable`), else None."""
+        while True:
+            c.group = self._decide(self.policy.place, c)
+            self.last_use[c.model] = self.now
+            if c.group is None or c.group in c.refused:
+                return self._unplaceable(c)
+            self._reserve()
+            if self._admit(c):
+                return None
+            if c.group not in c.refused:
+                self._join(self.waiting, c)
+                self.waiting_sums.add(c, self._queued_run(c))
+                return None
 
     def _reserve(self) -> None:
         """Keep `reserved` the oldest call that has waited `admit_starve_s` for admission."""
@@ -173,13 +182,13 @@ class AdmissionMixin:
         keys, new, private = self.call_need(c, group, pages=kept)
         return keys, new + expected_missing_pages(m, group, gpu) * m.moe.page_bytes / len(group), private
 
-    def call_footprint(self, c: CallRec) -> float:
-        """Bytes the call needs in HBM at once: weights, its expert pages, its program's KV with
-        room for all the call asked for (`max_tokens`)."""
+    def call_footprint(self, c: CallRec, pages: int | None = None) -> float:
+        """Bytes the call needs in HBM at once: weights, `pages` expert pages (default: its own),
+        its program's KV with room for all the call asked for (`max_tokens`)."""
         m = self.catalog.by_name[c.model]
-        pages = len(c.pages) * (m.moe.page_bytes if m.moe else 0.0)
+        n = len(c.pages) if pages is None else pages
         kv = max(self.kv_tokens.get(kv_key(c.program, c.model), 0), c.context_tokens + c.max_tokens)
-        return m.dense_bytes + pages + kv * m.kv_bytes_per_token
+        return m.dense_bytes + n * (m.moe.page_bytes if m.moe else 0.0) + kv * m.kv_bytes_per_token
 
     def group_capacity(self, group) -> float:
         """HBM bytes of the smallest GPU of a group (cached)."""
@@ -188,14 +197,46 @@ class AdmissionMixin:
             cap = self._group_cap[group] = min(self.tiers.hbm_cap[i] for i in group)
         return cap
 
-    def could_ever_fit(self, c: CallRec, group, footprint: float | None = None) -> bool:
-        """Whether the call's weights, pages and KV fit an empty `group` at all."""
-        need = self.call_footprint(c) if footprint is None else footprint
+    def _fits_empty(self, need: float, group) -> bool:
         return need / len(group) + max(self.tiers.engine_overhead[i] for i in group) <= self.group_capacity(group)
+
+    def fits_at_all(self, c: CallRec, group) -> bool:
+        """Whether the call's weights, own pages and KV fit an empty `group`: what the admission
+        finds once the call's router has picked its pages (and a policy that sees the future may
+        read)."""
+        return self._fits_empty(self.call_footprint(c), group)
+
+    def could_ever_fit(self, c: CallRec, group) -> bool:
+        """Whether the call could fit an empty `group`, as placement can judge it before the call's
+        router runs: more likely than not, its pages counted as the median of its model's calls
+        (`page_count_cdf`); never a group that has refused it (`_refuse`)."""
+        if group in c.refused:
+            return False
+        m = self.catalog.by_name[c.model]
+        median = self._median_pages.get(m.name)
+        if median is None:
+            median = self._median_pages[m.name] = int(np.searchsorted(page_count_cdf(m.moe), 0.5)) if m.moe else 0
+        return self._fits_empty(self.call_footprint(c, median), group)
+
+    def _refuse(self, c: CallRec, held: bool) -> None:
+        """A call whose own pages never fit its group, there where the engine would take it by what
+        it can know: no room for it could ever be made (`could_ever_fit`), or room is there now
+        (`expected_need`). The call's router then picks its pages, they do not fit, and the engine
+        refuses it: the runtime routes it again (`_route`), the time it waited lost."""
+        group = c.group
+        if group in c.refused:
+            return
+        if not self.could_ever_fit(c, group) or (
+                not held and self._victims_for_room(group, *self.expected_need(c, group)) is not None):
+            c.refused += (group,)
+            self.recorder.refused_calls += 1
 
     def _admit(self, c: CallRec) -> bool:
         group = c.group
         held = c is not self.reserved and self._held_for_another(group)
+        if not self.fits_at_all(c, group):
+            self._refuse(c, held)
+            return False
         keys, new, private = self.call_need(c, group)
         if held and self._est_end(c, new) > self._reserve_deadline:
             return False  # on held GPUs only a call that ends before the drain goes in (backfill)
@@ -285,11 +326,14 @@ class AdmissionMixin:
         while True:
             self._reserve()
             held = self.reserved
-            still = []
+            still, refused = [], []
             for c in self._order(self.waiting):
                 if not self._admit(c):
-                    still.append(c)
+                    (refused if c.group in c.refused else still).append(c)
             self.waiting = still
+            for c in refused:
+                self.waiting_sums.discard(c)
+                self._push_all(self._route(c) or [])
             if held is not None and held.state != "waiting" and self.waiting:
                 continue  # the starving call got in: the calls it held back try again
             if not self._move_waiting(held) or not self.waiting:

@@ -53,6 +53,7 @@ class CallRec:
     est_run: tuple = ()        # (expected output, reused KV, group, run s) of its last plain `_est_end`
     loads_at: float = -1.0     # when its own loads could start (the drains for its room done); admission if none
     last_load: str = ""        # kind of the state it waited for last ("w", "e", "kv"; "": none)
+    refused: tuple = ()        # groups whose engines refused it: its own pages could not fit there
 
 
 class CallsMixin:

@@ -70,6 +70,7 @@ class Simulator(ProgramsMixin, AdmissionMixin, CallsMixin, TransfersMixin, Event
         self.gpus = cluster.gpus
         self._groups: dict[str, list] = {}
         self._group_cap: dict[tuple, float] = {}
+        self._median_pages: dict[str, int] = {}  # model -> pages its calls touch, the median
         self.tiers = Tiers(cluster)
         cap = dict(self.cost.link_bw)
         cap.update({f"gpu:{g.index}": 1.0 for g in self.gpus})

@@ -50,7 +50,7 @@ class Scripted(Policy):
 
     def place(self, sim, call):
         m = sim.catalog.by_name[call.model]
-        groups = [g for g in sim.model_groups(m) if sim.could_ever_fit(call, g)]
+        groups = [g for g in sim.model_groups(m) if sim.fits_at_all(call, g)]
         return groups[self._choose(len(groups))] if groups else None
 
     def _targets(self, sim, models):

@@ -1,6 +1,11 @@
-"""What placement may know of a call (`policies/base.py`): not which expert pages it will touch."""
+"""What placement may know of a call (`policies/base.py`, `sim/admission.py`): not which expert
+pages it will touch, nor how many."""
 
-from tests.helpers import moe_catalog, call, cluster, program, resident, trace
+import numpy as np
+
+from tests.helpers import moe_catalog, call, cluster, program, resident, tool, trace
+from statebudget.core.costs import page_count_cdf
+from statebudget.models.cluster import Cluster
 from statebudget.policies import make_policy
 from statebudget.policies.base import restore_estimate_s
 from statebudget.sim.calls import CallRec
@@ -53,3 +58,60 @@ def test_idle_pages_of_the_model_itself_make_room_as_they_would_for_the_admissio
     (c,) = _calls((0, 12))
     assert sim._victims_for_room((0,), *sim.call_need(c, (0,))) is not None
     assert sim.has_room_now(c, (0,))
+
+
+def _small_and_big(small_gb: float):
+    kind = {"hbm_gbps": 1555, "h2d_gbps": 25.0, "d2h_gbps": 25.0, "tflops": 312.0, "wake_s": 0.5,
+            "cold_start_s": 1.0, "engine_overhead_gb": 0.0}
+    return Cluster.model_validate({
+        "name": "test", "hbm_reserve_frac": 0.0,
+        "gpu_kinds": {"small": {**kind, "hbm_gb": small_gb}, "big": {**kind, "hbm_gb": 40.0}},
+        "nodes": [{"name": "n0", "host_dram_gb": 256, "nvme_gb": 4000, "nvme_read_gbps": 7, "nvme_write_gbps": 5,
+                   "root_gbps": 50, "gpus": {"small": 1, "big": 1}}]})
+
+
+def test_whether_a_call_could_ever_fit_is_judged_by_the_median_page_count_not_its_own():
+    median = int(np.searchsorted(page_count_cdf(CAT.by_name["e"].moe), 0.5))
+    assert 2 <= median <= 6
+    for gb, fits in ((2.0 + median + 0.5, True), (2.0 + median - 0.5, False)):
+        sim = Simulator(_small_and_big(gb), CAT, trace(program("p", [call("a", "e")])), make_policy("ondemand"))
+        few, many = _calls((0,), range(12))
+        assert sim.fits_at_all(few, (0,)) and not sim.fits_at_all(many, (0,))  # the truth differs
+        assert sim.could_ever_fit(few, (0,)) is fits and sim.could_ever_fit(many, (0,)) is fits  # placement cannot tell
+        many.refused = ((0,),)
+        assert not sim.could_ever_fit(many, (0,))  # once refused there, never again
+
+
+def _run_with_pages(pages, busy: bool):
+    """One call of `e` whose router picks `pages`, with the dense part resident on the small GPU
+    (where placement sends it); `busy`: a call of `d` there holds the room it needs when it comes."""
+    nodes = [call("a", "e")]
+    if busy:
+        nodes = [call("x", "d", out=200), tool("t", [], duration=0.01), call("a", "e", ["t"])]
+    sim = Simulator(_small_and_big(8.0), CAT, trace(program("p", nodes)), make_policy("ondemand"))
+    sim._pages_for = lambda program, node, model: tuple(pages) if model == "e" else ()
+    resident(sim, ("w", "e"), (0,), 2.0)
+    if busy:
+        resident(sim, ("w", "d"), (0,), 2.0)
+    res = sim.run()
+    return sim, res, next(c for c in res.calls if c.model == "e")
+
+
+def test_a_group_the_calls_own_pages_cannot_fit_refuses_it_and_it_is_routed_again():
+    sim, res, c = _run_with_pages(range(10), busy=False)
+    assert c.state == "done" and c.group == (1,) and c.refused == ((0,),)
+    assert sim.recorder.refused_calls == 1
+    sim, res, c = _run_with_pages((0, 1), busy=False)
+    assert c.state == "done" and c.group == (0,) and c.refused == ()
+    assert sim.recorder.refused_calls == 0
+
+
+def test_a_refusal_comes_when_the_engine_would_take_the_call_and_the_wait_for_it_is_lost():
+    # a call of `d` holds the small GPU's room: the call waits there until that call ends, is
+    # refused then and only then, and goes on to the big GPU; with few pages it runs beside `d`
+    sim, res, many = _run_with_pages(range(10), busy=True)
+    x = next(c for c in res.calls if c.model == "d")
+    assert x.group == (0,) and many.refused == ((0,),) and many.group == (1,)
+    assert many.admitted >= x.end > many.arrive
+    _, _, few = _run_with_pages((0, 1), busy=True)
+    assert few.group == (0,) and few.refused == () and few.admitted == few.arrive

@@ -121,14 +121,14 @@ def test_a_job_can_set_the_re_plan_period_of_statebudget_track_and_only_of_it():
     from statebudget.sim.sweep import jobs, run_job
 
     (job,) = jobs(["hetero16"], ["swe-team"], [100], ["statebudget-track"], "agent-team", 0.25, warmup_s=300.0)
-    # R = 20 s: on this short job the target at 300 s ends up the default's, at 20 s it does not
-    rows = [run_job(job), run_job(dict(job, replan_s=20.0)), run_job(dict(job, replan_s=60.0))]
+    # R = 10 s: on this short job the target at 300 s ends up the default's, at 10 s it does not
+    rows = [run_job(job), run_job(dict(job, replan_s=10.0)), run_job(dict(job, replan_s=60.0))]
     assert rows[0]["stall_total_s"] == rows[2]["stall_total_s"]  # 60 s is the default
     ran = rows[0]["groups_by_model"]  # where each model's calls ran (the layout search learns from it)
     assert ran and sum(n for by in ran.values() for n in by.values()) == rows[0]["calls_completed"]
     assert all(all(int(i) < 16 for g in by for i in g.split(",")) for by in ran.values())
     assert rows[1]["stall_total_s"] != rows[0]["stall_total_s"]  # a fresher target plans otherwise
-    assert series(rows, [100], "stall_total_s", replan_s=20.0) == [rows[1]["stall_total_s"]]
+    assert series(rows, [100], "stall_total_s", replan_s=10.0) == [rows[1]["stall_total_s"]]
     with pytest.raises(ValueError, match="two rows match"):  # the default and R = 60 s: not pinned down
         series(rows[:1] + rows[2:], [100], "stall_total_s", policy="statebudget-track")
     (other,) = jobs(["hetero16"], ["swe-team"], [3], ["frequency"], "agent-team", 0.25)

@@ -203,8 +203,14 @@ class AdmissionMixin:
     def fits_at_all(self, c: CallRec, group) -> bool:
         """Whether the call's weights, own pages and KV fit an empty `group`: what the admission
         finds once the call's router has picked its pages (and a policy that sees the future may
-        read)."""
-        return self._fits_empty(self.call_footprint(c), group)
+        read). Kept on the call while its group and its program's KV stay: asked at every retry."""
+        kv = self.kv_tokens.get(kv_key(c.program, c.model), 0)
+        last = c.fits
+        if last and last[0] == group and last[1] == kv:
+            return last[2]
+        ok = self._fits_empty(self.call_footprint(c), group)
+        c.fits = (group, kv, ok)
+        return ok
 
     def could_ever_fit(self, c: CallRec, group) -> bool:
         """Whether the call could fit an empty `group`, as placement can judge it before the call's
@@ -219,15 +225,16 @@ class AdmissionMixin:
         return self._fits_empty(self.call_footprint(c, median), group)
 
     def _refuse(self, c: CallRec, held: bool) -> None:
-        """A call whose own pages never fit its group, there where the engine would take it by what
-        it can know: no room for it could ever be made (`could_ever_fit`), or room is there now
-        (`expected_need`). The call's router then picks its pages, they do not fit, and the engine
-        refuses it: the runtime routes it again (`_route`), the time it waited lost."""
+        """A call whose own pages never fit its group, once the engine takes it: at once if no room
+        for it could ever be made by what the engine knows (`could_ever_fit`), else when there is
+        room for its weights and KV (an engine admits by its KV blocks; the pages are loaded as
+        the router picks them). They do not fit, the engine refuses it, and the runtime routes it
+        again (`_route`), the time it waited lost."""
         group = c.group
         if group in c.refused:
             return
         if not self.could_ever_fit(c, group) or (
-                not held and self._victims_for_room(group, *self.expected_need(c, group)) is not None):
+                not held and self._victims_for_room(group, *self.call_need(c, group, pages=())) is not None):
             c.refused += (group,)
             self.recorder.refused_calls += 1
 

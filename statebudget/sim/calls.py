@@ -54,6 +54,7 @@ class CallRec:
     loads_at: float = -1.0     # when its own loads could start (the drains for its room done); admission if none
     last_load: str = ""        # kind of the state it waited for last ("w", "e", "kv"; "": none)
     refused: tuple = ()        # groups whose engines refused it: its own pages could not fit there
+    fits: tuple = ()           # (group, its program's KV tokens, whether it fits there at all) last asked
 
 
 class CallsMixin:

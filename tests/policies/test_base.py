@@ -60,12 +60,12 @@ def test_idle_pages_of_the_model_itself_make_room_as_they_would_for_the_admissio
     assert sim.has_room_now(c, (0,))
 
 
-def _small_and_big(small_gb: float):
+def _small_and_big(small_gb: float, big_cold_s: float = 1.0):
     kind = {"hbm_gbps": 1555, "h2d_gbps": 25.0, "d2h_gbps": 25.0, "tflops": 312.0, "wake_s": 0.5,
             "cold_start_s": 1.0, "engine_overhead_gb": 0.0}
     return Cluster.model_validate({
         "name": "test", "hbm_reserve_frac": 0.0,
-        "gpu_kinds": {"small": {**kind, "hbm_gb": small_gb}, "big": {**kind, "hbm_gb": 40.0}},
+        "gpu_kinds": {"small": {**kind, "hbm_gb": small_gb}, "big": {**kind, "hbm_gb": 40.0, "cold_start_s": big_cold_s}},
         "nodes": [{"name": "n0", "host_dram_gb": 256, "nvme_gb": 4000, "nvme_read_gbps": 7, "nvme_write_gbps": 5,
                    "root_gbps": 50, "gpus": {"small": 1, "big": 1}}]})
 
@@ -82,15 +82,19 @@ def test_whether_a_call_could_ever_fit_is_judged_by_the_median_page_count_not_it
         assert not sim.could_ever_fit(many, (0,))  # once refused there, never again
 
 
-def _run_with_pages(pages, busy: bool):
-    """One call of `e` whose router picks `pages`, with the dense part resident on the small GPU
-    (where placement sends it); `busy`: a call of `d` there holds the room it needs when it comes."""
+def _run_with_pages(pages, busy: bool = False, small_gb: float = 8.0, hot=()):
+    """One call of `e` whose router picks `pages`, with the dense part (and the pages `hot`)
+    resident on the small GPU, where placement sends it; `busy`: a long call of `d` there holds
+    the room its KV needs when it comes (and the big GPU's engine is slow to start)."""
     nodes = [call("a", "e")]
-    if busy:
-        nodes = [call("x", "d", out=200), tool("t", [], duration=0.01), call("a", "e", ["t"])]
-    sim = Simulator(_small_and_big(8.0), CAT, trace(program("p", nodes)), make_policy("ondemand"))
+    if busy:  # 9.5 GB: both dense parts and 4 GB of KV for `d` leave 1.5 GB, `e` needs 2 for its KV
+        small_gb = 9.5
+        nodes = [call("x", "d", ctx=4_000_000), tool("t", [], duration=0.01), call("a", "e", ["t"], ctx=2_000_000)]
+    sim = Simulator(_small_and_big(small_gb, 300.0 if busy else 1.0), CAT, trace(program("p", nodes)), make_policy("ondemand"))
     sim._pages_for = lambda program, node, model: tuple(pages) if model == "e" else ()
     resident(sim, ("w", "e"), (0,), 2.0)
+    for p in hot:
+        resident(sim, ("e", "e", p), (0,), 1.0)
     if busy:
         resident(sim, ("w", "d"), (0,), 2.0)
     res = sim.run()
@@ -98,20 +102,29 @@ def _run_with_pages(pages, busy: bool):
 
 
 def test_a_group_the_calls_own_pages_cannot_fit_refuses_it_and_it_is_routed_again():
-    sim, res, c = _run_with_pages(range(10), busy=False)
+    sim, res, c = _run_with_pages(range(10))
     assert c.state == "done" and c.group == (1,) and c.refused == ((0,),)
     assert sim.recorder.refused_calls == 1
-    sim, res, c = _run_with_pages((0, 1), busy=False)
+    sim, res, c = _run_with_pages((0, 1))
     assert c.state == "done" and c.group == (0,) and c.refused == ()
     assert sim.recorder.refused_calls == 0
 
 
+def test_a_call_is_refused_even_where_its_expected_need_never_has_room():
+    # 7.5 GB, the dense part and the three most touched pages there: the median five pages fit,
+    # but the expected need (those three kept, the rest by touch) never does; the engine takes
+    # the call on its weights and KV, and refuses it, rather than hold it until the run ends
+    sim, res, c = _run_with_pages(range(10), small_gb=7.5, hot=(0, 1, 2))
+    assert sim._victims_for_room((0,), *sim.expected_need(c, (0,))) is None
+    assert c.state == "done" and c.refused == ((0,),) and c.group == (1,)
+
+
 def test_a_refusal_comes_when_the_engine_would_take_the_call_and_the_wait_for_it_is_lost():
     # a call of `d` holds the small GPU's room: the call waits there until that call ends, is
-    # refused then and only then, and goes on to the big GPU; with few pages it runs beside `d`
+    # refused then and only then, and goes on to the big GPU; with few pages it runs there
     sim, res, many = _run_with_pages(range(10), busy=True)
     x = next(c for c in res.calls if c.model == "d")
     assert x.group == (0,) and many.refused == ((0,),) and many.group == (1,)
     assert many.admitted >= x.end > many.arrive
     _, _, few = _run_with_pages((0, 1), busy=True)
-    assert few.group == (0,) and few.refused == () and few.admitted == few.arrive
+    assert few.group == (0,) and few.refused == () and few.admitted >= x.end

@@ -223,7 +223,8 @@ class RayMultiplex(Policy):
 
 
 def home_or_default(sim, call, home):
-    """A policy's home group for the call's model if the call fits it at all, else the default."""
+    """A policy's home group for the call's model if the call could fit it (`could_ever_fit`: by
+    the median page count, and not a group that refused it), else the default."""
     if home is not None and sim.could_ever_fit(call, home):
         return home
     return default_place(sim, call)

@@ -26,8 +26,9 @@ class AdmissionMixin:
 
     def _route(self, c: CallRec):
         """The policy places the call, which is admitted there or waits for HBM; a group that
-        refuses it (`_refuse`) is left out and the policy places it again. The events of a call no
-        group takes (`_unplaceable`), else None."""
+        refuses it (`_maybe_refuse`) is left out and the policy places it again. The events of a call no
+        group takes (`_unplaceable`), else None. A call routed again joins the queue anew: its place
+        in the old group's queue is lost with the time it waited."""
         while True:
             c.group = self._decide(self.policy.place, c)
             self.last_use[c.model] = self.now
@@ -39,6 +40,8 @@ class AdmissionMixin:
             if c.group not in c.refused:
                 self._join(self.waiting, c)
                 self.waiting_sums.add(c, self._queued_run(c))
+                if c is self.reserved:  # it holds its new group's GPUs: backfill ends by their drain
+                    self._reserve_deadline = self._drain_end(c.group)
                 return None
 
     def _reserve(self) -> None:
@@ -215,7 +218,7 @@ class AdmissionMixin:
     def could_ever_fit(self, c: CallRec, group) -> bool:
         """Whether the call could fit an empty `group`, as placement can judge it before the call's
         router runs: more likely than not, its pages counted as the median of its model's calls
-        (`page_count_cdf`); never a group that has refused it (`_refuse`)."""
+        (`page_count_cdf`); never a group that has refused it (`_maybe_refuse`)."""
         if group in c.refused:
             return False
         m = self.catalog.by_name[c.model]
@@ -224,25 +227,26 @@ class AdmissionMixin:
             median = self._median_pages[m.name] = int(np.searchsorted(page_count_cdf(m.moe), 0.5)) if m.moe else 0
         return self._fits_empty(self.call_footprint(c, median), group)
 
-    def _refuse(self, c: CallRec, held: bool) -> None:
-        """A call whose own pages never fit its group, once the engine takes it: at once if no room
-        for it could ever be made by what the engine knows (`could_ever_fit`), else when there is
-        room for its weights and KV (an engine admits by its KV blocks; the pages are loaded as
-        the router picks them). They do not fit, the engine refuses it, and the runtime routes it
-        again (`_route`), the time it waited lost."""
+    def _maybe_refuse(self, c: CallRec, held: bool) -> None:
+        """Refuse a call whose own pages never fit its group once the engine takes it: at once if
+        by what the engine knows no room could ever be made (`could_ever_fit`), else when its
+        weights and KV have room (an engine admits on its KV blocks; the pages load as the router
+        picks them), not while the group is held for a starving call. The runtime then routes it
+        again (`_route`). Optimistic: the refusal costs no compute, where an engine would find out
+        during the prefill."""
         group = c.group
         if group in c.refused:
             return
         if not self.could_ever_fit(c, group) or (
                 not held and self._victims_for_room(group, *self.call_need(c, group, pages=())) is not None):
             c.refused += (group,)
-            self.recorder.refused_calls += 1
+            self.recorder.page_refusals += 1
 
     def _admit(self, c: CallRec) -> bool:
         group = c.group
         held = c is not self.reserved and self._held_for_another(group)
         if not self.fits_at_all(c, group):
-            self._refuse(c, held)
+            self._maybe_refuse(c, held)
             return False
         keys, new, private = self.call_need(c, group)
         if held and self._est_end(c, new) > self._reserve_deadline:

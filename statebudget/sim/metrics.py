@@ -152,7 +152,7 @@ def program_metrics(res: SimResult, nominal: dict | None) -> dict:
         "failed_attempts": res.failed_attempts,
         "failed_service_s": round(res.failed_service_s, 6),
         "moved_calls": res.moved_calls,
-        "refused_calls": res.refused_calls,
+        "page_refusals": res.page_refusals,
         "queue_switches": res.queue_switches,
     }
 

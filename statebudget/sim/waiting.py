@@ -22,8 +22,9 @@ NS = 1e9
 
 
 class WaitingSums:
-    """Per group: the calls that wait there, in the order they joined (which is their order of
-    arrival: a call joins at the instant it arrives), and their expected runs summed in ns."""
+    """Per group: the calls that wait there, in their order of arrival (a call joins at the
+    instant it arrives, but one routed again after a refusal joins late and is put in its
+    place), and their expected runs summed in ns."""
 
     def __init__(self, n_gpu: int):
         self.n_gpu = n_gpu
@@ -40,8 +41,12 @@ class WaitingSums:
     def add(self, c: CallRec, run_s: float) -> None:
         ns, g = round(run_s * NS), c.group
         self.calls[id(c)] = (c, ns, g)
-        self.at.setdefault(g, {})[id(c)] = c
-        self.of_model.setdefault(c.model, {}).setdefault(g, {})[id(c)] = c
+        for by in (self.at, self.of_model.setdefault(c.model, {})):
+            calls = by.setdefault(g, {})
+            late = calls and next(reversed(calls.values())).arrive > c.arrive
+            calls[id(c)] = c
+            if late:  # routed again after a refusal: into its place by arrival
+                by[g] = dict(sorted(calls.items(), key=lambda kv: kv[1].arrive))
         self.ns[g] = self.ns.get(g, 0) + ns
         self._load = self._oldest = None
 
@@ -57,7 +62,7 @@ class WaitingSums:
 
     def oldest(self) -> dict[tuple, float]:
         """(model, group) -> when the longest-waiting call of that model there arrived: the first
-        to join, as calls join at the instant they arrive. Kept until a call joins or leaves (every
+        in the group's order of arrival. Kept until a call joins or leaves (every
         planning step asks); the caller only reads it."""
         if self._oldest is None:
             self._oldest = {(model, g): next(iter(calls.values())).arrive

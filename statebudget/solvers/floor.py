@@ -24,8 +24,10 @@ What keeps it a floor: `k` and `t` are each the best over the model's groups, ev
 has both, and each model gets them even where two models' best groups overlap. Calls that a
 cancel may drop count 0 in the P95 and are left out of the total; dropped (unplaceable) calls are
 assumed not to happen. Placement must not read which pages the call will touch, nor how many:
-this simulator's policies do not (docs/model.md; a group that cannot fit them refuses the call,
-which is then routed again). Counted calls are those of programs that start at or after
+this simulator's policies do not (docs/model.md). A call routed again after a refusal is known to
+touch more than the refusing group holds; given the count the `k` most touched pages still leave
+the fewest out on average, so the total's floor stands for it, while the P95's coupling assumes
+its group is chosen without it. Counted calls are those of programs that start at or after
 `warmup_s`, as in every report.
 """
 

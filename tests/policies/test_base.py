@@ -104,10 +104,10 @@ def _run_with_pages(pages, busy: bool = False, small_gb: float = 8.0, hot=()):
 def test_a_group_the_calls_own_pages_cannot_fit_refuses_it_and_it_is_routed_again():
     sim, res, c = _run_with_pages(range(10))
     assert c.state == "done" and c.group == (1,) and c.refused == ((0,),)
-    assert sim.recorder.refused_calls == 1
+    assert sim.recorder.page_refusals == 1
     sim, res, c = _run_with_pages((0, 1))
     assert c.state == "done" and c.group == (0,) and c.refused == ()
-    assert sim.recorder.refused_calls == 0
+    assert sim.recorder.page_refusals == 0
 
 
 def test_a_call_is_refused_even_where_its_expected_need_never_has_room():

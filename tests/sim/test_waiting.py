@@ -1,5 +1,6 @@
 """`WaitingSums`: the queue summed per group as calls join and leave and estimates move must be the
-queue summed afresh, whatever the order of the changes (calls rejoining after they left included)."""
+queue summed afresh, whatever the order of the changes (calls rejoining after they left included,
+anew or, as one routed again after a refusal, with their first arrival)."""
 
 import math
 
@@ -20,7 +21,7 @@ def _call(i: int, model: str, group) -> CallRec:
                    max_tokens=10, tenant="t", slo="interactive", handoff=False, hinted=False, group=group)
 
 
-ops = st.lists(st.tuples(st.sampled_from(["join", "leave", "estimate"]), st.integers(0, 11)), max_size=60)
+ops = st.lists(st.tuples(st.sampled_from(["join", "rejoin", "leave", "estimate"]), st.integers(0, 11)), max_size=60)
 
 
 @settings(max_examples=150, deadline=None)
@@ -36,9 +37,9 @@ def test_kept_sums_are_the_fresh_sums(steps):
     sums, waiting, seq, now = WaitingSums(4), [], 0, 0.0
     for op, i in steps:
         c, now = calls[i], now + 1.0
-        if op == "join" and c not in waiting:
+        if op in ("join", "rejoin") and c not in waiting:
             seq += 1
-            c.arrive, c.seq = now, seq
+            c.arrive, c.seq = now if op == "join" or c.arrive < 0 else c.arrive, seq
             waiting.append(c)
             sums.add(c, run(c))
         elif op == "leave" and c in waiting:
@@ -51,6 +52,10 @@ def test_kept_sums_are_the_fresh_sums(steps):
         for w in waiting:
             depth[(w.model, w.group)] = depth.get((w.model, w.group), 0) + 1
         assert sums.depth() == depth
+        oldest = {}
+        for w in waiting:
+            oldest[(w.model, w.group)] = min(oldest.get((w.model, w.group), math.inf), w.arrive)
+        assert sums.oldest() == oldest
         if not waiting:
             assert kept is None
             continue
@@ -61,3 +66,13 @@ def test_kept_sums_are_the_fresh_sums(steps):
         fresh = QueueLoad.of(4, by_group)
         assert kept.waiting == fresh.waiting and kept.first_s == fresh.first_s
         assert all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for a, b in zip(kept.queued_s, fresh.queued_s))
+
+
+def test_a_call_routed_again_after_a_refusal_joins_in_its_place_by_arrival():
+    first, later = _call(0, "a", (0,)), _call(4, "a", (0,))
+    first.arrive, later.arrive = 1.0, 2.0
+    sums = WaitingSums(4)
+    sums.add(later, 5.0)
+    sums.add(first, 5.0)  # refused elsewhere, it joins after `later` with its first arrival
+    assert sums.oldest() == {("a", (0,)): 1.0}
+    assert sums.load({"a": 0}, lambda model, groups, got: np.full(len(got), 5.0)).first_s[0] == 1.0

@@ -26,9 +26,9 @@ class AdmissionMixin:
 
     def _route(self, c: CallRec):
         """The policy places the call, which is admitted there or waits for HBM; a group that
-        refuses it (`_maybe_refuse`) is left out and the policy places it again. The events of a call no
-        group takes (`_unplaceable`), else None. A call routed again joins the queue anew: its place
-        in the old group's queue is lost with the time it waited."""
+        refuses it (`_maybe_refuse`) is left out and the policy places it again. The events of a
+        call no group takes (`_unplaceable`), else None. A call routed again joins the queue anew:
+        its place in the old group's queue is lost with the time it waited."""
         while True:
             c.group = self._decide(self.policy.place, c)
             self.last_use[c.model] = self.now

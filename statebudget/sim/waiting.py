@@ -62,8 +62,8 @@ class WaitingSums:
 
     def oldest(self) -> dict[tuple, float]:
         """(model, group) -> when the longest-waiting call of that model there arrived: the first
-        in the group's order of arrival. Kept until a call joins or leaves (every
-        planning step asks); the caller only reads it."""
+        in the group's order of arrival. Kept until a call joins or leaves (every planning step
+        asks); the caller only reads it."""
         if self._oldest is None:
             self._oldest = {(model, g): next(iter(calls.values())).arrive
                             for model, of_group in self.of_model.items() for g, calls in of_group.items() if calls}

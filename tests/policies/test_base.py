@@ -65,7 +65,8 @@ def _small_and_big(small_gb: float, big_cold_s: float = 1.0):
             "cold_start_s": 1.0, "engine_overhead_gb": 0.0}
     return Cluster.model_validate({
         "name": "test", "hbm_reserve_frac": 0.0,
-        "gpu_kinds": {"small": {**kind, "hbm_gb": small_gb}, "big": {**kind, "hbm_gb": 40.0, "cold_start_s": big_cold_s}},
+        "gpu_kinds": {"small": {**kind, "hbm_gb": small_gb},
+                      "big": {**kind, "hbm_gb": 40.0, "cold_start_s": big_cold_s}},
         "nodes": [{"name": "n0", "host_dram_gb": 256, "nvme_gb": 4000, "nvme_read_gbps": 7, "nvme_write_gbps": 5,
                    "root_gbps": 50, "gpus": {"small": 1, "big": 1}}]})
 
@@ -90,7 +91,8 @@ def _run_with_pages(pages, busy: bool = False, small_gb: float = 8.0, hot=()):
     if busy:  # 9.5 GB: both dense parts and 4 GB of KV for `d` leave 1.5 GB, `e` needs 2 for its KV
         small_gb = 9.5
         nodes = [call("x", "d", ctx=4_000_000), tool("t", [], duration=0.01), call("a", "e", ["t"], ctx=2_000_000)]
-    sim = Simulator(_small_and_big(small_gb, 300.0 if busy else 1.0), CAT, trace(program("p", nodes)), make_policy("ondemand"))
+    sim = Simulator(_small_and_big(small_gb, 300.0 if busy else 1.0), CAT, trace(program("p", nodes)),
+                    make_policy("ondemand"))
     sim._pages_for = lambda program, node, model: tuple(pages) if model == "e" else ()
     resident(sim, ("w", "e"), (0,), 2.0)
     for p in hot:

@@ -41,13 +41,20 @@ def page_count_cdf(moe) -> np.ndarray:
     return np.cumsum(pmf)
 
 
+def median_page_count(m) -> int:
+    """The median of how many pages a call of model `m` touches (`page_count_cdf`; 0 for a dense
+    model): a call touches at most this many more likely than not."""
+    return int(np.searchsorted(page_count_cdf(m.moe), 0.5)) if m.moe else 0
+
+
 def expected_missing_pages(m, group, gpu_copies) -> float:
     """Pages of model `m` a call is expected to find missing on `group`: the touch probabilities
     of those with no copy there (`gpu_copies`: keyed by (state key, group)). What a policy can
     count on before the call runs, its router choosing its experts as its tokens run."""
     if m.moe is None:
         return 0.0
-    return float(sum(t for p, t in enumerate(page_touch_probs(m.moe)) if (expert_key(m.name, p), group) not in gpu_copies))
+    return float(sum(t for p, t in enumerate(page_touch_probs(m.moe))
+                     if (expert_key(m.name, p), group) not in gpu_copies))
 
 
 def touched_pages(m, min_touch: float) -> list[tuple[int, float]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.costs import expected_missing_pages, page_count_cdf, touched_pages
+from ..core.costs import expected_missing_pages, median_page_count, touched_pages
 from ..models.state import expert_key, kv_key, weights_key
 from .calls import CallRec
 
@@ -218,13 +218,13 @@ class AdmissionMixin:
     def could_ever_fit(self, c: CallRec, group) -> bool:
         """Whether the call could fit an empty `group`, as placement can judge it before the call's
         router runs: more likely than not, its pages counted as the median of its model's calls
-        (`page_count_cdf`); never a group that has refused it (`_maybe_refuse`)."""
+        (`median_page_count`); never a group that has refused it (`_maybe_refuse`)."""
         if group in c.refused:
             return False
         m = self.catalog.by_name[c.model]
         median = self._median_pages.get(m.name)
         if median is None:
-            median = self._median_pages[m.name] = int(np.searchsorted(page_count_cdf(m.moe), 0.5)) if m.moe else 0
+            median = self._median_pages[m.name] = median_page_count(m)
         return self._fits_empty(self.call_footprint(c, median), group)
 
     def _maybe_refuse(self, c: CallRec, held: bool) -> None:

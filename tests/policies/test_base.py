@@ -1,10 +1,8 @@
 """What placement may know of a call (`policies/base.py`, `sim/admission.py`): not which expert
 pages it will touch, nor how many."""
 
-import numpy as np
-
 from tests.helpers import moe_catalog, call, cluster, program, resident, tool, trace
-from statebudget.core.costs import page_count_cdf
+from statebudget.core.costs import median_page_count
 from statebudget.models.cluster import Cluster
 from statebudget.policies import make_policy
 from statebudget.policies.base import restore_estimate_s
@@ -72,7 +70,7 @@ def _small_and_big(small_gb: float, big_cold_s: float = 1.0):
 
 
 def test_whether_a_call_could_ever_fit_is_judged_by_the_median_page_count_not_its_own():
-    median = int(np.searchsorted(page_count_cdf(CAT.by_name["e"].moe), 0.5))
+    median = median_page_count(CAT.by_name["e"])
     assert 2 <= median <= 6
     for gb, fits in ((2.0 + median + 0.5, True), (2.0 + median - 0.5, False)):
         sim = Simulator(_small_and_big(gb), CAT, trace(program("p", [call("a", "e")])), make_policy("ondemand"))
@@ -83,16 +81,14 @@ def test_whether_a_call_could_ever_fit_is_judged_by_the_median_page_count_not_it
         assert not sim.could_ever_fit(many, (0,))  # once refused there, never again
 
 
-def _run_with_pages(pages, busy: bool = False, small_gb: float = 8.0, hot=()):
+def _run_with_pages(pages, small_gb: float = 8.0, hot=(), busy: bool = False, big_cold_s: float = 1.0):
     """One call of `e` whose router picks `pages`, with the dense part (and the pages `hot`)
-    resident on the small GPU, where placement sends it; `busy`: a long call of `d` there holds
-    the room its KV needs when it comes (and the big GPU's engine is slow to start)."""
+    resident on the small GPU, where placement sends it; `busy`: a call of `d` with 4 GB of KV
+    runs there first, and `e` brings 2 GB of KV."""
     nodes = [call("a", "e")]
-    if busy:  # 9.5 GB: both dense parts and 4 GB of KV for `d` leave 1.5 GB, `e` needs 2 for its KV
-        small_gb = 9.5
+    if busy:
         nodes = [call("x", "d", ctx=4_000_000), tool("t", [], duration=0.01), call("a", "e", ["t"], ctx=2_000_000)]
-    sim = Simulator(_small_and_big(small_gb, 300.0 if busy else 1.0), CAT, trace(program("p", nodes)),
-                    make_policy("ondemand"))
+    sim = Simulator(_small_and_big(small_gb, big_cold_s), CAT, trace(program("p", nodes)), make_policy("ondemand"))
     sim._pages_for = lambda program, node, model: tuple(pages) if model == "e" else ()
     resident(sim, ("w", "e"), (0,), 2.0)
     for p in hot:
@@ -122,11 +118,13 @@ def test_a_call_is_refused_even_where_its_expected_need_never_has_room():
 
 
 def test_a_refusal_comes_when_the_engine_would_take_the_call_and_the_wait_for_it_is_lost():
-    # a call of `d` holds the small GPU's room: the call waits there until that call ends, is
-    # refused then and only then, and goes on to the big GPU; with few pages it runs there
-    sim, res, many = _run_with_pages(range(10), busy=True)
+    # a call of `d` holds the small GPU's room (9.5 GB: both dense parts and its 4 GB of KV leave
+    # 1.5, `e` needs 2 for its KV; the big GPU's engine is slow to start, so `e` waits there): the
+    # call waits until that call ends, is refused then and only then, and goes on to the big GPU;
+    # with few pages it runs on the small one
+    sim, res, many = _run_with_pages(range(10), small_gb=9.5, busy=True, big_cold_s=300.0)
     x = next(c for c in res.calls if c.model == "d")
     assert x.group == (0,) and many.refused == ((0,),) and many.group == (1,)
     assert many.admitted >= x.end > many.arrive
-    _, _, few = _run_with_pages((0, 1), busy=True)
+    _, _, few = _run_with_pages((0, 1), small_gb=9.5, busy=True, big_cold_s=300.0)
     assert few.group == (0,) and few.refused == () and few.admitted >= x.end

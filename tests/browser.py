@@ -4,9 +4,11 @@ nothing is downloaded at run time by the pages themselves)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,10 +24,16 @@ def chromium() -> str:
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         pytest.skip("chromium is missing and cannot be installed here (needs root and apt-get): "
                     "apt-get install -y chromium")
-    out = subprocess.run(["apt-get", "install", "-y", "chromium"], capture_output=True, text=True, timeout=900)
-    if out.returncode != 0:
-        out = subprocess.run("apt-get update && apt-get install -y chromium", shell=True, capture_output=True,
-                             text=True, timeout=900)
+    # pytest-xdist's workers ask at once on a fresh machine: one installs, the others wait for it
+    # (two apt-gets at once fail on dpkg's lock).
+    with open(Path(tempfile.gettempdir()) / "statebudget-chromium.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if shutil.which("chromium"):
+            return shutil.which("chromium")
+        out = subprocess.run(["apt-get", "install", "-y", "chromium"], capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            out = subprocess.run("apt-get update && apt-get install -y chromium", shell=True, capture_output=True,
+                                 text=True, timeout=900)
     assert out.returncode == 0, f"installing chromium failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
     return shutil.which("chromium")
 

@@ -57,6 +57,11 @@ class Policy:
         """The call has its HBM reserved and its state pinned on its group."""
         return None
 
+    def on_call_refused(self, sim, call):
+        """The engine on `call.group` refused the call (its own expert pages could not fit there,
+        `call.refused` lists the groups that did); the runtime places it again next."""
+        return None
+
     def on_call_end(self, sim, call):
         return None
 

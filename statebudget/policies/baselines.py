@@ -221,6 +221,10 @@ class RayMultiplex(Policy):
                 out += [Demote(expert_key(name, p), group, "none") for p in range(m.moe.pages)]
         return out
 
+    def on_call_refused(self, sim, call):
+        """Routed again: the cap applies on the replica it goes to next (`place` skips refusers)."""
+        return self.on_call_arrive(sim, call)
+
 
 def home_or_default(sim, call, home):
     """A policy's home group for the call's model if the call could fit it (`could_ever_fit`: by

@@ -241,6 +241,7 @@ class AdmissionMixin:
                 not held and self._victims_for_room(group, *self.call_need(c, group, pages=())) is not None):
             c.refused += (group,)
             self.recorder.page_refusals += 1
+            self._apply(self._hook("on_call_refused", c))
 
     def _admit(self, c: CallRec) -> bool:
         group = c.group

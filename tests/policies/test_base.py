@@ -3,6 +3,7 @@ pages it will touch, nor how many."""
 
 from tests.helpers import moe_catalog, call, cluster, program, resident, tool, trace
 from statebudget.core.costs import median_page_count
+from statebudget.models.catalog import Catalog
 from statebudget.models.cluster import Cluster
 from statebudget.policies import make_policy
 from statebudget.policies.base import restore_estimate_s
@@ -128,3 +129,22 @@ def test_a_refusal_comes_when_the_engine_would_take_the_call_and_the_wait_for_it
     assert many.admitted >= x.end > many.arrive
     _, _, few = _run_with_pages((0, 1), small_gb=9.5, busy=True, big_cold_s=300.0)
     assert few.group == (0,) and few.refused == () and few.admitted >= x.end
+
+
+def test_ray_multiplex_applies_its_cap_on_the_replica_a_refused_call_goes_to():
+    # the big GPU holds three idle models, ray-multiplex's cap; the call of `e` goes to the small
+    # GPU, which has its weights, is refused there (ten pages) and goes to the big one: that
+    # replica unloads its least recently used model to load `e`, as on a first placement
+    dense = {"version": "v", "weights_gb": 2.0, "kv_bytes_per_token": 1000, "active_params_b": 1.0, "tp": 1}
+    cat = Catalog.model_validate({"name": "moe", "models": [
+        *({"name": n, **dense} for n in ("d1", "d2", "d3")),
+        {"name": "e", **dense, "moe": {"experts": 16, "active": 2, "layers": 1, "expert_gb": 1.0, "pages": 16,
+                                       "zipf_s": 1.0}}]})
+    sim = Simulator(_small_and_big(8.0), cat, trace(program("p", [call("a", "e")])), make_policy("ray-multiplex"))
+    sim._pages_for = lambda program, node, model: tuple(range(10))
+    resident(sim, ("w", "e"), (0,), 2.0)
+    for n in ("d1", "d2", "d3"):
+        resident(sim, ("w", n), (1,), 2.0)
+    (c,) = sim.run().calls
+    assert c.state == "done" and c.refused == ((0,),) and c.group == (1,)
+    assert sorted(k[1] for (k, g) in sim.tiers.gpu if k[0] == "w" and g == (1,)) == ["d2", "d3", "e"]

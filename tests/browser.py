@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+_failed: list[str] = []  # this worker's failed install, if any
+
 ARTIFACTS = Path(__file__).resolve().parent.parent / "out" / "test-artifacts"
 
 
@@ -24,6 +26,8 @@ def chromium() -> str:
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         pytest.skip("chromium is missing and cannot be installed here (needs root and apt-get): "
                     "apt-get install -y chromium")
+    if _failed:
+        pytest.fail(_failed[0])
     # pytest-xdist's workers ask at once on a fresh machine: one installs, the others wait for it
     # (two apt-gets at once fail on dpkg's lock).
     with open(Path(tempfile.gettempdir()) / "statebudget-chromium.lock", "w") as lock:
@@ -34,7 +38,9 @@ def chromium() -> str:
         if out.returncode != 0:
             out = subprocess.run("apt-get update && apt-get install -y chromium", shell=True, capture_output=True,
                                  text=True, timeout=900)
-    assert out.returncode == 0, f"installing chromium failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+    if out.returncode != 0:  # said once; the next tests fail at once rather than try again for minutes
+        _failed.append(f"installing chromium failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+        pytest.fail(_failed[0])
     return shutil.which("chromium")
 
 

@@ -59,7 +59,8 @@ class Policy:
 
     def on_call_refused(self, sim, call):
         """The engine on `call.group` refused the call (its own expert pages could not fit there,
-        `call.refused` lists the groups that did); the runtime places it again next."""
+        `call.refused` lists the groups that did); `place` is asked next. The simulator's only:
+        the service sees no refusals."""
         return None
 
     def on_call_end(self, sim, call):

@@ -28,8 +28,11 @@ class AdmissionMixin:
         """The policy places the call, which is admitted there or waits for HBM; a group that
         refuses it (`_maybe_refuse`) is left out and the policy places it again. The events of a
         call no group takes (`_unplaceable`), else None. A call routed again joins the queue anew:
-        its place in the old group's queue is lost with the time it waited."""
+        its place in the old group's queue is lost with the time it waited. The policy hears of a
+        refusal (`on_call_refused`) just before it places the call again, on the state it places on."""
         while True:
+            if c.group is not None and c.group in c.refused:
+                self._apply(self._hook("on_call_refused", c))
             c.group = self._decide(self.policy.place, c)
             self.last_use[c.model] = self.now
             if c.group is None or c.group in c.refused:
@@ -241,7 +244,6 @@ class AdmissionMixin:
                 not held and self._victims_for_room(group, *self.call_need(c, group, pages=())) is not None):
             c.refused += (group,)
             self.recorder.page_refusals += 1
-            self._apply(self._hook("on_call_refused", c))
 
     def _admit(self, c: CallRec) -> bool:
         group = c.group

@@ -1,6 +1,8 @@
 """What placement may know of a call (`policies/base.py`, `sim/admission.py`): not which expert
 pages it will touch, nor how many."""
 
+import pytest
+
 from tests.helpers import moe_catalog, call, cluster, program, resident, tool, trace
 from statebudget.core.costs import median_page_count
 from statebudget.models.catalog import Catalog
@@ -131,20 +133,32 @@ def test_a_refusal_comes_when_the_engine_would_take_the_call_and_the_wait_for_it
     assert few.group == (0,) and few.refused == () and few.admitted >= x.end
 
 
-def test_ray_multiplex_applies_its_cap_on_the_replica_a_refused_call_goes_to():
+@pytest.mark.parametrize("waits_first", [False, True])
+def test_ray_multiplex_applies_its_cap_on_the_replica_a_refused_call_goes_to(waits_first):
     # the big GPU holds three idle models, ray-multiplex's cap; the call of `e` goes to the small
-    # GPU, which has its weights, is refused there (ten pages) and goes to the big one: that
-    # replica unloads its least recently used model to load `e`, as on a first placement
+    # GPU, which has its weights, is refused there (ten pages; at once, or once a call of `d1`
+    # holding the room ends) and goes to the big one: that replica unloads its least recently
+    # used model (d3) to load `e`, as on a first placement
     dense = {"version": "v", "weights_gb": 2.0, "kv_bytes_per_token": 1000, "active_params_b": 1.0, "tp": 1}
     cat = Catalog.model_validate({"name": "moe", "models": [
-        *({"name": n, **dense} for n in ("d1", "d2", "d3")),
+        *({"name": n, **dense} for n in ("d1", "d2", "d3", "d4")),
         {"name": "e", **dense, "moe": {"experts": 16, "active": 2, "layers": 1, "expert_gb": 1.0, "pages": 16,
                                        "zipf_s": 1.0}}]})
-    sim = Simulator(_small_and_big(8.0), cat, trace(program("p", [call("a", "e")])), make_policy("ray-multiplex"))
-    sim._pages_for = lambda program, node, model: tuple(range(10))
+    nodes = [call("a", "e")]
+    if waits_first:  # 9.5 GB: both dense parts and the 4 GB of KV of `d1` leave 1.5, `e` needs 2
+        nodes = [call("x", "d1", ctx=4_000_000), tool("t", [], duration=0.01), call("a", "e", ["t"], ctx=2_000_000)]
+    sim = Simulator(_small_and_big(9.5 if waits_first else 8.0), cat, trace(program("p", nodes)),
+                    make_policy("ray-multiplex"))
+    sim._pages_for = lambda program, node, model: tuple(range(10)) if model == "e" else ()
     resident(sim, ("w", "e"), (0,), 2.0)
-    for n in ("d1", "d2", "d3"):
+    resident(sim, ("w", "d1"), (0,), 2.0)
+    for n, used in (("d2", 2.0), ("d3", 1.0), ("d4", 3.0)):
         resident(sim, ("w", n), (1,), 2.0)
-    (c,) = sim.run().calls
+        sim.tiers.gpu[(("w", n), (1,))].last_use = used
+    res = sim.run()
+    c = next(c for c in res.calls if c.model == "e")
     assert c.state == "done" and c.refused == ((0,),) and c.group == (1,)
-    assert sorted(k[1] for (k, g) in sim.tiers.gpu if k[0] == "w" and g == (1,)) == ["d2", "d3", "e"]
+    if waits_first:
+        x = next(c for c in res.calls if c.model == "d1")
+        assert x.group == (0,) and c.admitted >= x.end > c.arrive
+    assert sorted(k[1] for (k, g) in sim.tiers.gpu if k[0] == "w" and g == (1,)) == ["d2", "d4", "e"]

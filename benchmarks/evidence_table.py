@@ -23,8 +23,13 @@ def rows(a: dict) -> list[tuple[str, str, str]]:
             + f"; baselines clearing 0.6× too: {', '.join(h4['baselines_clearing_the_bar']) or 'none'}",
             "; ".join(f"{o}: {v}" for o, v in h4["verdict"].items()))]
     wins, loses = best["wins"], best["loses"]
+    by: dict[str, list[str]] = {}  # "statebudget on TTFT P95" -> {"statebudget": ["TTFT P95"]}
+    for w in wins:
+        planner, _, metric = w.partition(" on ")
+        by.setdefault(planner, []).append(metric)
     out.append(("Against the best baseline, metric by metric (8 metrics × 3 planners)",
-                f"wins: {', '.join(wins) or 'none'}; {len(loses)} losses", best["verdict"]))
+                "wins: " + ("; ".join(f"{p} on {', '.join(ms)}" for p, ms in by.items()) or "none")
+                + f"; {len(loses)} losses", best["verdict"]))
     late = le["lateness_p99_vs"]
     out.append(("Leases (seed 000): lateness P99 below LRU, frequency, prefetch-all's",
                 "; ".join(f"vs {p} {x(c)}" for p, c in late.items()) + "; non-lease TTFT P99 "

@@ -2,7 +2,7 @@
 warm start with a 30-minute warm-up, evaluation seeds 100.. , beside the best online policies
 of the fair table and the lower bound on total stall (`solvers/bound.py`).
 
-    .venv/bin/python benchmarks/bench_oracle.py [--traces swe-team,mapreduce] [--seeds 100,101,102]
+    .venv/bin/python benchmarks/bench_oracle.py [--traces swe-team,mapreduce] [--seeds 100-102]
         [--json out/bench_oracle.json] [--tuning]   # --tuning: seeds 1-10 allowed, to judge a change
 
 Per trace and seed: each policy's total stall and handoff-stall P95, the oracle's solve, the
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench_policies import parse_seeds
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.sim.config import SimConfig
 from statebudget.sim.runner import replay
@@ -36,9 +37,9 @@ def main():
     ap.add_argument("--tuning", action="store_true", help="allow seeds below 100 (tuning seeds 1-10)")
     args = ap.parse_args()
     try:
-        seeds = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        ap.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+        seeds = parse_seeds(args.seeds)
+    except ValueError as e:
+        ap.error(f"--seeds {args.seeds!r}: {e}")
     if min(seeds) < 100 and not args.tuning:
         ap.error("figures come from evaluation seeds >= 100 (seeds 1-10 are for tuning: pass --tuning)")
     if args.tuning:

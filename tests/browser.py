@@ -32,8 +32,8 @@ def chromium() -> str:
     # (two apt-gets at once fail on dpkg's lock).
     with open(Path(tempfile.gettempdir()) / "statebudget-chromium.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if shutil.which("chromium"):
-            return shutil.which("chromium")
+        if found := shutil.which("chromium"):  # another worker installed it meanwhile
+            return found
         out = subprocess.run(["apt-get", "install", "-y", "chromium"], capture_output=True, text=True, timeout=900)
         if out.returncode != 0:
             out = subprocess.run("apt-get update && apt-get install -y chromium", shell=True, capture_output=True,

@@ -49,11 +49,13 @@ def catalog(*models) -> Catalog:
          "active_params_b": 1.0, "tp": m[3] if len(m) > 3 else 1} for m in models]})
 
 
-def moe_catalog() -> Catalog:
-    """A dense model `d` and a MoE model `e`: a 2 GB dense part and 16 expert pages of 1 GB."""
+def moe_catalog(dense=("d",)) -> Catalog:
+    """Dense 2 GB models (`dense`, by default one, `d`) and a MoE model `e`: a 2 GB dense part and
+    16 expert pages of 1 GB."""
+    spec = {"version": "v", "weights_gb": 2.0, "kv_bytes_per_token": 1000, "active_params_b": 1.0, "tp": 1}
     return Catalog.model_validate({"name": "moe", "models": [
-        {"name": "d", "version": "v", "weights_gb": 2.0, "kv_bytes_per_token": 1000, "active_params_b": 1.0, "tp": 1},
-        {"name": "e", "version": "v", "weights_gb": 2.0, "kv_bytes_per_token": 1000, "active_params_b": 1.0, "tp": 1,
+        *({"name": n, **spec} for n in dense),
+        {"name": "e", **spec,
          "moe": {"experts": 16, "active": 2, "layers": 1, "expert_gb": 1.0, "pages": 16, "zipf_s": 1.0}},
     ]})
 

@@ -5,7 +5,6 @@ import pytest
 
 from tests.helpers import moe_catalog, call, cluster, program, resident, tool, trace
 from statebudget.core.costs import median_page_count
-from statebudget.models.catalog import Catalog
 from statebudget.models.cluster import Cluster
 from statebudget.policies import make_policy
 from statebudget.policies.base import restore_estimate_s
@@ -84,13 +83,16 @@ def test_whether_a_call_could_ever_fit_is_judged_by_the_median_page_count_not_it
         assert not sim.could_ever_fit(many, (0,))  # once refused there, never again
 
 
+def _busy_nodes(dense: str) -> list:
+    """A call of `dense` with 4 GB of KV, then the call `a` of `e` with 2 GB of KV."""
+    return [call("x", dense, ctx=4_000_000), tool("t", [], duration=0.01), call("a", "e", ["t"], ctx=2_000_000)]
+
+
 def _run_with_pages(pages, small_gb: float = 8.0, hot=(), busy: bool = False, big_cold_s: float = 1.0):
     """One call of `e` whose router picks `pages`, with the dense part (and the pages `hot`)
     resident on the small GPU, where placement sends it; `busy`: a call of `d` with 4 GB of KV
     runs there first, and `e` brings 2 GB of KV."""
-    nodes = [call("a", "e")]
-    if busy:
-        nodes = [call("x", "d", ctx=4_000_000), tool("t", [], duration=0.01), call("a", "e", ["t"], ctx=2_000_000)]
+    nodes = _busy_nodes("d") if busy else [call("a", "e")]
     sim = Simulator(_small_and_big(small_gb, big_cold_s), CAT, trace(program("p", nodes)), make_policy("ondemand"))
     sim._pages_for = lambda program, node, model: tuple(pages) if model == "e" else ()
     resident(sim, ("w", "e"), (0,), 2.0)
@@ -139,14 +141,9 @@ def test_ray_multiplex_applies_its_cap_on_the_replica_a_refused_call_goes_to(wai
     # GPU, which has its weights, is refused there (ten pages; at once, or once a call of `d1`
     # holding the room ends) and goes to the big one: that replica unloads its least recently
     # used model (d3) to load `e`, as on a first placement
-    dense = {"version": "v", "weights_gb": 2.0, "kv_bytes_per_token": 1000, "active_params_b": 1.0, "tp": 1}
-    cat = Catalog.model_validate({"name": "moe", "models": [
-        *({"name": n, **dense} for n in ("d1", "d2", "d3", "d4")),
-        {"name": "e", **dense, "moe": {"experts": 16, "active": 2, "layers": 1, "expert_gb": 1.0, "pages": 16,
-                                       "zipf_s": 1.0}}]})
-    nodes = [call("a", "e")]
-    if waits_first:  # 9.5 GB: both dense parts and the 4 GB of KV of `d1` leave 1.5, `e` needs 2
-        nodes = [call("x", "d1", ctx=4_000_000), tool("t", [], duration=0.01), call("a", "e", ["t"], ctx=2_000_000)]
+    cat = moe_catalog(dense=("d1", "d2", "d3", "d4"))
+    # 9.5 GB: both dense parts and the 4 GB of KV of `d1` leave 1.5, `e` needs 2
+    nodes = _busy_nodes("d1") if waits_first else [call("a", "e")]
     sim = Simulator(_small_and_big(9.5 if waits_first else 8.0), cat, trace(program("p", nodes)),
                     make_policy("ray-multiplex"))
     sim._pages_for = lambda program, node, model: tuple(range(10)) if model == "e" else ()

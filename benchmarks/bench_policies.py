@@ -6,7 +6,7 @@ note, where `shared/data/real` is not found), 2-hour traces, evaluation seeds 10
 `warm` (operator-preloaded host DRAM) with a 1800 s warm-up that no metric counts; `--cold` adds
 the same table from a cold start beside it.
 
-    .venv/bin/python benchmarks/bench_policies.py [--hours 2] [--seeds 100-109] [--warmup 1800] [--cold]
+    .venv/bin/python benchmarks/bench_policies.py [--hours 2] [--seeds 100-109] [--warmup 1800] [--cold] [--restart 2]
         [--traces ...] [--policies ...] [--workers N] [--json out/bench_policies.json] [--markdown out/bench_policies.md]
         [--planner "scale_out_calls=3"]   # PlannerConfig fields for our planners, to judge a knob on fair ground
     .venv/bin/python benchmarks/bench_policies.py --from out/a.json,out/b.json [--seeds ...] [--markdown ...]
@@ -288,6 +288,8 @@ def markdown(out: dict) -> str:
     for start, by_trace in out["tables"].items():
         for trace, g in by_trace.items():
             load = f", {out['load']:g}x load" if out.get("load", 1.0) != 1.0 else ""
+            if out.get("restart_hours"):
+                load += f", restarted with {out['restart_hours']:g} h learnt the day before"
             lines += [f"### {trace}, {start} start{load}, warm-up {out['warmup_s']:g} s{tag}", "",
                       f"{out['cluster']} + {out['catalog']}, {out['hours']:g} h traces, seeds {seeds[0]}..{seeds[-1]} "
                       f"({len(seeds)}); mean ± half-width of the 95 % t interval over seeds.", ""]
@@ -346,6 +348,9 @@ def main(argv=None):
     ap.add_argument("--policies", default=None, help="comma-separated subset of the registered policies but oracle "
                                                        "(default: all of them but foresight)")
     ap.add_argument("--load", type=float, default=1.0, help="multiply the presets' arrival rates (3: three times the load)")
+    ap.add_argument("--restart", type=float, default=None, metavar="HOURS",
+                    help="a restart: every policy first takes up what it learnt (`Policy.learnt`) over HOURS of "
+                         "the day before (the same preset at seed + 1000); with --warmup 0, the first hours after it")
     ap.add_argument("--planner", default="", help='PlannerConfig fields for our planners, e.g. "scale_out_calls=3" '
                     "(the baselines are unchanged)")
     ap.add_argument("--cluster", default="hetero16")
@@ -389,7 +394,7 @@ def main(argv=None):
     try:  # bad settings (an unknown planner field among them) fail here, not in a worker
         todo = [j for st in starts
                 for j in sw.jobs([args.cluster], traces, seeds, policies, args.catalog, args.hours, start=st,
-                                 warmup_s=warmup, load=args.load, planner=planner)]
+                                 warmup_s=warmup, load=args.load, planner=planner, history_hours=args.restart)]
     except ValueError as e:
         raise SystemExit(str(e)) from None
     # The slowest replays first, so the pool's tail is short: our planners and prefetch-all, long traces.
@@ -407,7 +412,7 @@ def main(argv=None):
     wall = time.time() - t0
     out = _output(rows, seeds, starts, traces, policies, commit, python=sys.executable, cluster=args.cluster,
                   catalog=args.catalog, hours=args.hours, load=args.load, tuning=args.tuning, warmup_s=warmup,
-                  workers=args.workers, wall_s=round(wall, 1))
+                  workers=args.workers, wall_s=round(wall, 1), restart_hours=args.restart)
     _write(out, args)
     print(f"{len(rows)} replays in {wall:.0f} s", file=sys.stderr)
     return out

@@ -233,6 +233,11 @@ def create_app(planner: LivePlanner, auth: Auth, tick_s: float = 5.0, coalesce_s
         finally:
             for task in tasks:
                 task.cancel()
+            try:  # what the planner learnt since the last step's save: a restart takes it up
+                with planner.store.tx():
+                    planner.save_learnt()
+            except LedgerError as e:
+                log.warning("what the planner learnt was not saved at shutdown: %s", e)
 
     app = FastAPI(title="StateBudget planner", version=__version__, lifespan=lifespan,
                   description="Where LLM serving state lives: events and leases in, plans and ops out (DESIGN.md §7).",

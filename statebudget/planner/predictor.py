@@ -26,6 +26,9 @@ import numpy as np
 
 from ..core.waits import ANY, SQRT2, ToolWaitModel
 
+STATE_FORMAT = "statebudget.predictor/1"  # `Predictor.state_dict`'s layout; a change bumps it
+_EDGE = "<start|end>"  # the switch counts' last row (a program's first call) and column (its end)
+
 
 
 def _norm_cdf(x: np.ndarray) -> np.ndarray:
@@ -220,6 +223,80 @@ class Predictor:
             self._counts_version += 1
             self.global_switch.add((self.idx[lp.last_model], n), now)
             self.tenant_switch.add((self._tenant(lp.tenant), self.idx[lp.last_model], n), now)
+
+    # ---- what it has learnt, saved and taken up again -----------------------------------------
+    def state_dict(self, now: float) -> dict:
+        """What the predictor has learnt, as plain JSON: the switch counts (global and per tenant,
+        decayed to `now`), the rate of program starts, the tool-wait moments, the call cycle and
+        the models called. Live programs are not in it: they are the runtime's, and a restart
+        replays them (`program_started`). Rows and columns are named by model, so a catalog that
+        gained or lost models keeps what the two share."""
+        names = self.models + [_EDGE]
+        return {"format": STATE_FORMAT, "half_life_s": self.half_life_s, "models": names,
+                "switch": self.global_switch.rows(now).tolist(),
+                "tenants": dict(zip(self._tenants, self.tenant_switch.rows(now).tolist())),
+                "program_starts": float(self.program_starts.rows(now)[0, 0]),
+                "tools": {k: list(v) for k, v in self.tools.stats.items()},
+                "cycle_s": self.cycle_s, "called": sorted(self.called),
+                "called_for_s": None if self.first_call_s is None else now - self.first_call_s}
+
+    @staticmethod
+    def check_state(state) -> list[str]:
+        """The names of a saved state's rows; ValueError, saying what is wrong, for one that is not
+        a `state_dict` of this format."""
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            got = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"predictor state: format {got!r}, expected {STATE_FORMAT!r}")
+        missing = [k for k in ("models", "switch", "program_starts") if k not in state]
+        if missing:
+            raise ValueError(f"predictor state: no {', '.join(map(repr, missing))}")
+        names = list(state["models"])
+        if not names or names[-1] != _EDGE:
+            raise ValueError(f"predictor state: 'models' must end with {_EDGE!r}")
+        return names
+
+    def load_state_dict(self, state: dict, now: float) -> None:
+        """Take up what `state_dict` saved, as learnt just before `now`: counts are not decayed over
+        the time the planner was down (a restart does not change the workload). Models the saved
+        state does not know start from zero counts; models it knows that the catalog has lost are
+        dropped. Raises ValueError, saying what is wrong, for a state of another format."""
+        names = self.check_state(state)
+        mine = self.models + [_EDGE]
+        pos = {m: i for i, m in enumerate(mine)}
+        src = [i for i, m in enumerate(names) if m in pos]
+        dst = [pos[names[i]] for i in src]
+
+        def mapped(rows) -> np.ndarray:
+            a = np.asarray(rows, dtype=float)
+            if a.shape != (len(names), len(names)):
+                raise ValueError(f"predictor state: a switch matrix of shape {a.shape}, expected "
+                                 f"{(len(names), len(names))} (one row and column per name in 'models')")
+            out = np.zeros((len(mine), len(mine)))
+            out[np.ix_(dst, dst)] = a[np.ix_(src, src)]
+            return out
+
+        # all read and checked before anything changes: a bad state leaves the predictor as it was
+        switch = mapped(state["switch"])
+        tenants = state.get("tenants", {})
+        stacked = (np.stack([mapped(rows) for rows in tenants.values()]) if tenants
+                   else np.zeros((0, len(mine), len(mine))))
+        starts = float(state["program_starts"])
+        tools = {k: [float(x) for x in v] for k, v in state.get("tools", {}).items()}
+        cycle_s = float(state.get("cycle_s", self.cycle_s))
+        age = state.get("called_for_s")
+        first = None if age is None else now - float(age)
+        self.global_switch.c, self.global_switch.t = switch, now
+        self._tenants = {t: i for i, t in enumerate(tenants)}
+        self.tenant_switch.c, self.tenant_switch.t = stacked, now
+        self.program_starts.c[0, 0], self.program_starts.t = starts, now
+        self.tools.stats, self.cycle_s, self.first_call_s = tools, cycle_s, first
+        self.called = {m for m in state.get("called", ()) if m in self.idx}
+        for lp in self.live.values():  # their rows carry tenant indices: written again
+            lp.row, lp.rec = -2, None
+        self._rows_array, self._rows_progs, self._born, self._gone, self._dirty = None, [], [], False, []
+        self._params, self._tenant_key, self._tenant_mats = None, None, None
+        self._version += 1
+        self._counts_version += 1
 
     # ---- estimates ----------------------------------------------------------------------------
     def switch_matrix(self, now: float, tenant: str | None = None) -> np.ndarray:

@@ -30,6 +30,17 @@ class Policy:
     # saturation it did not pay (BENCHMARKS.md, "Speculation yields to demand").
     speculation_yields = False
 
+    # ---- what a restart keeps ----------------------------------------------------------------------
+    def learnt(self, now: float) -> dict | None:
+        """What the policy has learnt from the calls so far that a restart should keep, as plain
+        JSON (None: nothing; its configuration is not learnt). `take_up` starts from it."""
+        return None
+
+    def take_up(self, state: dict, now: float) -> None:
+        """Start from what `learnt` saved (from the same policy), before or at the first hook."""
+        if state is not None:
+            raise ValueError(f"policy {self.name!r} learns nothing a restart keeps; got a saved state")
+
     # ---- placement ------------------------------------------------------------------------------
     def place(self, sim, call):
         return default_place(sim, call)
@@ -215,3 +226,12 @@ def room_keeping_weights(sim, call, group) -> bool:
 
 
 NEVER = math.inf
+
+
+def saved_field(policy, state: dict, field: str):
+    """`state[field]` of a state `policy.learnt` saved; ValueError, saying what is wrong, otherwise."""
+    if not isinstance(state, dict) or state.get("policy") != policy.name or field not in state:
+        what = state.get("policy") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"policy {policy.name!r}: a saved state of {what!r}, expected one of "
+                         f"{policy.name!r} with {field!r}")
+    return state[field]

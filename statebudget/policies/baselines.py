@@ -8,7 +8,7 @@ from collections import Counter
 
 from ..models.state import expert_key, kv_key, weights_key
 from ..core.costs import touched_pages
-from .base import NEVER, Policy, default_place
+from .base import NEVER, Policy, default_place, saved_field
 from ..core.decisions import Demote, Promote
 
 
@@ -49,6 +49,15 @@ class Frequency(Policy):
         self.half_life_s, self.top_k = half_life_s, top_k
         self.score: dict[str, float] = {}
         self.t_score: dict[str, float] = {}
+
+    def learnt(self, now: float) -> dict:
+        return {"policy": self.name, "hotness": {m: self.hotness(m, now) for m in sorted(self.score)}}
+
+    def take_up(self, state: dict, now: float) -> None:
+        """The decayed counts, as they were when saved (not decayed over the time it was down)."""
+        hot = saved_field(self, state, "hotness")
+        self.score = {m: float(h) for m, h in hot.items()}
+        self.t_score = dict.fromkeys(hot, now)
 
     def hotness(self, model: str, now: float) -> float:
         s = self.score.get(model, 0.0)
@@ -257,3 +266,4 @@ def place_model(sim, model: str, program: str | None = None):
 BASELINES = {p.name: p for p in (OnDemand, LruKeepWarm, Frequency, PrefetchAll, Static, RayMultiplex)}
 """This module's baselines; `policies/__init__.py` adds `swaps.SWAPS` (llama-swap, sleep-swap,
 forecast-prewarm), so after `import statebudget.policies` it holds every baseline."""
+

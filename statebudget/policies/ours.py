@@ -7,6 +7,7 @@ import numpy as np
 
 from ..models.state import kv_key
 from ..planner.core import PlannerConfig, PlannerCore, lease_config
+from ..planner.predictor import Predictor
 from ..planner.target import TargetTracker, TrackConfig
 from ..planner.leases import LeaseRequest
 from .base import Policy, default_place, place_under_load, ready_by_group, ready_s, room_keeping_weights, wait_s
@@ -25,6 +26,10 @@ class StateBudget(Policy):
     use_hints = False
     plan_on_events = True
     base_config = staticmethod(PlannerConfig)  # its settings, with fields overridden by keyword
+
+    # A `Predictor.state_dict` the planner starts from (what it learnt before a restart) instead
+    # of the uniform prior; set before the first hook.
+    history: dict | None = None
 
     def __init__(self, config: PlannerConfig | None = None):
         self.config = config
@@ -88,9 +93,23 @@ class StateBudget(Policy):
                 out.append((c.program, c.node, best))
         return out
 
+    def learnt(self, now: float) -> dict | None:
+        """The predictor's `state_dict` (switch counts, start rate, tool waits); before the first
+        hook, what it took up (None: nothing)."""
+        return self.history if self.core is None else self.core.predictor.state_dict(now)
+
+    def take_up(self, state: dict, now: float) -> None:
+        if self.core is not None:
+            self.core.predictor.load_state_dict(state, now)
+        else:  # the predictor is built at the first hook, from the view's catalog
+            Predictor.check_state(state)
+            self.history = state
+
     def _core(self, sim) -> PlannerCore:
         if self.core is None:
             self.core = PlannerCore(sim.catalog, sim.cost, self.config, use_hints=self.use_hints)
+            if self.history is not None:
+                self.core.predictor.load_state_dict(self.history, sim.now)
         return self.core
 
     # ---- events into the predictor, plans out ---------------------------------------------------

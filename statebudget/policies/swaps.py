@@ -9,7 +9,7 @@ from collections import Counter
 
 from ..core.decisions import Demote, Promote, PromoteHost
 from ..models.state import expert_key, weights_key
-from .base import Policy
+from .base import Policy, saved_field
 from .baselines import home_or_default, hot_bytes, hot_page_ids
 
 
@@ -184,6 +184,12 @@ class ForecastPrewarm(Policy):
         self.tick_s, self.alpha, self.min_rate, self.stage_host = tick_s, alpha, min_rate, stage_host
         self.rate: dict[str, float] = {}
         self.count: Counter = Counter()
+
+    def learnt(self, now: float) -> dict:
+        return {"policy": self.name, "rate": dict(sorted(self.rate.items()))}
+
+    def take_up(self, state: dict, now: float) -> None:
+        self.rate = {m: float(r) for m, r in saved_field(self, state, "rate").items()}
 
     def forecast(self, model: str) -> float:
         return self.rate.get(model, 0.0)

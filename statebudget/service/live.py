@@ -67,6 +67,8 @@ from .reconcile import Reconcile
 from .results import ClusterView, EventAck, ResidencyReport
 from .telemetry import Telemetry
 
+LEARNT_EVERY_S = 60.0  # how often the planning step saves what the planner has learnt (`save_learnt`)
+
 __all__ = ["Conflict", "Forbidden", "Invalid", "LivePlanner", "NotFound", "Unavailable"]
 
 
@@ -170,6 +172,7 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         self._timer_seq = itertools.count()
         self.fail_backoff: dict[tuple, tuple[int, float]] = {}  # (key, target tier) -> (failures, held until)
         self._compacted_s = float("-inf")
+        self._learnt_saved_s = float("-inf")  # `save_learnt`
         self.stock_model_store(preload=False)
 
     @property
@@ -275,9 +278,13 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
                                      f"({need / 1e9:.1f} GB)")
         except ValueError as e:
             raise Invalid(str(e)) from None
+        learnt = self.policy.learnt(self.now)  # the workload's, not the hardware's: it carries over
         with self._tx():
             epoch, version, seq = self.catalog_epoch + 1, self.plan_version + 1, self._op_seq
             self._setup(cl, cat)
+            if learnt is not None:
+                self.policy.take_up(learnt, self.now)
+                self.save_learnt()
             self.catalog_epoch, self.plan_version, self._op_seq = epoch, version, seq
             self.store.set_meta("cluster", cl.model_dump(mode="json"))
             self.store.set_meta("catalog", cat.model_dump(mode="json"))
@@ -351,10 +358,22 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
             self._compact()
             self.ledger.expire(self.now)
             self._apply(self.policy.on_tick(self))
+            if self.now - self._learnt_saved_s >= LEARNT_EVERY_S:
+                self.save_learnt()
             self._flush()
         self.plan_due = False
         self.telemetry.decision(time.perf_counter() - t0)
         return self._op_seq - n
+
+    def save_learnt(self) -> None:
+        """What the planner has learnt (the predictor's switch counts, start rate and tool waits,
+        `Predictor.state_dict`) to the ledger, which a restart takes up (`_restore`): a planner
+        restarted on Monday knows last week's handoffs instead of starting from the uniform prior.
+        Written every `LEARNT_EVERY_S` by the planning step and when the service stops."""
+        state = self.policy.learnt(self.now)
+        if state is not None:
+            self.store.set_meta("learnt", state)
+        self._learnt_saved_s = self.now
 
     def target_problem(self):
         """(policy, the next tracking solve's problem), built from the books; None without tracking."""

@@ -63,8 +63,16 @@ class Persist:
         """Rebuild the books from disk after a restart (into books just `_setup`). Open ops are
         offered again (an adapter that already ran one reports its result again; it never runs it
         twice); with `resume`, the writes of a restart follow (`_resume`). The predictor starts
-        afresh (soft state: it relearns)."""
+        from what it had learnt when last saved (`save_learnt`); one saved in another format
+        is left out, with a warning (it relearns)."""
         s = self.store
+        learnt = s.get_meta("learnt")
+        if learnt is not None:  # before the programs below start their rows in the predictor
+            try:
+                self.core  # built now, so that a bad saved state is found here
+                self.policy.take_up(learnt, self.now)
+            except (ValueError, KeyError, TypeError) as e:
+                log.warning("the planner's saved learning is left out, it starts afresh: %s", e)
         self.plan_version = s.get_meta("plan_version", 0)
         self._op_seq = s.get_meta("op_seq", 0)
         self.catalog_epoch = s.get_meta("catalog_epoch", 1)

@@ -34,9 +34,12 @@ WALL_CLOCK = ("decision_p50_ms", "decision_p99_ms")  # the only figures that are
 
 
 def jobs(clusters, traces, seeds, policies, catalog: str, hours: float, start: str = "warm",
-         warmup_s: float = 0.0, load: float = 1.0, planner: dict | None = None) -> list[dict]:
+         warmup_s: float = 0.0, load: float = 1.0, planner: dict | None = None,
+         history_hours: float | None = None) -> list[dict]:
     """`load` multiplies the presets' program arrival rates (`generate`); `planner`: `PlannerConfig`
-    fields our planners take over their defaults (`policy_maker`; baselines ignore them)."""
+    fields our planners take over their defaults (`policy_maker`; baselines ignore them);
+    `history_hours`: a restart, each policy first takes up what it learnt over that many hours of
+    the day before (`learnt_before`)."""
     SimConfig(start=start, warmup_s=warmup_s)  # bad values fail here, not in a worker
     if not load > 0:
         raise ValueError(f"load must be > 0, got {load}")
@@ -48,6 +51,10 @@ def jobs(clusters, traces, seeds, policies, catalog: str, hours: float, start: s
         except TypeError as e:
             raise ValueError(f"planner: {e}") from None
         extra["planner"] = planner
+    if history_hours is not None:
+        if not history_hours > 0:
+            raise ValueError(f"history hours must be > 0, got {history_hours}")
+        extra["history_hours"] = float(history_hours)
     return [{"cluster": c, "trace": t, "seed": s, "policy": p, "catalog": catalog, "hours": hours,
              "start": start, "warmup_s": float(warmup_s), "load": float(load), **extra}
             for c, t, s, p in itertools.product(clusters, traces, seeds, policies)]
@@ -109,7 +116,11 @@ def run_job(job: dict) -> dict:
         generate(job["trace"], job["seed"], job["hours"], load=job.get("load", 1.0))
     config = SimConfig(seed=job["seed"], start=job.get("start", "warm"), warmup_s=job.get("warmup_s", 0.0),
                        **(job.get("sim") or {}))
-    rep = replay(cl, cat, tr, [job["policy"]], config, make=policy_maker(job))
+    make = policy_maker(job)
+    if job.get("history_hours"):  # a restart: the policy starts from what it learnt the day before
+        state = learnt_before(job, cl, cat)
+        make = _taking_up(make, state)
+    rep = replay(cl, cat, tr, [job["policy"]], config, make=make)
     block = rep.report.policies[job["policy"]]
     row = dict(job, **figures(block))
     row["handoff_by_model"] = handoff_split(block.stall_by_model)  # where the handoff stall went
@@ -120,6 +131,35 @@ def run_job(job: dict) -> dict:
         from .hypotheses import kv_demand
         row["kv_demand"] = kv_demand(rep.results[job["policy"]], cat)
     return row
+
+
+HISTORY_SEED = 1000  # "yesterday" of a job's trace: the same preset, seed + this (another day's draw)
+
+
+def learnt_before(job: dict, cluster=None, catalog=None) -> dict | None:
+    """What the job's policy learnt (`Policy.learnt`) over `history_hours` of the day before: the
+    same preset and load at seed + `HISTORY_SEED`, from a warm start. Only the policy's own
+    estimates carry over (switch counts, rates), never a trace or an outcome of the day replayed."""
+    cl, cat = cluster or load_cluster(job["cluster"]), catalog or load_catalog(job["catalog"])
+    seed = job["seed"] + HISTORY_SEED
+    tr = generate(job["trace"], seed, job["history_hours"], load=job.get("load", 1.0))
+    held = {}
+
+    def make(base):
+        held["policy"] = policy_maker(job)(base)
+        return held["policy"]
+
+    rep = replay(cl, cat, tr, [job["policy"]], SimConfig(seed=seed, start="warm", **(job.get("sim") or {})), make=make)
+    return held["policy"].learnt(rep.results[job["policy"]].sim_end)
+
+
+def _taking_up(make, state):
+    def make_with(base):
+        policy = make(base)
+        if state is not None:
+            policy.take_up(state, 0.0)
+        return policy
+    return make_with
 
 
 def policy_maker(job: dict):

@@ -406,3 +406,14 @@ def test_one_tenants_call_cancel_never_cancels_anothers_lease_with_the_same_toke
     assert ev(client, "b", type="call_arrived", program="p/x", call="y", model="coder").status_code == 200
     assert ev(client, "b", type="call_cancelled", program="p/x", call="y").status_code == 200
     assert client.get(f"/v1/leases/{lid}", headers=H("a")).json()["state"] != "cancelled"
+
+
+def test_the_service_saves_what_the_planner_learnt_when_it_stops(tmp_path):
+    auth = Auth([TokenEntry(token=TOK["a"], role="runtime", tenant="team-a")])
+    planner = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"))
+    with TestClient(create_app(planner, auth, planning_loop=False)) as c:
+        start_program(c, program="p1")
+        assert ev(c, "a", type="call_arrived", program="p1", call="c1", model="planner").status_code == 200
+        assert planner.store.get_meta("learnt") is None  # no planning step has run: nothing saved yet
+    saved = planner.store.get_meta("learnt")
+    assert saved["called"] == ["planner"] and saved["program_starts"] > 0.0

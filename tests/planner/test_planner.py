@@ -369,3 +369,31 @@ def test_the_vectorised_normal_cdf_is_within_its_stated_error():
     want = np.array([0.5 * (1.0 + math.erf(v / math.sqrt(2.0))) for v in x])
     assert np.abs(got - want).max() < 1.5e-7 and np.array_equal(x, kept)
     assert np.allclose(got + _norm_cdf(-x), 1.0, atol=3e-7) and got[-2] == 1.0 and got[-1] == 0.0
+
+
+@pytest.mark.parametrize("name", ["statebudget", "statebudget-lease"])
+def test_a_planner_taking_up_what_it_learnt_loads_the_first_model_before_the_first_call(name):
+    # Yesterday a program began every 10 s, always with `b`. From a cold start a planner with no
+    # history loads nothing before the first call, which pays the cold start; one that took up
+    # what it learnt has `b` ready when the first program comes.
+    cl, cat = cluster(gpus=1, hbm_gb=40.0, cold=10.0), catalog(("a", 10.0), ("b", 10.0))
+    yesterday = trace(*(program(f"y{i}", [call("n0", "b"), tool("t", ["n0"], 5.0), call("n1", "a", ["t"])],
+                                start=10.0 * i) for i in range(60)))
+    old = make_policy(name)
+    sim = Simulator(cl, cat, yesterday, old, config=SimConfig(start="cold"))
+    sim.run()
+    today = trace(program("p", [call("n0", "b")], start=40.0))
+    stalls = {}
+    for history in (None, old.learnt(sim.now)):
+        pol = make_policy(name)
+        if history is not None:
+            pol.take_up(history, 0.0)
+        res = Simulator(cl, cat, today, pol, config=SimConfig(start="cold")).run()
+        (c,) = res.calls
+        stalls[history is not None] = c.ready - c.arrive
+    assert stalls[False] >= 10.0 and stalls[True] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_planner_refuses_another_policys_saved_state():
+    with pytest.raises(ValueError, match="format"):
+        make_policy("statebudget-lease").take_up({"policy": "frequency", "hotness": {}}, 0.0)

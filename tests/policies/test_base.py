@@ -1,12 +1,14 @@
 """What placement may know of a call (`policies/base.py`, `sim/admission.py`): not which expert
-pages it will touch, nor how many."""
+pages it will touch, nor how many. What a restart keeps of what a policy learnt (`Policy.learnt`)."""
+
+import json
 
 import pytest
 
 from tests.helpers import moe_catalog, call, cluster, program, resident, tool, trace
 from statebudget.core.costs import median_page_count
 from statebudget.models.cluster import Cluster
-from statebudget.policies import make_policy
+from statebudget.policies import REGISTRY, make_policy
 from statebudget.policies.base import restore_estimate_s
 from statebudget.sim.calls import CallRec
 from statebudget.sim.engine import Simulator
@@ -159,3 +161,29 @@ def test_ray_multiplex_applies_its_cap_on_the_replica_a_refused_call_goes_to(wai
         x = next(c for c in res.calls if c.model == "d1")
         assert x.group == (0,) and c.admitted >= x.end > c.arrive
     assert sorted(k[1] for (k, g) in sim.tiers.gpu if k[0] == "w" and g == (1,)) == ["d2", "d4", "e"]
+
+
+def _after_a_morning(name):
+    """The policy after programs that each call `d` then, after a tool, `e`: (policy, the end)."""
+    progs = [program(f"p{i}", [call("a", "d"), tool("t", ["a"], 3.0), call("b", "e", ["t"])], start=8.0 * i)
+             for i in range(12)]
+    pol = make_policy(name)
+    sim = Simulator(cluster(gpus=2, hbm_gb=40.0), CAT, trace(*progs), pol)
+    sim.run()
+    return pol, sim.now
+
+
+@pytest.mark.parametrize("name", [n for n in REGISTRY if n not in ("oracle", "foresight", "static")])
+def test_what_a_policy_learnt_is_taken_up_whole_by_a_new_one_or_it_learns_nothing(name):
+    pol, end = _after_a_morning(name)
+    state = pol.learnt(end)
+    fresh = make_policy(name)
+    if state is None:  # configuration only: nothing to keep, and a saved state is refused
+        with pytest.raises(ValueError, match=name):
+            fresh.take_up({"policy": name}, 0.0)
+        return
+    assert state == json.loads(json.dumps(state))  # plain JSON, as the ledger keeps it
+    fresh.take_up(json.loads(json.dumps(state)), end + 3600.0)
+    assert fresh.learnt(end + 3600.0) == state  # not decayed over the hour it was down
+    with pytest.raises(ValueError):
+        fresh.take_up({"policy": "no-such-policy"}, 0.0)

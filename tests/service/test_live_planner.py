@@ -3,9 +3,10 @@ waits for an in-flight copy, a shared transfer survives one lease's cancel, the 
 not dropped when it grows, a failed demotion adopts its source, a lease with no room says so, and
 a call starts on the ready copy with its KV, else the least busy."""
 
+import numpy as np
 import pytest
 
-from tests.helpers import make_live_planner, report_op
+from tests.helpers import Clock, make_live_planner, report_op
 from statebudget.models.load import load_catalog, load_cluster
 from statebudget.planner.core import lease_config
 from statebudget.service.ledger import Store
@@ -221,3 +222,42 @@ def test_a_layout_that_does_not_fit_is_refused_at_start_and_by_a_new_cluster(tmp
     with pytest.raises(Invalid, match=r"homes\[0\]: reviewer"):
         p.set_cluster(one, p.catalog.model_dump(mode="json"))
     assert len(p.cluster.gpus) == 2  # nothing changed
+
+
+def _morning(p):
+    """Programs that each call the planner, then the coder: what the planner learns."""
+    for i in range(8):
+        prog = f"m{i}"
+        p.event("a", {"type": "program_started", "program": prog})
+        p.event("a", {"type": "call_arrived", "program": prog, "call": "c1", "model": "planner"})
+        p.event("a", {"type": "call_arrived", "program": prog, "call": "c2", "model": "coder"})
+        p.event("a", {"type": "program_finished", "program": prog})
+
+
+def test_a_restart_takes_up_what_the_planner_had_learnt(tmp_path, caplog):
+    clock = Clock(1000.0)
+    p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"), clock=clock)
+    _morning(p)
+    p.tick()  # the planning step saves it
+    want = p.core.predictor.switch_matrix(clock.t)
+    p.store.close()
+    clock.t += 3 * 86400.0  # down over a weekend
+    q = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"), clock=clock)
+    got = q.core.predictor.switch_matrix(clock.t)
+    assert np.allclose(got, want) and got[0, 1] > 0.5  # planner -> coder, as before the restart
+    q.store.close()
+    with Store(tmp_path / "sb.db").tx() as s:  # a state the planner cannot read: it starts afresh
+        s.set_meta("learnt", {"format": "something else"})
+    with caplog.at_level("WARNING", logger="statebudget.planner"):
+        r = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"), clock=clock)
+    assert "starts afresh" in caplog.text and "format" in caplog.text
+    assert r.core.predictor.switch_matrix(clock.t)[0, 1] == pytest.approx(0.25)
+
+
+def test_what_was_learnt_carries_over_to_a_new_cluster():
+    p = make_live_planner()
+    _morning(p)
+    view = p.set_cluster(load_cluster("toy2").model_dump(mode="json"), load_catalog("toy").model_dump(mode="json"))
+    assert view.catalog_epoch == 2
+    assert p.core.predictor.switch_matrix(p.now)[0, 1] > 0.5
+    assert p.store.get_meta("learnt")["format"] == "statebudget.predictor/1"

@@ -164,6 +164,26 @@ def test_jobs_carry_planner_fields_and_refuse_an_unknown_one_before_any_run():
         jobs(["hetero16"], ["swe-team"], [1], ["statebudget"], "agent-team", 0.25, planner={"nope": 1})
 
 
+def test_a_restart_job_starts_each_policy_from_what_it_learnt_the_day_before(monkeypatch):
+    from statebudget.sim import sweep
+
+    with pytest.raises(ValueError, match="history hours"):
+        sweep.jobs(["hetero16"], ["swe-team"], [100], ["frequency"], "agent-team", 0.05, history_hours=0)
+    (job,) = sweep.jobs(["hetero16"], ["swe-team"], [100], ["frequency"], "agent-team", 0.05, history_hours=0.2)
+    learnt = sweep.learnt_before(job)
+    assert learnt["policy"] == "frequency" and learnt["hotness"]  # it saw yesterday's calls
+    taken = []
+    real = sweep._taking_up
+
+    def spy(make, state):
+        taken.append(state)
+        return real(make, state)
+    monkeypatch.setattr(sweep, "_taking_up", spy)
+    with_history, without = sweep.run_job(job), sweep.run_job({k: v for k, v in job.items() if k != "history_hours"})
+    assert taken == [learnt]  # the same day before: seed + HISTORY_SEED, whatever runs first
+    assert with_history["history_hours"] == 0.2 and "history_hours" not in without
+
+
 def test_sweep_table_gives_each_policy_its_mean_over_seeds(tmp_path, monkeypatch):
     from statebudget.cli.common import console
 

@@ -509,7 +509,7 @@ def tabulate_saved(args) -> dict:
         seen.add(k)
     if not rows:
         raise SystemExit(f"--from {args.rows_from}: no rows left to table")
-    same = ("cluster", "catalog", "hours", "warmup_s", "load")
+    same = ("cluster", "catalog", "hours", "warmup_s", "load", "history_hours")
     for f in same:  # a table pairs like with like
         if len({r.get(f) for r in rows}) > 1:
             raise SystemExit(f"--from: the rows differ in {f} ({sorted({str(r.get(f)) for r in rows})}); filter them")
@@ -517,7 +517,7 @@ def tabulate_saved(args) -> dict:
     starts = [st for st in ("warm", "cold") if any(r["start"] == st for r in rows)]
     out = _output(rows, seeds, starts, sorted({r["trace"] for r in rows}), sorted({r["policy"] for r in rows}),
                   git_commit(), **{"from": args.rows_from}, **{f: rows[0].get(f) for f in same},
-                  tuning=min(seeds) < 100)
+                  restart_hours=rows[0].get("history_hours"), tuning=min(seeds) < 100)
     _write(out, args)
     return out
 

@@ -90,8 +90,8 @@ class PlannerConfig:
     # handoff P95 1.23 -> 2.25x forecast-prewarm's; docs/experiments.md).
     home_reclaim: float | None = None
     # Once this long has passed since the first call, a model with no copy is homed counting the
-    # idle copies of models no call has yet asked for (since the planner started: the service's
-    # predictor starts afresh) as room (`homes.home_of`; not with `home_reclaim`, whose own rule
+    # idle copies of models no call has yet asked for (in what the predictor has learnt, which a
+    # restart keeps: `Predictor.state_dict`) as room (`homes.home_of`; not with `home_reclaim`, whose own rule
     # counts idle state): on mapreduce the never-called coder, promoted in the first minutes,
     # holds two L40s, and the reviewer is homed on the reasoner's A100s instead. Sooner, models of
     # a trace whose models take turns are still uncalled (300 s moved mixed-tenants). Evaluation

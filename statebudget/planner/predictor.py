@@ -31,6 +31,23 @@ _EDGE = "<start|end>"  # the switch counts' last row (a program's first call) an
 
 
 
+def _finite(x, what: str) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise ValueError(f"predictor state: {what} is not a number ({x!r})") from None
+    if not math.isfinite(v):
+        raise ValueError(f"predictor state: {what} is not finite ({x!r})")
+    return v
+
+
+def _count(x, what: str, positive: bool = False) -> float:
+    v = _finite(x, what)
+    if v < 0 or (positive and v == 0):
+        raise ValueError(f"predictor state: {what} must be {'> 0' if positive else '>= 0'}, got {x!r}")
+    return v
+
+
 def _norm_cdf(x: np.ndarray) -> np.ndarray:
     """Standard normal CDF, vectorised (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7), in place
     on a few arrays (the planner runs it at every step over every live program):
@@ -153,6 +170,15 @@ class Predictor:
         self._born.append(lp)
         self.program_starts.add((0, 0), now)
 
+    def program_resumed(self, program: str, last_model: str | None) -> None:
+        """A program that ran before a restart, started again (`program_started`): its next call is
+        a switch from `last_model`, not a program's first call."""
+        lp = self.live.get(program)
+        if lp is not None and last_model in self.idx:
+            self._version += 1
+            lp.last_model = last_model
+            self._drop_row(lp)
+
     def call_arrived(self, program: str, model: str, now: float, expected_s: float = 0.0) -> None:
         self._version += 1
         if model in self.idx:
@@ -240,10 +266,40 @@ class Predictor:
                 "cycle_s": self.cycle_s, "called": sorted(self.called),
                 "called_for_s": None if self.first_call_s is None else now - self.first_call_s}
 
-    @staticmethod
-    def check_state(state) -> list[str]:
-        """The names of a saved state's rows; ValueError, saying what is wrong, for one that is not
-        a `state_dict` of this format."""
+    @classmethod
+    def check_state(cls, state) -> None:
+        """ValueError, saying what is wrong, unless `state` is a `state_dict` that a predictor over
+        its own models takes up (checked by doing so, on a throwaway one)."""
+        names = state.get("models") if isinstance(state, dict) else None
+        if not isinstance(names, list) or not names:
+            cls(["-"]).load_state_dict(state, 0.0)  # raises, saying what is wrong
+        cls([str(m) for m in names[:-1]]).load_state_dict(state, 0.0)
+
+    def load_state_dict(self, state: dict, now: float) -> None:
+        """Take up what `state_dict` saved, as learnt just before `now`: counts are not decayed over
+        the time the planner was down (a restart does not change the workload). Models the saved
+        state does not know start from zero counts; models it knows that the catalog has lost are
+        dropped. Counts saved under another half-life are scaled to this one's (the same rates).
+        Raises ValueError, saying what is wrong, for anything but such a state; then nothing of it
+        is taken up."""
+        try:
+            switch, stacked, tenants, starts, tools, cycle_s, first, called = self._read_state(state, now)
+        except (TypeError, AttributeError, KeyError) as e:
+            raise ValueError(f"predictor state: not one `state_dict` wrote ({type(e).__name__}: {e})") from None
+        self.global_switch.c, self.global_switch.t = switch, now
+        self._tenants = {t: i for i, t in enumerate(tenants)}
+        self.tenant_switch.c, self.tenant_switch.t = stacked, now
+        self.program_starts.c[0, 0], self.program_starts.t = starts, now
+        self.tools.stats, self.cycle_s, self.first_call_s, self.called = tools, cycle_s, first, called
+        for lp in self.live.values():  # their rows carry tenant indices: written again
+            lp.row, lp.rec = -2, None
+        self._rows_array, self._rows_progs, self._born, self._gone, self._dirty = None, [], [], False, []
+        self._params, self._tenant_key, self._tenant_mats = None, None, None
+        self._version += 1
+        self._counts_version += 1
+
+    def _read_state(self, state, now: float) -> tuple:
+        """`load_state_dict`'s parts, each read and checked before anything changes."""
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             got = state.get("format") if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"predictor state: format {got!r}, expected {STATE_FORMAT!r}")
@@ -253,50 +309,39 @@ class Predictor:
         names = list(state["models"])
         if not names or names[-1] != _EDGE:
             raise ValueError(f"predictor state: 'models' must end with {_EDGE!r}")
-        return names
-
-    def load_state_dict(self, state: dict, now: float) -> None:
-        """Take up what `state_dict` saved, as learnt just before `now`: counts are not decayed over
-        the time the planner was down (a restart does not change the workload). Models the saved
-        state does not know start from zero counts; models it knows that the catalog has lost are
-        dropped. Raises ValueError, saying what is wrong, for a state of another format."""
-        names = self.check_state(state)
         mine = self.models + [_EDGE]
         pos = {m: i for i, m in enumerate(mine)}
         src = [i for i, m in enumerate(names) if m in pos]
         dst = [pos[names[i]] for i in src]
+        scale = self.half_life_s / _count(state.get("half_life_s", self.half_life_s), "half_life_s", positive=True)
 
-        def mapped(rows) -> np.ndarray:
+        def mapped(rows, what: str) -> np.ndarray:
             a = np.asarray(rows, dtype=float)
             if a.shape != (len(names), len(names)):
-                raise ValueError(f"predictor state: a switch matrix of shape {a.shape}, expected "
+                raise ValueError(f"predictor state: {what} of shape {a.shape}, expected "
                                  f"{(len(names), len(names))} (one row and column per name in 'models')")
+            if not (np.isfinite(a).all() and (a >= 0).all()):
+                raise ValueError(f"predictor state: {what} holds a negative or non-finite count")
             out = np.zeros((len(mine), len(mine)))
-            out[np.ix_(dst, dst)] = a[np.ix_(src, src)]
+            out[np.ix_(dst, dst)] = a[np.ix_(src, src)] * scale
             return out
 
-        # all read and checked before anything changes: a bad state leaves the predictor as it was
-        switch = mapped(state["switch"])
         tenants = state.get("tenants", {})
-        stacked = (np.stack([mapped(rows) for rows in tenants.values()]) if tenants
-                   else np.zeros((0, len(mine), len(mine))))
-        starts = float(state["program_starts"])
-        tools = {k: [float(x) for x in v] for k, v in state.get("tools", {}).items()}
-        cycle_s = float(state.get("cycle_s", self.cycle_s))
+        if not isinstance(tenants, dict):
+            raise ValueError(f"predictor state: 'tenants' must map tenant to counts, got {type(tenants).__name__}")
+        stacked = (np.stack([mapped(rows, f"tenant {t!r}'s switch matrix") for t, rows in tenants.items()])
+                   if tenants else np.zeros((0, len(mine), len(mine))))
+        tools = state.get("tools", {})
+        if not isinstance(tools, dict) or not all(isinstance(v, (list, tuple)) and len(v) == 3 for v in tools.values()):
+            raise ValueError("predictor state: 'tools' must map a tool class to [weight, sum log, sum log^2]")
+        tools = {str(k): [_count(v[0], f"tools[{k!r}]"), *(_finite(x, f"tools[{k!r}]") for x in v[1:])]
+                 for k, v in tools.items()}
         age = state.get("called_for_s")
-        first = None if age is None else now - float(age)
-        self.global_switch.c, self.global_switch.t = switch, now
-        self._tenants = {t: i for i, t in enumerate(tenants)}
-        self.tenant_switch.c, self.tenant_switch.t = stacked, now
-        self.program_starts.c[0, 0], self.program_starts.t = starts, now
-        self.tools.stats, self.cycle_s, self.first_call_s = tools, cycle_s, first
-        self.called = {m for m in state.get("called", ()) if m in self.idx}
-        for lp in self.live.values():  # their rows carry tenant indices: written again
-            lp.row, lp.rec = -2, None
-        self._rows_array, self._rows_progs, self._born, self._gone, self._dirty = None, [], [], False, []
-        self._params, self._tenant_key, self._tenant_mats = None, None, None
-        self._version += 1
-        self._counts_version += 1
+        first = None if age is None else now - _count(age, "called_for_s")
+        called = {m for m in state.get("called", ()) if m in self.idx}
+        return (mapped(state["switch"], "the switch matrix"), stacked, list(tenants),
+                _count(state["program_starts"], "program_starts") * scale, tools,
+                _count(state.get("cycle_s", self.cycle_s), "cycle_s", positive=True), first, called)
 
     # ---- estimates ----------------------------------------------------------------------------
     def switch_matrix(self, now: float, tenant: str | None = None) -> np.ndarray:

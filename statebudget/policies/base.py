@@ -228,10 +228,17 @@ def room_keeping_weights(sim, call, group) -> bool:
 NEVER = math.inf
 
 
-def saved_field(policy, state: dict, field: str):
-    """`state[field]` of a state `policy.learnt` saved; ValueError, saying what is wrong, otherwise."""
+def saved_rates(policy, state: dict, field: str) -> dict[str, float]:
+    """`state[field]`, model -> a finite number >= 0, of a state `policy.learnt` saved; ValueError,
+    saying what is wrong, otherwise."""
     if not isinstance(state, dict) or state.get("policy") != policy.name or field not in state:
         what = state.get("policy") if isinstance(state, dict) else type(state).__name__
         raise ValueError(f"policy {policy.name!r}: a saved state of {what!r}, expected one of "
                          f"{policy.name!r} with {field!r}")
-    return state[field]
+    try:
+        got = {str(m): float(v) for m, v in state[field].items()}
+    except (AttributeError, TypeError, ValueError):
+        raise ValueError(f"policy {policy.name!r}: saved {field!r} must map model to a number") from None
+    if not all(math.isfinite(v) and v >= 0 for v in got.values()):
+        raise ValueError(f"policy {policy.name!r}: saved {field!r} holds a negative or non-finite number")
+    return got

@@ -8,7 +8,7 @@ from collections import Counter
 
 from ..models.state import expert_key, kv_key, weights_key
 from ..core.costs import touched_pages
-from .base import NEVER, Policy, default_place, saved_field
+from .base import NEVER, Policy, default_place, saved_rates
 from ..core.decisions import Demote, Promote
 
 
@@ -55,8 +55,8 @@ class Frequency(Policy):
 
     def take_up(self, state: dict, now: float) -> None:
         """The decayed counts, as they were when saved (not decayed over the time it was down)."""
-        hot = saved_field(self, state, "hotness")
-        self.score = {m: float(h) for m, h in hot.items()}
+        hot = saved_rates(self, state, "hotness")
+        self.score = dict(hot)
         self.t_score = dict.fromkeys(hot, now)
 
     def hotness(self, model: str, now: float) -> float:
@@ -266,4 +266,3 @@ def place_model(sim, model: str, program: str | None = None):
 BASELINES = {p.name: p for p in (OnDemand, LruKeepWarm, Frequency, PrefetchAll, Static, RayMultiplex)}
 """This module's baselines; `policies/__init__.py` adds `swaps.SWAPS` (llama-swap, sleep-swap,
 forecast-prewarm), so after `import statebudget.policies` it holds every baseline."""
-

@@ -27,9 +27,9 @@ class StateBudget(Policy):
     plan_on_events = True
     base_config = staticmethod(PlannerConfig)  # its settings, with fields overridden by keyword
 
-    # A `Predictor.state_dict` the planner starts from (what it learnt before a restart) instead
-    # of the uniform prior; set before the first hook.
-    history: dict | None = None
+    # (a `Predictor.state_dict`, the time it was taken up at) the predictor starts from when the
+    # first hook builds it (`take_up` before then), instead of the uniform prior
+    history: tuple[dict, float] | None = None
 
     def __init__(self, config: PlannerConfig | None = None):
         self.config = config
@@ -96,20 +96,22 @@ class StateBudget(Policy):
     def learnt(self, now: float) -> dict | None:
         """The predictor's `state_dict` (switch counts, start rate, tool waits); before the first
         hook, what it took up (None: nothing)."""
-        return self.history if self.core is None else self.core.predictor.state_dict(now)
+        if self.core is None:
+            return None if self.history is None else self.history[0]
+        return self.core.predictor.state_dict(now)
 
     def take_up(self, state: dict, now: float) -> None:
         if self.core is not None:
             self.core.predictor.load_state_dict(state, now)
         else:  # the predictor is built at the first hook, from the view's catalog
             Predictor.check_state(state)
-            self.history = state
+            self.history = (state, now)
 
     def _core(self, sim) -> PlannerCore:
         if self.core is None:
             self.core = PlannerCore(sim.catalog, sim.cost, self.config, use_hints=self.use_hints)
             if self.history is not None:
-                self.core.predictor.load_state_dict(self.history, sim.now)
+                self.core.predictor.load_state_dict(*self.history)
         return self.core
 
     # ---- events into the predictor, plans out ---------------------------------------------------
@@ -269,11 +271,39 @@ class StateBudgetTrack(StateBudgetLease):
         self.track_cfg = track or TrackConfig()
         self.replan_s = self.track_cfg.replan_s
         self.tracker: TargetTracker | None = None
+        self._rates: dict | None = None  # the tracker's rates taken up before it was built (`take_up`)
 
     def _tracker(self, sim) -> TargetTracker:
         if self.tracker is None:
             self.tracker = TargetTracker(sim.catalog, sim.cost, self.track_cfg)
+            if self._rates is not None:
+                self._set_rates(self._rates)
         return self.tracker
+
+    def learnt(self, now: float) -> dict | None:
+        """The predictor's state and, under `tracker`, the tracker's call rates and contexts."""
+        state = super().learnt(now)
+        rates = self._rates if self.tracker is None else {"rate": dict(self.tracker.rate), "ctx": dict(self.tracker.ctx)}
+        return state if state is None or rates is None else {**state, "tracker": rates}
+
+    def take_up(self, state: dict, now: float) -> None:
+        rates = state.get("tracker") if isinstance(state, dict) else None
+        if rates is not None:  # checked before anything is taken up
+            try:
+                rates = {k: {str(m): float(v) for m, v in rates[k].items()} for k in ("rate", "ctx")}
+            except (TypeError, KeyError, AttributeError, ValueError):
+                raise ValueError("tracker state: 'rate' and 'ctx' must map model to a number") from None
+            if not all(np.isfinite(v) and v >= 0 for d in rates.values() for v in d.values()):
+                raise ValueError("tracker state: a negative or non-finite rate or context")
+        super().take_up(state, now)
+        self._rates = rates
+        if self.tracker is not None and rates is not None:
+            self._set_rates(rates)
+
+    def _set_rates(self, rates: dict) -> None:
+        known = set(self.tracker.models)
+        self.tracker.rate = {m: v for m, v in rates["rate"].items() if m in known}
+        self.tracker.ctx = {m: v for m, v in rates["ctx"].items() if m in known}
 
     def on_call_arrive(self, sim, call):
         self._tracker(sim).call_arrived(call.model, call.context_tokens)

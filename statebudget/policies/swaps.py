@@ -9,7 +9,7 @@ from collections import Counter
 
 from ..core.decisions import Demote, Promote, PromoteHost
 from ..models.state import expert_key, weights_key
-from .base import Policy, saved_field
+from .base import Policy, saved_rates
 from .baselines import home_or_default, hot_bytes, hot_page_ids
 
 
@@ -189,7 +189,7 @@ class ForecastPrewarm(Policy):
         return {"policy": self.name, "rate": dict(sorted(self.rate.items()))}
 
     def take_up(self, state: dict, now: float) -> None:
-        self.rate = {m: float(r) for m, r in saved_field(self, state, "rate").items()}
+        self.rate = saved_rates(self, state, "rate")
 
     def forecast(self, model: str) -> float:
         return self.rate.get(model, 0.0)

@@ -367,9 +367,10 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
 
     def save_learnt(self) -> None:
         """What the planner has learnt (the predictor's switch counts, start rate and tool waits,
-        `Predictor.state_dict`) to the ledger, which a restart takes up (`_restore`): a planner
-        restarted on Monday knows last week's handoffs instead of starting from the uniform prior.
-        Written every `LEARNT_EVERY_S` by the planning step and when the service stops."""
+        `Predictor.state_dict`; with tracking, the tracker's rates) to the ledger, which a restart
+        takes up (`_restore`): a restarted planner predicts from the hours before it stopped (the
+        counts halve every 30 minutes of running) instead of from the uniform prior. Written every
+        `LEARNT_EVERY_S` by the planning step and when the service stops."""
         state = self.policy.learnt(self.now)
         if state is not None:
             self.store.set_meta("learnt", state)

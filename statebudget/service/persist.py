@@ -28,6 +28,24 @@ log = logging.getLogger("statebudget.planner")
 class Persist:
     """Write-through of copies, ops, programs and leases; `_restore` at start."""
 
+    def _take_up_learnt(self) -> None:
+        """What the planner had learnt (`save_learnt`), taken up after the running programs have
+        started again (their restart counts no new program start: the saved counts win), each of
+        them then waiting to switch from the model its latest call asked for. One that does not
+        read is left out."""
+        learnt = self.store.get_meta("learnt")
+        if learnt is None:
+            return
+        try:
+            self.policy.take_up(learnt, self.now)
+        except Exception as e:  # a ledger edited by hand, or written by another version: relearn
+            log.warning("the planner's saved learning is left out, it starts afresh: %s", e)
+            return
+        pred = self.core.predictor
+        for rec in self.running.values():
+            last = max(rec.calls.values(), key=lambda c: c.get("arrived_s", 0.0), default=None)
+            pred.program_resumed(rec.program, last["model"] if last is not None else None)
+
     def _save_meta(self) -> None:
         """Plan version, op counter and catalog epoch: what numbers the next op and version."""
         self.store.set_meta("plan_version", self.plan_version)
@@ -66,13 +84,6 @@ class Persist:
         from what it had learnt when last saved (`save_learnt`); one saved in another format
         is left out, with a warning (it relearns)."""
         s = self.store
-        learnt = s.get_meta("learnt")
-        if learnt is not None:  # before the programs below start their rows in the predictor
-            try:
-                self.core  # built now, so that a bad saved state is found here
-                self.policy.take_up(learnt, self.now)
-            except (ValueError, KeyError, TypeError) as e:
-                log.warning("the planner's saved learning is left out, it starts afresh: %s", e)
         self.plan_version = s.get_meta("plan_version", 0)
         self._op_seq = s.get_meta("op_seq", 0)
         self.catalog_epoch = s.get_meta("catalog_epoch", 1)
@@ -87,6 +98,7 @@ class Persist:
             if rec.status == ProgramStatus.RUNNING:
                 self.running[rec.program] = rec
                 self.policy.on_program_start(self, HookProgram(rec.program, rec.tenant))
+        self._take_up_learnt()
         finished = [r for r in self.programs.values() if r.status == ProgramStatus.FINISHED] if self.queue == "auto" else []
         for rec in sorted(finished, key=lambda r: r.ended_s or 0.0):
             self.sizes.observe(rec.service_s, rec.ended_s or 0.0)  # in the order they finished

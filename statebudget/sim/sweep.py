@@ -52,8 +52,8 @@ def jobs(clusters, traces, seeds, policies, catalog: str, hours: float, start: s
             raise ValueError(f"planner: {e}") from None
         extra["planner"] = planner
     if history_hours is not None:
-        if not history_hours > 0:
-            raise ValueError(f"history hours must be > 0, got {history_hours}")
+        if not 0 < history_hours < math.inf:
+            raise ValueError(f"history hours must be > 0 and finite, got {history_hours}")
         extra["history_hours"] = float(history_hours)
     return [{"cluster": c, "trace": t, "seed": s, "policy": p, "catalog": catalog, "hours": hours,
              "start": start, "warmup_s": float(warmup_s), "load": float(load), **extra}
@@ -140,6 +140,8 @@ def learnt_before(job: dict, cluster=None, catalog=None) -> dict | None:
     """What the job's policy learnt (`Policy.learnt`) over `history_hours` of the day before: the
     same preset and load at seed + `HISTORY_SEED`, from a warm start. Only the policy's own
     estimates carry over (switch counts, rates), never a trace or an outcome of the day replayed."""
+    if job.get("trace_file"):
+        raise ValueError(f"a restart replays the day before from a preset; {job['trace_file']} is a file")
     cl, cat = cluster or load_cluster(job["cluster"]), catalog or load_catalog(job["catalog"])
     seed = job["seed"] + HISTORY_SEED
     tr = generate(job["trace"], seed, job["history_hours"], load=job.get("load", 1.0))

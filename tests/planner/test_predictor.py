@@ -51,6 +51,10 @@ def test_rows_are_taken_up_by_model_name_when_the_catalog_changed():
     assert q.called == {"a", "c"}
 
 
+GOOD = {"format": "statebudget.predictor/1", "models": ["a", "<start|end>"], "switch": [[0.0, 0.0], [5.0, 0.0]],
+        "program_starts": 3.0}
+
+
 @pytest.mark.parametrize("bad, says", [
     ({"format": "statebudget.predictor/0"}, "format"),
     ("not a dict", "format"),
@@ -59,11 +63,30 @@ def test_rows_are_taken_up_by_model_name_when_the_catalog_changed():
      "must end with"),
     ({"format": "statebudget.predictor/1", "models": ["a", "<start|end>"], "switch": [[0.0]],
       "program_starts": 0.0}, "shape"),
-    ({"format": "statebudget.predictor/1", "models": ["a", "<start|end>"], "switch": [[0.0, 0.0], [5.0, 0.0]],
-      "tenants": {"t": [[0.0]]}, "program_starts": 3.0}, "shape"),  # a good global part is not taken alone
+    ({**GOOD, "tenants": {"t": [[0.0]]}}, "shape"),  # a good global part is not taken alone
+    ({**GOOD, "tenants": [[0.0]]}, "'tenants' must map"),
+    ({**GOOD, "tools": None}, "'tools' must map"),
+    ({**GOOD, "tools": {"shell": [1.0]}}, "'tools' must map"),
+    ({**GOOD, "tools": {"shell": [1.0, "x", 0.0]}}, "not a number"),
+    ({**GOOD, "program_starts": float("nan")}, "program_starts is not finite"),
+    ({**GOOD, "switch": [[0.0, -1.0], [5.0, 0.0]]}, "negative"),
+    ({**GOOD, "half_life_s": 0}, "half_life_s must be > 0"),
 ])
 def test_a_state_that_is_not_a_saved_one_is_refused_saying_why(bad, says):
     q = Predictor(["a", "b"])
     with pytest.raises(ValueError, match=says):
         q.load_state_dict(bad, 0.0)
+    with pytest.raises(ValueError, match=says):
+        Predictor.check_state(bad)
     assert not q.model_need_within(0.0, 30.0).any()  # nothing half taken up
+    assert np.allclose(q.switch_matrix(0.0), 1 / 3) and q.tools.stats == {}
+
+
+def test_counts_saved_under_another_half_life_keep_their_rates():
+    p = learnt()
+    q = Predictor(["a", "b", "c"], half_life_s=1200.0)  # twice as long: twice the counts, the same rate
+    q.load_state_dict(p.state_dict(130.0), 130.0)
+    def starts_per_s(x):
+        return x.program_starts.rows(130.0)[0, 0] * np.log(2) / x.half_life_s
+    assert starts_per_s(p) > 0 and starts_per_s(q) == pytest.approx(starts_per_s(p))
+    assert q.global_switch.rows(130.0).sum() == pytest.approx(2 * p.global_switch.rows(130.0).sum())

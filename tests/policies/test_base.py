@@ -10,6 +10,7 @@ from statebudget.core.costs import median_page_count
 from statebudget.models.cluster import Cluster
 from statebudget.policies import REGISTRY, make_policy
 from statebudget.policies.base import restore_estimate_s
+from statebudget.policies.ours import StateBudget, StateBudgetTrack
 from statebudget.sim.calls import CallRec
 from statebudget.sim.engine import Simulator
 
@@ -184,6 +185,13 @@ def test_what_a_policy_learnt_is_taken_up_whole_by_a_new_one_or_it_learns_nothin
         return
     assert state == json.loads(json.dumps(state))  # plain JSON, as the ledger keeps it
     fresh.take_up(json.loads(json.dumps(state)), end + 3600.0)
+    if isinstance(fresh, StateBudget):  # what the first hook builds, so the state goes through it
+        sim = Simulator(cluster(gpus=2, hbm_gb=40.0), CAT, trace(), fresh)
+        fresh._core(sim)
+        if isinstance(fresh, StateBudgetTrack):
+            fresh._tracker(sim)
+            assert fresh.tracker.rate and fresh.tracker.rate == state["tracker"]["rate"]
+        assert fresh.core.predictor.program_starts.rows(end + 3600.0)[0, 0] > 0
     assert fresh.learnt(end + 3600.0) == state  # not decayed over the hour it was down
     with pytest.raises(ValueError):
         fresh.take_up({"policy": "no-such-policy"}, 0.0)

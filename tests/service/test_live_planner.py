@@ -238,13 +238,20 @@ def test_a_restart_takes_up_what_the_planner_had_learnt(tmp_path, caplog):
     clock = Clock(1000.0)
     p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"), clock=clock)
     _morning(p)
+    p.event("a", {"type": "program_started", "program": "live"})  # still running at the restart
+    p.event("a", {"type": "call_arrived", "program": "live", "call": "c1", "model": "planner"})
     p.tick()  # the planning step saves it
-    want = p.core.predictor.switch_matrix(clock.t)
+    pred = p.core.predictor
+    want, starts = pred.switch_matrix(clock.t), pred.program_starts.rows(clock.t)[0, 0]
     p.store.close()
     clock.t += 3 * 86400.0  # down over a weekend
     q = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"), clock=clock)
-    got = q.core.predictor.switch_matrix(clock.t)
+    pred = q.core.predictor
+    got = pred.switch_matrix(clock.t)
     assert np.allclose(got, want) and got[0, 1] > 0.5  # planner -> coder, as before the restart
+    assert pred.program_starts.rows(clock.t)[0, 0] == pytest.approx(starts)  # the live one is no new start
+    q.event("a", {"type": "call_arrived", "program": "live", "call": "c2", "model": "coder"})
+    assert pred.switch_matrix(clock.t)[0, 1] > got[0, 1]  # a switch from its last model, not a first call
     q.store.close()
     with Store(tmp_path / "sb.db").tx() as s:  # a state the planner cannot read: it starts afresh
         s.set_meta("learnt", {"format": "something else"})

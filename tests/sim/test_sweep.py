@@ -169,19 +169,30 @@ def test_a_restart_job_starts_each_policy_from_what_it_learnt_the_day_before(mon
 
     with pytest.raises(ValueError, match="history hours"):
         sweep.jobs(["hetero16"], ["swe-team"], [100], ["frequency"], "agent-team", 0.05, history_hours=0)
+    with pytest.raises(ValueError, match="history hours"):
+        sweep.jobs(["hetero16"], ["swe-team"], [100], ["frequency"], "agent-team", 0.05, history_hours=float("inf"))
     (job,) = sweep.jobs(["hetero16"], ["swe-team"], [100], ["frequency"], "agent-team", 0.05, history_hours=0.2)
-    learnt = sweep.learnt_before(job)
-    assert learnt["policy"] == "frequency" and learnt["hotness"]  # it saw yesterday's calls
-    taken = []
-    real = sweep._taking_up
+    made, taken = [], []
+    generate, taking_up = sweep.generate, sweep._taking_up
+
+    def gen(preset, seed, hours, **kw):
+        made.append((seed, hours))
+        return generate(preset, seed, hours, **kw)
 
     def spy(make, state):
         taken.append(state)
-        return real(make, state)
+        return taking_up(make, state)
+    monkeypatch.setattr(sweep, "generate", gen)
     monkeypatch.setattr(sweep, "_taking_up", spy)
-    with_history, without = sweep.run_job(job), sweep.run_job({k: v for k, v in job.items() if k != "history_hours"})
-    assert taken == [learnt]  # the same day before: seed + HISTORY_SEED, whatever runs first
+    with_history = sweep.run_job(job)
+    assert sorted(made) == [(100, 0.05), (100 + sweep.HISTORY_SEED, 0.2)]  # the day before: another draw
+    (state,) = taken
+    assert state["policy"] == "frequency" and state["hotness"]  # what it learnt there
+    without = sweep.run_job({k: v for k, v in job.items() if k != "history_hours"})
+    assert made[2:] == [(100, 0.05)] and len(taken) == 1
     assert with_history["history_hours"] == 0.2 and "history_hours" not in without
+    with pytest.raises(ValueError, match="is a file"):
+        sweep.learnt_before(dict(job, trace_file="x.jsonl"))
 
 
 def test_sweep_table_gives_each_policy_its_mean_over_seeds(tmp_path, monkeypatch):

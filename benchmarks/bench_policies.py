@@ -503,7 +503,7 @@ def tabulate_saved(args) -> dict:
         rows = [r for r in rows if r["policy"] in args.policies.split(",")]
     seen = set()
     for r in rows:
-        k = (r["start"], r["trace"], r["policy"], r["seed"], r.get("load", 1.0))
+        k = (r["start"], r["trace"], r["policy"], r["seed"], r.get("load", 1.0), r.get("history_hours"))
         if k in seen:
             raise SystemExit(f"--from: two rows for {k}: the files overlap; name fewer files or filter with --seeds")
         seen.add(k)

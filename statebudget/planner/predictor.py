@@ -27,6 +27,7 @@ import numpy as np
 from ..core.waits import ANY, SQRT2, ToolWaitModel
 
 STATE_FORMAT = "statebudget.predictor/1"  # `Predictor.state_dict`'s layout; a change bumps it
+MAX_COUNT = 1e12  # a saved decayed count above this is no count (and would overflow the sums)
 _EDGE = "<start|end>"  # the switch counts' last row (a program's first call) and column (its end)
 
 
@@ -34,7 +35,7 @@ _EDGE = "<start|end>"  # the switch counts' last row (a program's first call) an
 def _finite(x, what: str) -> float:
     try:
         v = float(x)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"predictor state: {what} is not a number ({x!r})") from None
     if not math.isfinite(v):
         raise ValueError(f"predictor state: {what} is not finite ({x!r})")
@@ -161,18 +162,20 @@ class Predictor:
         self._tenant_mats: np.ndarray | None = None
 
     # ---- events -------------------------------------------------------------------------------
-    def program_started(self, program: str, tenant: str, now: float) -> None:
+    def program_started(self, program: str, tenant: str, now: float, resumed: bool = False) -> None:
+        """A program starts; `resumed`: one that ran before a restart comes back, no new start."""
         self._version += 1
         old = self.live.get(program)
         if old is not None:  # the same id again: it keeps its place in `live`, so rows are rebuilt
             old.row, self._rows_array = -2, None
         lp = self.live[program] = LiveProgram(program, tenant, since=now)
         self._born.append(lp)
-        self.program_starts.add((0, 0), now)
+        if not resumed:
+            self.program_starts.add((0, 0), now)
 
     def program_resumed(self, program: str, last_model: str | None) -> None:
-        """A program that ran before a restart, started again (`program_started`): its next call is
-        a switch from `last_model`, not a program's first call."""
+        """A program that ran before a restart, started again (`program_started(resumed=True)`): its
+        next call is a switch from `last_model`, not a program's first call."""
         lp = self.live.get(program)
         if lp is not None and last_model in self.idx:
             self._version += 1
@@ -272,7 +275,8 @@ class Predictor:
         its own models takes up (checked by doing so, on a throwaway one)."""
         names = state.get("models") if isinstance(state, dict) else None
         if not isinstance(names, list) or not names:
-            cls(["-"]).load_state_dict(state, 0.0)  # raises, saying what is wrong
+            cls(["-"]).load_state_dict(state, 0.0)  # raises, saying what is wrong, if it can
+            raise ValueError("predictor state: 'models' must be a list of model names")
         cls([str(m) for m in names[:-1]]).load_state_dict(state, 0.0)
 
     def load_state_dict(self, state: dict, now: float) -> None:
@@ -284,7 +288,7 @@ class Predictor:
         is taken up."""
         try:
             switch, stacked, tenants, starts, tools, cycle_s, first, called = self._read_state(state, now)
-        except (TypeError, AttributeError, KeyError) as e:
+        except (TypeError, AttributeError, KeyError, OverflowError) as e:
             raise ValueError(f"predictor state: not one `state_dict` wrote ({type(e).__name__}: {e})") from None
         self.global_switch.c, self.global_switch.t = switch, now
         self._tenants = {t: i for i, t in enumerate(tenants)}
@@ -306,7 +310,9 @@ class Predictor:
         missing = [k for k in ("models", "switch", "program_starts") if k not in state]
         if missing:
             raise ValueError(f"predictor state: no {', '.join(map(repr, missing))}")
-        names = list(state["models"])
+        names = state["models"]
+        if not isinstance(names, list) or not all(isinstance(m, str) for m in names):
+            raise ValueError("predictor state: 'models' must be a list of model names")
         if not names or names[-1] != _EDGE:
             raise ValueError(f"predictor state: 'models' must end with {_EDGE!r}")
         mine = self.models + [_EDGE]
@@ -314,14 +320,18 @@ class Predictor:
         src = [i for i, m in enumerate(names) if m in pos]
         dst = [pos[names[i]] for i in src]
         scale = self.half_life_s / _count(state.get("half_life_s", self.half_life_s), "half_life_s", positive=True)
+        if not 1e-6 <= scale <= 1e6:
+            raise ValueError(f"predictor state: half_life_s {state.get('half_life_s')!r} is not within 1e6x of "
+                             f"this predictor's {self.half_life_s:g} s")
 
         def mapped(rows, what: str) -> np.ndarray:
             a = np.asarray(rows, dtype=float)
             if a.shape != (len(names), len(names)):
                 raise ValueError(f"predictor state: {what} of shape {a.shape}, expected "
                                  f"{(len(names), len(names))} (one row and column per name in 'models')")
-            if not (np.isfinite(a).all() and (a >= 0).all()):
-                raise ValueError(f"predictor state: {what} holds a negative or non-finite count")
+            if not (np.isfinite(a).all() and (a >= 0).all() and (a <= MAX_COUNT).all()):
+                raise ValueError(f"predictor state: {what} holds a negative, non-finite or huge count "
+                                 f"(over {MAX_COUNT:g})")
             out = np.zeros((len(mine), len(mine)))
             out[np.ix_(dst, dst)] = a[np.ix_(src, src)] * scale
             return out
@@ -336,11 +346,15 @@ class Predictor:
             raise ValueError("predictor state: 'tools' must map a tool class to [weight, sum log, sum log^2]")
         tools = {str(k): [_count(v[0], f"tools[{k!r}]"), *(_finite(x, f"tools[{k!r}]") for x in v[1:])]
                  for k, v in tools.items()}
+        if any(abs(x) > 1e3 * MAX_COUNT for v in tools.values() for x in v):  # log-waits are tens at most
+            raise ValueError(f"predictor state: 'tools' holds a moment over {1e3 * MAX_COUNT:g}")
         age = state.get("called_for_s")
         first = None if age is None else now - _count(age, "called_for_s")
         called = {m for m in state.get("called", ()) if m in self.idx}
-        return (mapped(state["switch"], "the switch matrix"), stacked, list(tenants),
-                _count(state["program_starts"], "program_starts") * scale, tools,
+        starts = _count(state["program_starts"], "program_starts")
+        if starts > MAX_COUNT:
+            raise ValueError(f"predictor state: program_starts {starts:g} is over {MAX_COUNT:g}")
+        return (mapped(state["switch"], "the switch matrix"), stacked, list(tenants), starts * scale, tools,
                 _count(state.get("cycle_s", self.cycle_s), "cycle_s", positive=True), first, called)
 
     # ---- estimates ----------------------------------------------------------------------------

@@ -237,7 +237,7 @@ def saved_rates(policy, state: dict, field: str) -> dict[str, float]:
                          f"{policy.name!r} with {field!r}")
     try:
         got = {str(m): float(v) for m, v in state[field].items()}
-    except (AttributeError, TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError, OverflowError):
         raise ValueError(f"policy {policy.name!r}: saved {field!r} must map model to a number") from None
     if not all(math.isfinite(v) and v >= 0 for v in got.values()):
         raise ValueError(f"policy {policy.name!r}: saved {field!r} holds a negative or non-finite number")

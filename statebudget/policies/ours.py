@@ -116,7 +116,8 @@ class StateBudget(Policy):
 
     # ---- events into the predictor, plans out ---------------------------------------------------
     def on_program_start(self, sim, program):
-        self._core(sim).predictor.program_started(program.program, program.tenant, sim.now)
+        self._core(sim).predictor.program_started(program.program, program.tenant, sim.now,
+                                                  resumed=getattr(program, "resumed", False))
 
     def on_call_arrive(self, sim, call):
         core = self._core(sim)
@@ -291,7 +292,7 @@ class StateBudgetTrack(StateBudgetLease):
         if rates is not None:  # checked before anything is taken up
             try:
                 rates = {k: {str(m): float(v) for m, v in rates[k].items()} for k in ("rate", "ctx")}
-            except (TypeError, KeyError, AttributeError, ValueError):
+            except (TypeError, KeyError, AttributeError, ValueError, OverflowError):
                 raise ValueError("tracker state: 'rate' and 'ctx' must map model to a number") from None
             if not all(np.isfinite(v) and v >= 0 for d in rates.values() for v in d.values()):
                 raise ValueError("tracker state: a negative or non-finite rate or context")

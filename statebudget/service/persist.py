@@ -30,21 +30,23 @@ class Persist:
 
     def _take_up_learnt(self) -> None:
         """What the planner had learnt (`save_learnt`), taken up after the running programs have
-        started again (their restart counts no new program start: the saved counts win), each of
-        them then waiting to switch from the model its latest call asked for. One that does not
-        read is left out."""
+        started again (as resumed: no new start). One that does not read is left out. Each running
+        program then waits to switch from the model its latest call asked for, in the tool waits
+        its threads were in."""
         learnt = self.store.get_meta("learnt")
-        if learnt is None:
-            return
-        try:
-            self.policy.take_up(learnt, self.now)
-        except Exception as e:  # a ledger edited by hand, or written by another version: relearn
-            log.warning("the planner's saved learning is left out, it starts afresh: %s", e)
-            return
+        if learnt is not None:
+            try:
+                self.policy.take_up(learnt, self.now)
+            except Exception as e:  # a ledger edited by hand, or written by another version: relearn
+                log.warning("the planner's saved learning is left out, it starts afresh: %s", e,
+                            exc_info=not isinstance(e, ValueError))
         pred = self.core.predictor
         for rec in self.running.values():
-            last = max(rec.calls.values(), key=lambda c: c.get("arrived_s", 0.0), default=None)
-            pred.program_resumed(rec.program, last["model"] if last is not None else None)
+            calls = list(rec.calls.values())  # in arrival order; ties go to the later one
+            last = max(range(len(calls)), key=lambda i: (calls[i].get("arrived_s", 0.0), i), default=None)
+            pred.program_resumed(rec.program, calls[last]["model"] if last is not None else None)
+            for tool, since, *_ in sorted(rec.tools.values(), key=lambda t: t[1]):
+                pred.tool_started(rec.program, tool, since)
 
     def _save_meta(self) -> None:
         """Plan version, op counter and catalog epoch: what numbers the next op and version."""
@@ -97,7 +99,7 @@ class Persist:
             self.tenant_service[rec.tenant] += rec.service_s
             if rec.status == ProgramStatus.RUNNING:
                 self.running[rec.program] = rec
-                self.policy.on_program_start(self, HookProgram(rec.program, rec.tenant))
+                self.policy.on_program_start(self, HookProgram(rec.program, rec.tenant, resumed=True))
         self._take_up_learnt()
         finished = [r for r in self.programs.values() if r.status == ProgramStatus.FINISHED] if self.queue == "auto" else []
         for rec in sorted(finished, key=lambda r: r.ended_s or 0.0):

@@ -100,9 +100,10 @@ class ProgramRec:
 
 @dataclass
 class HookProgram:
-    """A program as the policy hooks see it."""
+    """A program as the policy hooks see it; `resumed`: it ran before a restart (no new start)."""
     program: str
     tenant: str
+    resumed: bool = False
 
 
 @dataclass

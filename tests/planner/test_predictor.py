@@ -71,6 +71,10 @@ GOOD = {"format": "statebudget.predictor/1", "models": ["a", "<start|end>"], "sw
     ({**GOOD, "program_starts": float("nan")}, "program_starts is not finite"),
     ({**GOOD, "switch": [[0.0, -1.0], [5.0, 0.0]]}, "negative"),
     ({**GOOD, "half_life_s": 0}, "half_life_s must be > 0"),
+    ({**GOOD, "half_life_s": 1e-320}, "not within 1e6x"),
+    ({**GOOD, "switch": [[0.0, 1e300], [5.0, 0.0]]}, "huge count"),
+    ({**GOOD, "program_starts": 10 ** 400}, "not a number"),
+    ({**GOOD, "models": {"a": 0, "<start|end>": 1}}, "list of model names"),
 ])
 def test_a_state_that_is_not_a_saved_one_is_refused_saying_why(bad, says):
     q = Predictor(["a", "b"])

@@ -240,6 +240,11 @@ def test_a_restart_takes_up_what_the_planner_had_learnt(tmp_path, caplog):
     _morning(p)
     p.event("a", {"type": "program_started", "program": "live"})  # still running at the restart
     p.event("a", {"type": "call_arrived", "program": "live", "call": "c1", "model": "planner"})
+    p.event("a", {"type": "program_started", "program": "tooling"})  # ... in a tool wait
+    for ev in ({"type": "call_arrived", "model": "planner"}, {"type": "call_started"},
+               {"type": "call_finished", "tokens": 10}):
+        p.event("a", {**ev, "program": "tooling", "call": "c1"})
+    p.event("a", {"type": "tool_started", "program": "tooling", "tool": "build"})
     p.tick()  # the planning step saves it
     pred = p.core.predictor
     want, starts = pred.switch_matrix(clock.t), pred.program_starts.rows(clock.t)[0, 0]
@@ -249,7 +254,9 @@ def test_a_restart_takes_up_what_the_planner_had_learnt(tmp_path, caplog):
     pred = q.core.predictor
     got = pred.switch_matrix(clock.t)
     assert np.allclose(got, want) and got[0, 1] > 0.5  # planner -> coder, as before the restart
-    assert pred.program_starts.rows(clock.t)[0, 0] == pytest.approx(starts)  # the live one is no new start
+    assert pred.program_starts.rows(clock.t)[0, 0] == pytest.approx(starts)  # the live ones are no new starts
+    waiting = pred.live["tooling"]
+    assert (waiting.phase, waiting.tool, waiting.since, waiting.last_model) == ("tool", "build", 1000.0, "planner")
     q.event("a", {"type": "call_arrived", "program": "live", "call": "c2", "model": "coder"})
     assert pred.switch_matrix(clock.t)[0, 1] > got[0, 1]  # a switch from its last model, not a first call
     q.store.close()
@@ -258,7 +265,10 @@ def test_a_restart_takes_up_what_the_planner_had_learnt(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="statebudget.planner"):
         r = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"), clock=clock)
     assert "starts afresh" in caplog.text and "format" in caplog.text
-    assert r.core.predictor.switch_matrix(clock.t)[0, 1] == pytest.approx(0.25)
+    pred = r.core.predictor
+    assert pred.switch_matrix(clock.t)[0, 1] == pytest.approx(0.25)
+    # its programs still resume: no new starts, each from the model its latest call asked for
+    assert pred.program_starts.rows(clock.t)[0, 0] == 0.0 and pred.live["live"].last_model == "coder"
 
 
 def test_what_was_learnt_carries_over_to_a_new_cluster():

@@ -28,6 +28,7 @@ from ..core.waits import ANY, SQRT2, ToolWaitModel
 
 STATE_FORMAT = "statebudget.predictor/1"  # `Predictor.state_dict`'s layout; a change bumps it
 MAX_COUNT = 1e12  # a saved decayed count above this is no count (and would overflow the sums)
+FORGOTTEN = 1e-3  # a tenant whose decayed counts sum below this (one count ten half-lives on) is not saved
 _EDGE = "<start|end>"  # the switch counts' last row (a program's first call) and column (its end)
 
 
@@ -263,7 +264,9 @@ class Predictor:
         names = self.models + [_EDGE]
         return {"format": STATE_FORMAT, "half_life_s": self.half_life_s, "models": names,
                 "switch": self.global_switch.rows(now).tolist(),
-                "tenants": dict(zip(self._tenants, self.tenant_switch.rows(now).tolist())),
+                # a tenant whose counts have decayed away adds nothing to the team's: not kept
+                "tenants": {t: c.tolist() for t, c in zip(self._tenants, self.tenant_switch.rows(now))
+                            if c.sum() >= FORGOTTEN},
                 "program_starts": float(self.program_starts.rows(now)[0, 0]),
                 "tools": {k: list(v) for k, v in self.tools.stats.items()},
                 "cycle_s": self.cycle_s, "called": sorted(self.called),

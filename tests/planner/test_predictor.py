@@ -94,3 +94,11 @@ def test_counts_saved_under_another_half_life_keep_their_rates():
         return x.program_starts.rows(130.0)[0, 0] * np.log(2) / x.half_life_s
     assert starts_per_s(p) > 0 and starts_per_s(q) == pytest.approx(starts_per_s(p))
     assert q.global_switch.rows(130.0).sum() == pytest.approx(2 * p.global_switch.rows(130.0).sum())
+
+
+def test_a_tenant_whose_counts_have_decayed_away_is_not_saved():
+    p = learnt()
+    p.program_started("late", "carol", 130.0)  # carol: a row, no counts
+    p.p_next_within(130.0, 30.0)
+    assert set(p.state_dict(130.0)["tenants"]) == {"alice", "bob"}
+    assert set(p.state_dict(130.0 + 20 * 600.0)["tenants"]) == set()  # twenty half-lives later

@@ -288,8 +288,8 @@ def markdown(out: dict) -> str:
     for start, by_trace in out["tables"].items():
         for trace, g in by_trace.items():
             load = f", {out['load']:g}x load" if out.get("load", 1.0) != 1.0 else ""
-            if out.get("restart_hours"):
-                load += f", restarted with {out['restart_hours']:g} h learnt the day before"
+            if out.get("history_hours"):
+                load += f", restarted with {out['history_hours']:g} h learnt the day before"
             lines += [f"### {trace}, {start} start{load}, warm-up {out['warmup_s']:g} s{tag}", "",
                       f"{out['cluster']} + {out['catalog']}, {out['hours']:g} h traces, seeds {seeds[0]}..{seeds[-1]} "
                       f"({len(seeds)}); mean ± half-width of the 95 % t interval over seeds.", ""]
@@ -412,7 +412,7 @@ def main(argv=None):
     wall = time.time() - t0
     out = _output(rows, seeds, starts, traces, policies, commit, python=sys.executable, cluster=args.cluster,
                   catalog=args.catalog, hours=args.hours, load=args.load, tuning=args.tuning, warmup_s=warmup,
-                  workers=args.workers, wall_s=round(wall, 1), restart_hours=args.restart)
+                  workers=args.workers, wall_s=round(wall, 1), history_hours=args.restart)
     _write(out, args)
     print(f"{len(rows)} replays in {wall:.0f} s", file=sys.stderr)
     return out
@@ -517,7 +517,7 @@ def tabulate_saved(args) -> dict:
     starts = [st for st in ("warm", "cold") if any(r["start"] == st for r in rows)]
     out = _output(rows, seeds, starts, sorted({r["trace"] for r in rows}), sorted({r["policy"] for r in rows}),
                   git_commit(), **{"from": args.rows_from}, **{f: rows[0].get(f) for f in same},
-                  restart_hours=rows[0].get("history_hours"), tuning=min(seeds) < 100)
+                  tuning=min(seeds) < 100)
     _write(out, args)
     return out
 

@@ -163,25 +163,29 @@ class Predictor:
         self._tenant_mats: np.ndarray | None = None
 
     # ---- events -------------------------------------------------------------------------------
-    def program_started(self, program: str, tenant: str, now: float, resumed: bool = False) -> None:
-        """A program starts; `resumed`: one that ran before a restart comes back, no new start."""
+    def program_started(self, program: str, tenant: str, now: float) -> None:
+        self._start(program, tenant, now)
+        self.program_starts.add((0, 0), now)
+
+    def program_resumed(self, program: str, tenant: str, now: float, last_model: str | None = None,
+                        waits=()) -> None:
+        """A program that ran before a restart comes back: no new start; its next call is a switch
+        from `last_model`, not a program's first call; `waits`: its running tool waits, (tool,
+        since) each, the latest setting its phase."""
+        lp = self._start(program, tenant, now)
+        if last_model in self.idx:
+            lp.last_model = last_model
+        for tool, since in sorted(waits, key=lambda w: w[1]):
+            self.tool_started(program, tool, since)
+
+    def _start(self, program: str, tenant: str, now: float) -> LiveProgram:
         self._version += 1
         old = self.live.get(program)
         if old is not None:  # the same id again: it keeps its place in `live`, so rows are rebuilt
             old.row, self._rows_array = -2, None
         lp = self.live[program] = LiveProgram(program, tenant, since=now)
         self._born.append(lp)
-        if not resumed:
-            self.program_starts.add((0, 0), now)
-
-    def program_resumed(self, program: str, last_model: str | None) -> None:
-        """A program that ran before a restart, started again (`program_started(resumed=True)`): its
-        next call is a switch from `last_model`, not a program's first call."""
-        lp = self.live.get(program)
-        if lp is not None and last_model in self.idx:
-            self._version += 1
-            lp.last_model = last_model
-            self._drop_row(lp)
+        return lp
 
     def call_arrived(self, program: str, model: str, now: float, expected_s: float = 0.0) -> None:
         self._version += 1
@@ -259,7 +263,7 @@ class Predictor:
         """What the predictor has learnt, as plain JSON: the switch counts (global and per tenant,
         decayed to `now`), the rate of program starts, the tool-wait moments, the call cycle and
         the models called. Live programs are not in it: they are the runtime's, and a restart
-        replays them (`program_started`). Rows and columns are named by model, so a catalog that
+        brings them back (`program_resumed`). Rows and columns are named by model, so a catalog that
         gained or lost models keeps what the two share."""
         names = self.models + [_EDGE]
         return {"format": STATE_FORMAT, "half_life_s": self.half_life_s, "models": names,
@@ -277,10 +281,8 @@ class Predictor:
         """ValueError, saying what is wrong, unless `state` is a `state_dict` that a predictor over
         its own models takes up (checked by doing so, on a throwaway one)."""
         names = state.get("models") if isinstance(state, dict) else None
-        if not isinstance(names, list) or not names:
-            cls(["-"]).load_state_dict(state, 0.0)  # raises, saying what is wrong, if it can
-            raise ValueError("predictor state: 'models' must be a list of model names")
-        cls([str(m) for m in names[:-1]]).load_state_dict(state, 0.0)
+        ok = isinstance(names, list) and all(isinstance(m, str) for m in names)
+        cls(names[:-1] if ok else []).load_state_dict(state, 0.0)  # a bad state raises, saying why
 
     def load_state_dict(self, state: dict, now: float) -> None:
         """Take up what `state_dict` saved, as learnt just before `now`: counts are not decayed over

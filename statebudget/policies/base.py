@@ -235,10 +235,15 @@ def saved_rates(policy, state: dict, field: str) -> dict[str, float]:
         what = state.get("policy") if isinstance(state, dict) else type(state).__name__
         raise ValueError(f"policy {policy.name!r}: a saved state of {what!r}, expected one of "
                          f"{policy.name!r} with {field!r}")
+    return number_map(state[field], f"policy {policy.name!r}: saved {field!r}")
+
+
+def number_map(d, what: str) -> dict[str, float]:
+    """`d` as model -> a finite number >= 0; ValueError, naming `what`, otherwise."""
     try:
-        got = {str(m): float(v) for m, v in state[field].items()}
+        got = {str(m): float(v) for m, v in d.items()}
     except (AttributeError, TypeError, ValueError, OverflowError):
-        raise ValueError(f"policy {policy.name!r}: saved {field!r} must map model to a number") from None
+        raise ValueError(f"{what} must map model to a number") from None
     if not all(math.isfinite(v) and v >= 0 for v in got.values()):
-        raise ValueError(f"policy {policy.name!r}: saved {field!r} holds a negative or non-finite number")
+        raise ValueError(f"{what} holds a negative or non-finite number")
     return got

@@ -55,9 +55,8 @@ class Frequency(Policy):
 
     def take_up(self, state: dict, now: float) -> None:
         """The decayed counts, as they were when saved (not decayed over the time it was down)."""
-        hot = saved_rates(self, state, "hotness")
-        self.score = dict(hot)
-        self.t_score = dict.fromkeys(hot, now)
+        self.score = saved_rates(self, state, "hotness")
+        self.t_score = dict.fromkeys(self.score, now)
 
     def hotness(self, model: str, now: float) -> float:
         s = self.score.get(model, 0.0)

@@ -10,7 +10,8 @@ from ..planner.core import PlannerConfig, PlannerCore, lease_config
 from ..planner.predictor import Predictor
 from ..planner.target import TargetTracker, TrackConfig
 from ..planner.leases import LeaseRequest
-from .base import Policy, default_place, place_under_load, ready_by_group, ready_s, room_keeping_weights, wait_s
+from .base import (Policy, default_place, number_map, place_under_load, ready_by_group, ready_s,
+                   room_keeping_weights, wait_s)
 from .baselines import place_model
 from ..core.decisions import Cancel, Promote
 
@@ -116,8 +117,11 @@ class StateBudget(Policy):
 
     # ---- events into the predictor, plans out ---------------------------------------------------
     def on_program_start(self, sim, program):
-        self._core(sim).predictor.program_started(program.program, program.tenant, sim.now,
-                                                  resumed=getattr(program, "resumed", False))
+        pred = self._core(sim).predictor
+        if getattr(program, "resumed", False):  # the service's, after a restart
+            pred.program_resumed(program.program, program.tenant, sim.now, program.last_model, program.waits)
+        else:
+            pred.program_started(program.program, program.tenant, sim.now)
 
     def on_call_arrive(self, sim, call):
         core = self._core(sim)
@@ -290,12 +294,9 @@ class StateBudgetTrack(StateBudgetLease):
     def take_up(self, state: dict, now: float) -> None:
         rates = state.get("tracker") if isinstance(state, dict) else None
         if rates is not None:  # checked before anything is taken up
-            try:
-                rates = {k: {str(m): float(v) for m, v in rates[k].items()} for k in ("rate", "ctx")}
-            except (TypeError, KeyError, AttributeError, ValueError, OverflowError):
-                raise ValueError("tracker state: 'rate' and 'ctx' must map model to a number") from None
-            if not all(np.isfinite(v) and v >= 0 for d in rates.values() for v in d.values()):
-                raise ValueError("tracker state: a negative or non-finite rate or context")
+            if not isinstance(rates, dict):
+                raise ValueError("tracker state: must hold 'rate' and 'ctx'")
+            rates = {k: number_map(rates.get(k), f"tracker state: {k!r}") for k in ("rate", "ctx")}
         super().take_up(state, now)
         self._rates = rates
         if self.tracker is not None and rates is not None:

@@ -29,10 +29,7 @@ class Persist:
     """Write-through of copies, ops, programs and leases; `_restore` at start."""
 
     def _take_up_learnt(self) -> None:
-        """What the planner had learnt (`save_learnt`), taken up after the running programs have
-        started again (as resumed: no new start). One that does not read is left out. Each running
-        program then waits to switch from the model its latest call asked for, in the tool waits
-        its threads were in."""
+        """What the planner had learnt (`save_learnt`); one that does not read is left out."""
         learnt = self.store.get_meta("learnt")
         if learnt is not None:
             try:
@@ -40,13 +37,6 @@ class Persist:
             except Exception as e:  # a ledger edited by hand, or written by another version: relearn
                 log.warning("the planner's saved learning is left out, it starts afresh: %s", e,
                             exc_info=not isinstance(e, ValueError))
-        pred = self.core.predictor
-        for rec in self.running.values():
-            calls = list(rec.calls.values())  # in arrival order; ties go to the later one
-            last = max(range(len(calls)), key=lambda i: (calls[i].get("arrived_s", 0.0), i), default=None)
-            pred.program_resumed(rec.program, calls[last]["model"] if last is not None else None)
-            for tool, since, *_ in sorted(rec.tools.values(), key=lambda t: t[1]):
-                pred.tool_started(rec.program, tool, since)
 
     def _save_meta(self) -> None:
         """Plan version, op counter and catalog epoch: what numbers the next op and version."""
@@ -99,7 +89,7 @@ class Persist:
             self.tenant_service[rec.tenant] += rec.service_s
             if rec.status == ProgramStatus.RUNNING:
                 self.running[rec.program] = rec
-                self.policy.on_program_start(self, HookProgram(rec.program, rec.tenant, resumed=True))
+                self.policy.on_program_start(self, _resumed(rec))
         self._take_up_learnt()
         finished = [r for r in self.programs.values() if r.status == ProgramStatus.FINISHED] if self.queue == "auto" else []
         for rec in sorted(finished, key=lambda r: r.ended_s or 0.0):
@@ -253,3 +243,13 @@ def _lease_from(body: dict) -> Lease:
                   {object_key(k): v for k, v in body["objects"]}, body["ready_s"], body["ended_s"], body["reason"])
     lease.retry_after_s = body.get("retry_after_s")  # absent from rows written before it existed
     return lease
+
+
+def _resumed(rec: ProgramRec) -> HookProgram:
+    """A running program as it comes back after a restart: the model its latest call asked for
+    (of calls that arrived at once, the later) and its threads' running tool waits."""
+    calls = list(rec.calls.values())
+    last = max(range(len(calls)), key=lambda i: (calls[i].get("arrived_s", 0.0), i), default=None)
+    return HookProgram(rec.program, rec.tenant, resumed=True,
+                       last_model=calls[last]["model"] if last is not None else None,
+                       waits=tuple((tool, since) for tool, since, *_ in rec.tools.values()))

@@ -100,10 +100,13 @@ class ProgramRec:
 
 @dataclass
 class HookProgram:
-    """A program as the policy hooks see it; `resumed`: it ran before a restart (no new start)."""
+    """A program as the policy hooks see it. `resumed`: it ran before a restart (no new start),
+    with the model its latest call asked for and its running tool waits, (tool, since) each."""
     program: str
     tenant: str
     resumed: bool = False
+    last_model: str | None = None
+    waits: tuple = ()
 
 
 @dataclass

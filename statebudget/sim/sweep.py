@@ -145,14 +145,10 @@ def learnt_before(job: dict, cluster=None, catalog=None) -> dict | None:
     cl, cat = cluster or load_cluster(job["cluster"]), catalog or load_catalog(job["catalog"])
     seed = job["seed"] + HISTORY_SEED
     tr = generate(job["trace"], seed, job["history_hours"], load=job.get("load", 1.0))
-    held = {}
-
-    def make(base):
-        held["policy"] = policy_maker(job)(base)
-        return held["policy"]
-
-    rep = replay(cl, cat, tr, [job["policy"]], SimConfig(seed=seed, start="warm", **(job.get("sim") or {})), make=make)
-    return held["policy"].learnt(rep.results[job["policy"]].sim_end)
+    policy = policy_maker(job)(parse_spec(job["policy"], REGISTRY)[0])
+    rep = replay(cl, cat, tr, [job["policy"]], SimConfig(seed=seed, start="warm", **(job.get("sim") or {})),
+                 make=lambda _: policy)
+    return policy.learnt(rep.results[job["policy"]].sim_end)
 
 
 def _taking_up(make, state):

@@ -28,7 +28,7 @@ from ..models.state import expert_key, kv_key, weights_key
 from ..core.costs import page_touch_probs, touched_pages
 from ..solvers.greedy import Candidates, solve
 from .leases import LeaseLedger, LeaseRequest, LeaseState, Quote, decide, rank_key, rejection_reason
-from .homes import home_of, idle_room, layout, resident_by_model, scale_out
+from .homes import home_of, idle_room, layout, pages_owed, resident_by_model, scale_out
 from .overload import Pressure
 from .predictor import Predictor
 from ..core.decisions import Demote, Promote, PromoteHost
@@ -64,15 +64,13 @@ class PlannerConfig:
     # Past capacity a call goes where restore + the queue ahead is least (`place_under_load`), onto
     # another model's GPUs if need be, while the longest wait on its group is under this; past it
     # the call is placed as below capacity and its model keeps to its groups. None: always spread;
-    # at or below `overload_wait_s`: never (past capacity needs that wait). At 3x real-sessions a
-    # bound trades the tails for SLO@5; never spreading collapses swe-team at 3x (docs/planner.md,
-    # "Past capacity").
+    # at or below `overload_wait_s`: never. At 3x real-sessions a bound trades the tails for SLO@5;
+    # never spreading collapses swe-team at 3x (docs/planner.md, "Past capacity").
     spread_until_s: float | None = None
     # A call waiting for HBM moves to another ready copy of its model with room now when its first
     # token comes there in under this share of the time it would where it waits
-    # (`StateBudget.on_waiting`); None: off. On tuning seeds 1-10 (lease) it cuts real-sessions'
-    # total stall 18 % and swe-team's 11 %; moves that load the weights on a group with room
-    # reshaped homes (docs/planner.md, "Waiting calls move").
+    # (`StateBudget.on_waiting`); None: off. Tuning seeds 1-10 (lease): real-sessions' total stall
+    # -18 %, swe-team's -11 % (docs/planner.md, "Waiting calls move").
     move_waiting_share: float | None = 0.5
     overload_wait_s: float | None = 90.0  # a group whose queued calls would keep a new one waiting this long is past capacity (`overload.py`); None: off
     # A call of a dense model that has waited this long for HBM at its group, with no group clear
@@ -91,13 +89,11 @@ class PlannerConfig:
     home_reclaim: float | None = None
     # Once this long has passed since the first call, a model with no copy is homed counting the
     # idle copies of models no call has yet asked for (in what the predictor has learnt, which a
-    # restart keeps: `Predictor.state_dict`) as room (`homes.home_of`; not with `home_reclaim`, whose own rule
-    # counts idle state): on mapreduce the never-called coder, promoted in the first minutes,
-    # holds two L40s, and the reviewer is homed on the reasoner's A100s instead. Sooner, models of
-    # a trace whose models take turns are still uncalled (300 s moved mixed-tenants). Evaluation
-    # seeds 100-139: mapreduce handoff P95 0.84-0.90x, total stall 0.89-0.91x; mixed-tenants
-    # track's handoff P95 +3 % (one seed 2.2x), the rest within 0.5 % (docs/planner.md). None: off.
-    uncalled_room_after_s: float | None = 600.0
+    # restart keeps) as room (`homes.home_of`; not with `home_reclaim`, which counts idle state):
+    # the first promotions see a uniform switch matrix (on mapreduce the never-called coder holds
+    # two L40s). None: off. From the first call, with `home_keeps_pages` (docs/planner.md).
+    uncalled_room_after_s: float | None = 0.0
+    home_keeps_pages: bool = True  # a home leaves free the hot pages a resident MoE model lacks (`homes.pages_owed`)
     # The operator's layout: ((model, (GPU index, ...)), ...), a group a model with no copy is homed
     # on, whatever the view says; models left out are homed as before. None (no layout) by default:
     # a layout suits one workload and trades against TTFT (docs/tracking.md, "A layout fixed in advance").
@@ -199,7 +195,7 @@ class PlannerCore:
         # where it would go; extra copies are worth their keep only while calls overlap.
         homes: dict[str, tuple] = {}
         by_model = None  # `resident_by_model`, read once a step, with `home_reclaim` set
-        uncalled = None  # per GPU, the idle bytes of models no call has asked for (`_uncalled_room`)
+        uncalled = None  # per GPU, bytes a new home counts as free beside the free ones (`_home_room`)
         for mi, m in enumerate(self.catalog.models):
             st = self._static[mi]
             wk = st.wk
@@ -215,7 +211,7 @@ class PlannerCore:
                 if by_model is None and cfg.home_reclaim is not None:
                     by_model = resident_by_model(view, [s.stage for s in self._static])
                 if uncalled is None:
-                    uncalled = self._uncalled_room(view, now) if cfg.home_reclaim is None else ()
+                    uncalled = self._home_room(view, now) if cfg.home_reclaim is None else ()
                 home = home_of(view, m, p_idle, cfg.home_reclaim, self._model_index, by_model, uncalled)
             if home is None:
                 continue
@@ -387,14 +383,18 @@ class PlannerCore:
                         out.append(PromoteHost(*kn))
         return out
 
-    def _uncalled_room(self, view, now: float) -> list[float] | tuple:
-        """Per GPU, the bytes of idle weights and pages of the models no call has asked for, once
-        `uncalled_room_after_s` has passed since the first call; () before then or when off."""
+    def _home_room(self, view, now: float) -> list[float] | tuple:
+        """Per GPU, bytes a new home counts as free beside the free ones: uncalled models' idle state
+        (`uncalled_room_after_s`) less MoE models' missing hot pages (`home_keeps_pages`); () if none."""
         after, first = self.cfg.uncalled_room_after_s, self.predictor.first_call_s
-        if after is None or first is None or now - first < after:
-            return ()
-        called = self.predictor.called
-        return idle_room(view, [st.stage for st, m in zip(self._static, self.catalog.models) if m.name not in called])
+        room: list[float] | tuple = ()
+        if after is not None and first is not None and now - first >= after:
+            called = self.predictor.called
+            room = idle_room(view, [st.stage for st, m in zip(self._static, self.catalog.models) if m.name not in called])
+        if not self.cfg.home_keeps_pages:
+            return room
+        owed = pages_owed(view, [(st.wk, st.expert_keys, st.hot, st.page_bytes) for st in self._static if st.expert_keys])
+        return [r - o for r, o in zip(room or [0.0] * len(owed), owed)]
 
     def pressure(self, view) -> Pressure | None:
         """The admission queue now (`overload.py`); None when overload handling is off or no call

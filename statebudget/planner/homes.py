@@ -124,6 +124,22 @@ def idle_room(view, keys_by_model) -> list[float]:
     return room
 
 
+def pages_owed(view, moe) -> list[float]:
+    """Per GPU, the bytes of hot expert pages that a MoE model whose weights are in HBM does not
+    hold there: its working set, which a new home must leave free (`PlannerConfig.home_keeps_pages`).
+    Between calls the step sheds such pages and the GPUs look free; a model homed into that room is
+    evicted by the MoE model's next call or pushes it onto other GPUs. `moe`: per MoE model, its
+    weights key, its pages' keys in page order, its hot pages' indices and one page's bytes."""
+    owed = [0.0] * len(view.tiers.hbm_cap)
+    gpu = view.tiers.gpu
+    for wk, page_keys, hot, page_bytes in moe:
+        for g in view.tiers.groups_of.get(wk, ()):
+            missing = sum(1 for p in hot if (page_keys[p], g) not in gpu) * page_bytes / len(g)
+            for i in g:
+                owed[i] += missing
+    return owed
+
+
 def scale_out(view, catalog, now: float, wait_s: float | None, calls: int | None = None) -> list:
     """A second replica where calls queue at a home that holds too few of them at once (a 40 GB
     GPU beside 30 GB of weights): a dense model with a call that has waited `wait_s` for HBM, and

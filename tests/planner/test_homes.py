@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from tests.helpers import call, catalog, cluster, program, resident, trace
+from tests.helpers import call, catalog, cluster, moe_catalog, program, resident, trace
 from statebudget.planner.core import PlannerConfig, PlannerCore
-from statebudget.planner.homes import home_of, layout, resident_by_model
+from statebudget.planner.homes import home_of, layout, pages_owed, resident_by_model
 from statebudget.policies.ours import StateBudgetLease
 from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
@@ -114,7 +114,44 @@ def test_idle_copies_of_models_no_call_asked_for_are_room_once_calls_have_flowed
     core.cfg = replace(core.cfg, uncalled_room_after_s=None)
     core.predictor.called.discard("c")
     assert promoted(730.0) == [(0,)], "off: the most free HBM alone"
-    assert PlannerConfig().uncalled_room_after_s == 600.0
+    assert PlannerConfig().uncalled_room_after_s == 0.0
+
+
+def test_a_home_leaves_free_the_hot_pages_a_resident_moe_model_lacks():
+    # d: 2 GB dense; e: 2 GB dense and 16 pages of 1 GB, of which 9 are hot (touched by >= 20 % of calls)
+    sim = Simulator(cluster(gpus=2, hbm_gb=12.0), moe_catalog(), trace(program("p", [call("x", "d")])),
+                    StateBudgetLease(), config=SimConfig(start="warm"))
+    core = sim.policy._core(sim)
+    core.target, core.target_p = {"d": (0,)}, 1.0  # d is promoted for sure, where `home_of` says
+    hot = sorted(core._static[1].hot)
+    assert len(hot) == 9
+    resident(sim, ("w", "e"), (0,), 2.0)    # GPU 0: 10 GB free, but e's 9 hot pages are not there
+    sim.tiers.alloc_gpu((1,), 4e9)          # GPU 1: 8 GB free
+
+    def promoted():
+        return [d.group for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote" and d.key == ("w", "d")]
+
+    assert promoted() == [(1,)], "GPU 0's free HBM is e's working set"
+    for p in hot[:6]:                       # six of them come back: GPU 0 has 4 GB free, 3 owed
+        resident(sim, ("e", "e", p), (0,), 1.0)
+    assert pages_owed(sim, [(("w", "e"), [("e", "e", p) for p in range(16)], hot, 1e9)]) == [3e9, 0.0]
+    assert promoted() == [(1,)]
+    sim.tiers.alloc_gpu((1,), 7e9)          # GPU 1: 1 GB free, 4 GB on GPU 0 less 3 owed: a tie
+    assert promoted() == [(0,)], "ties go to the lower group"
+    core.cfg = replace(core.cfg, home_keeps_pages=False)
+    sim.tiers.free_gpu((1,), 7e9)
+    assert promoted() == [(1,)], "off: the most free HBM alone (8 GB against 4)"
+    assert PlannerConfig().home_keeps_pages
+
+
+def test_pages_owed_are_split_over_the_gpus_of_a_wider_group_and_only_where_the_weights_are():
+    sim = Simulator(cluster(gpus=3, hbm_gb=12.0), moe_catalog(), trace(program("p", [call("x", "d")])),
+                    StateBudgetLease(), config=SimConfig(start="warm"))
+    keys = [("e", "e", p) for p in range(16)]
+    assert pages_owed(sim, [(("w", "e"), keys, [0, 1, 2], 1e9)]) == [0.0, 0.0, 0.0], "no weights, nothing owed"
+    resident(sim, ("w", "e"), (1, 2), 1.0)
+    resident(sim, ("e", "e", 0), (1, 2), 0.5)
+    assert pages_owed(sim, [(("w", "e"), keys, [0, 1, 2], 1e9)]) == [0.0, 1e9, 1e9], "two 1 GB pages over two GPUs"
 
 
 def test_an_operators_layout_homes_a_model_with_no_copy_and_with_layout_holds_one_held_elsewhere():

@@ -118,17 +118,18 @@ def test_sweep_on_an_unreachable_ray_head_fails_fast_in_one_line():
 
 def test_a_job_can_set_the_re_plan_period_of_statebudget_track_and_only_of_it():
     from statebudget.sim.paired import series
-    from statebudget.sim.sweep import jobs, run_job
+    from statebudget.sim.sweep import jobs, policy_maker, run_job
 
     (job,) = jobs(["hetero16"], ["swe-team"], [100], ["statebudget-track"], "agent-team", 0.25, warmup_s=300.0)
-    # R = 10 s: on this short job a re-plan every 10 s ends where the default does not (20 and
-    # 30 s happen to end where it does: which R does is the layout lottery's, not a property)
     rows = [run_job(job), run_job(dict(job, replan_s=10.0)), run_job(dict(job, replan_s=60.0))]
     assert rows[0]["stall_total_s"] == rows[2]["stall_total_s"]  # 60 s is the default
     ran = rows[0]["groups_by_model"]  # where each model's calls ran (the layout search learns from it)
     assert ran and sum(n for by in ran.values() for n in by.values()) == rows[0]["calls_completed"]
     assert all(all(int(i) < 16 for g in by for i in g.split(",")) for by in ran.values())
-    assert rows[1]["stall_total_s"] != rows[0]["stall_total_s"]  # a fresher target plans otherwise
+    # whether a fresher target ends elsewhere on a short job is the layout lottery's: the job's
+    # policy is asked instead
+    assert policy_maker(dict(job, replan_s=10.0))("statebudget-track").track_cfg.replan_s == 10.0
+    assert [r.get("replan_s") for r in rows] == [None, 10.0, 60.0]
     assert series(rows, [100], "stall_total_s", replan_s=10.0) == [rows[1]["stall_total_s"]]
     with pytest.raises(ValueError, match="two rows match"):  # the default and R = 60 s: not pinned down
         series(rows[:1] + rows[2:], [100], "stall_total_s", policy="statebudget-track")

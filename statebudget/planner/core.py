@@ -87,13 +87,12 @@ class PlannerConfig:
     # most free HBM. Off: 0.2 won on tuning seeds 1-10 and lost on evaluation seeds (mapreduce
     # handoff P95 1.23 -> 2.25x forecast-prewarm's; docs/experiments.md).
     home_reclaim: float | None = None
-    # Once this long has passed since the first call, a model with no copy is homed counting the
-    # idle copies of models no call has yet asked for (in what the predictor has learnt, which a
-    # restart keeps) as room (`homes.home_of`; not with `home_reclaim`, which counts idle state):
-    # the first promotions see a uniform switch matrix (on mapreduce the never-called coder holds
-    # two L40s). None: off. From the first call, with `home_keeps_pages` (docs/planner.md).
+    # Once this long has passed since the first call (None: never), a model with no copy is homed
+    # counting never-called models' idle copies as room, and with `home_keeps_pages` the hot pages
+    # the other resident MoE models lack as taken (`homes.home_of`, `pages_owed`; neither with
+    # `home_reclaim`, which counts idle state its own way). docs/planner.md, "What a home leaves free".
     uncalled_room_after_s: float | None = 0.0
-    home_keeps_pages: bool = True  # a home leaves free the hot pages a resident MoE model lacks (`homes.pages_owed`)
+    home_keeps_pages: bool = True
     # The operator's layout: ((model, (GPU index, ...)), ...), a group a model with no copy is homed
     # on, whatever the view says; models left out are homed as before. None (no layout) by default:
     # a layout suits one workload and trades against TTFT (docs/tracking.md, "A layout fixed in advance").
@@ -195,7 +194,7 @@ class PlannerCore:
         # where it would go; extra copies are worth their keep only while calls overlap.
         homes: dict[str, tuple] = {}
         by_model = None  # `resident_by_model`, read once a step, with `home_reclaim` set
-        uncalled = None  # per GPU, bytes a new home counts as free beside the free ones (`_home_room`)
+        home_room = None  # per GPU, bytes a new home counts as free beside the free ones (`_home_room`)
         for mi, m in enumerate(self.catalog.models):
             st = self._static[mi]
             wk = st.wk
@@ -210,9 +209,9 @@ class PlannerCore:
             if home is None:
                 if by_model is None and cfg.home_reclaim is not None:
                     by_model = resident_by_model(view, [s.stage for s in self._static])
-                if uncalled is None:
-                    uncalled = self._home_room(view, now) if cfg.home_reclaim is None else ()
-                home = home_of(view, m, p_idle, cfg.home_reclaim, self._model_index, by_model, uncalled)
+                if home_room is None:
+                    home_room = self._home_room(view, now) if cfg.home_reclaim is None else ()
+                home = home_of(view, m, p_idle, cfg.home_reclaim, self._model_index, by_model, home_room)
             if home is None:
                 continue
             # A model in the target is needed for sure on its home: it is promoted and kept there
@@ -385,7 +384,8 @@ class PlannerCore:
 
     def _home_room(self, view, now: float) -> list[float] | tuple:
         """Per GPU, bytes a new home counts as free beside the free ones: uncalled models' idle state
-        (`uncalled_room_after_s`) less MoE models' missing hot pages (`home_keeps_pages`); () if none."""
+        (`uncalled_room_after_s`) less resident MoE models' missing hot pages (`home_keeps_pages`),
+        a never-called one's too: its GPUs are kept for it (docs/planner.md)."""
         after, first = self.cfg.uncalled_room_after_s, self.predictor.first_call_s
         room: list[float] | tuple = ()
         if after is not None and first is not None and now - first >= after:

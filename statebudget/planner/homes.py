@@ -4,11 +4,14 @@ queue at its only copy (a replica). Both are chosen against the view now, one mo
 A home that takes the most free HBM lands, between calls, on GPUs another model will want back:
 an idle tp-4 group whose MoE model has shed its expert pages looks free, and a 30 GB model homed
 there is evicted by the next call's pages, re-homed, and evicted again (warm mapreduce, tuning
-seeds 7-8: handoff P95 1.7-2.6 s against forecast-prewarm's 0.3-0.4). With `share` set, a home
-first avoids GPUs that hold the weights of models at least `share` x as likely to be needed, and
-counts the idle state of models less likely than that as room: roughly what the mechanism would
-evict for it. Off by default: on evaluation seeds it homes bursty small models on small clear
-GPUs, where their calls queue for KV room (docs/experiments.md)."""
+seeds 7-8: handoff P95 1.7-2.6 s against forecast-prewarm's 0.3-0.4). By default the most free
+HBM is counted less the hot pages such a model lacks (`pages_owed`) and plus the idle copies of
+models no call has asked for (`idle_room`). With `share` set instead, a home first avoids GPUs
+that hold the weights of models at least `share` x as likely to be needed, and counts the idle
+state of models less likely than that as room: roughly what the mechanism would evict for it.
+Off by default: on evaluation seeds it homes bursty small models on small clear GPUs, where
+their calls queue for KV room (docs/experiments.md). Replicas (`scale_out`) take the most free
+HBM as it is."""
 
 from __future__ import annotations
 
@@ -68,8 +71,8 @@ def home_of(view, m, p_idle=None, share: float | None = None, model_index=None, 
     groups clear of the weights of the other models at least `share` x as likely as `m` with room
     for the dense part now; the same counting the idle state of the less likely models as room;
     any group with room now; the group with the most free HBM counting that idle state. Without:
-    the most free, counting `room` (per GPU, bytes that count as free: the idle copies of models
-    no call has asked for) when given."""
+    the most free, counting `room` (per GPU, bytes that count as free beside the free ones, less
+    than 0 where more is owed than idle: `PlannerCore._home_room`) when given."""
     wk = weights_key(m.name)
     groups = view.model_groups(m)
     for g in groups:

@@ -131,17 +131,37 @@ def test_a_home_leaves_free_the_hot_pages_a_resident_moe_model_lacks():
     def promoted():
         return [d.group for d in core.plan(sim, 0.0) if type(d).__name__ == "Promote" and d.key == ("w", "d")]
 
+    core.cfg = replace(core.cfg, home_keeps_pages=False)
+    assert promoted() == [(0,)], "off: the most free HBM alone (10 GB against 8)"
+    core.cfg = replace(core.cfg, home_keeps_pages=True)
     assert promoted() == [(1,)], "GPU 0's free HBM is e's working set"
     for p in hot[:6]:                       # six of them come back: GPU 0 has 4 GB free, 3 owed
         resident(sim, ("e", "e", p), (0,), 1.0)
     assert pages_owed(sim, [(("w", "e"), [("e", "e", p) for p in range(16)], hot, 1e9)]) == [3e9, 0.0]
-    assert promoted() == [(1,)]
-    sim.tiers.alloc_gpu((1,), 7e9)          # GPU 1: 1 GB free, 4 GB on GPU 0 less 3 owed: a tie
-    assert promoted() == [(0,)], "ties go to the lower group"
-    core.cfg = replace(core.cfg, home_keeps_pages=False)
-    sim.tiers.free_gpu((1,), 7e9)
-    assert promoted() == [(1,)], "off: the most free HBM alone (8 GB against 4)"
+    sim.tiers.alloc_gpu((1,), 6.5e9)        # GPU 1: 1.5 GB free, against 4 GB less 3 owed on GPU 0
+    assert promoted() == [(1,)], "pages present are not owed again"
     assert PlannerConfig().home_keeps_pages
+
+
+def test_a_never_called_moe_model_owes_its_hot_pages_and_its_idle_copy_is_room():
+    # d and f: 2 GB dense; e: MoE, promoted but never called, its 2 GB idle on GPU 0 (10 GB free)
+    sim = Simulator(cluster(gpus=2, hbm_gb=12.0), moe_catalog(("d", "f")), trace(program("p", [call("x", "f")])),
+                    StateBudgetLease(), config=SimConfig(start="warm"))
+    core = sim.policy._core(sim)
+    core.target, core.target_p = {"d": (0,)}, 1.0
+    resident(sim, ("w", "e"), (0,), 2.0)
+    sim.tiers.alloc_gpu((1,), 7e9)          # GPU 1: 5 GB free
+
+    def promoted(now):
+        return [d.group for d in core.plan(sim, now) if type(d).__name__ == "Promote" and d.key == ("w", "d")]
+
+    core.predictor.program_started("p1", "default", 10.0)
+    core.predictor.call_arrived("p1", "f", 10.0)
+    assert promoted(20.0) == [(1,)], "GPU 0: 10 + 2 idle - 9 owed = 3 GB, less than 5"
+    sim.tiers.alloc_gpu((1,), 2.5e9)        # GPU 1: 2.5 GB free
+    assert promoted(20.0) == [(0,)], "e's idle copy still counts: 3 GB against 2.5"
+    core.predictor.call_arrived("p1", "e", 30.0)
+    assert promoted(40.0) == [(1,)], "called, e's copy is its own: 10 - 9 = 1 GB"
 
 
 def test_pages_owed_are_split_over_the_gpus_of_a_wider_group_and_only_where_the_weights_are():

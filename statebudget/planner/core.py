@@ -150,6 +150,7 @@ class PlannerCore:
         self._lease_pages = {m.name: touched_pages(m, self.cfg.lease_page_min_touch) for m in catalog.models}
         self._model_index = {name: i for i, name in enumerate(self.models)}
         self._static = [_ModelStatic.of(m, self._hot_pages[m.name]) for m in catalog.models]
+        self._moe = [(st.wk, st.expert_keys, st.hot, st.page_bytes) for st in self._static if st.expert_keys]  # `pages_owed`
         self._links: dict[tuple, tuple[str, ...]] = {}  # (src, group) -> links crossed, one run per GPU
         self._shared_paths: dict[tuple, dict] = {}      # (src, group, per_gpu) -> `_path_bytes`
         self._stage_at: dict[tuple, tuple] = {}         # (model index, node) -> host keys it stages
@@ -383,9 +384,8 @@ class PlannerCore:
         return out
 
     def _home_room(self, view, now: float) -> list[float] | tuple:
-        """Per GPU, bytes a new home counts as free beside the free ones: uncalled models' idle state
-        (`uncalled_room_after_s`) less resident MoE models' missing hot pages (`home_keeps_pages`),
-        a never-called one's too: its GPUs are kept for it (docs/planner.md)."""
+        """Per GPU, bytes a new home counts as free: uncalled models' idle state (`uncalled_room_after_s`)
+        less resident MoE models' missing hot pages, a never-called one's too (`home_keeps_pages`)."""
         after, first = self.cfg.uncalled_room_after_s, self.predictor.first_call_s
         room: list[float] | tuple = ()
         if after is not None and first is not None and now - first >= after:
@@ -393,7 +393,7 @@ class PlannerCore:
             room = idle_room(view, [st.stage for st, m in zip(self._static, self.catalog.models) if m.name not in called])
         if not self.cfg.home_keeps_pages:
             return room
-        owed = pages_owed(view, [(st.wk, st.expert_keys, st.hot, st.page_bytes) for st in self._static if st.expert_keys])
+        owed = pages_owed(view, self._moe)
         return [r - o for r, o in zip(room or [0.0] * len(owed), owed)]
 
     def pressure(self, view) -> Pressure | None:

@@ -73,15 +73,15 @@ class PlannerConfig:
     # -18 %, swe-team's -11 % (docs/planner.md, "Waiting calls move").
     move_waiting_share: float | None = 0.5
     overload_wait_s: float | None = 90.0  # a group whose queued calls would keep a new one waiting this long is past capacity (`overload.py`); None: off
-    # A call of a dense model that has waited this long for HBM at its group, with no group clear
-    # of the queue holding the model, adds a replica there (`homes.scale_out`); None: off. 20 s on
-    # tuning seeds 1-10 (docs/planner.md, "Knobs"); 5 s cost swe-team.
+    # A call of a dense model that has waited this long for HBM at its group, with no group clear of
+    # the queue holding the model, adds a replica there (`homes.scale_out`); None: off (planner.md).
     scale_out_wait_s: float | None = 20.0
     # ... and so do this many calls of one model waiting at one group, however briefly; None: off.
-    # Opt-in: 3 halves mapreduce at 3x's handoff P95 on tuning seeds 1-10, but on seeds 100-109
-    # neither that gain nor its cost (swe-team's total stall +12 %) is outside its interval
-    # (docs/planner.md).
+    # Opt-in: neither its gain nor its cost is outside the interval on seeds 100-109 (planner.md).
     scale_out_calls: int | None = None
+    # A call whose model has a ready copy waits for it rather than evict another model's weights
+    # elsewhere (`stay_with_copy`). Opt-in: it pays past capacity, costs at 1x (planner.md).
+    place_keeps_weights: bool = False
     # A home for a model with no copy avoids GPUs holding weights of models at least this x as
     # likely, and counts the idle state of less likely ones as room (`homes.home_of`); None: the
     # most free HBM. Off: 0.2 won on tuning seeds 1-10 and lost on evaluation seeds (mapreduce

@@ -225,6 +225,27 @@ def room_keeping_weights(sim, call, group) -> bool:
     return victims is not None and not any(v.key[0] == "w" and v.key[1] != call.model for v in victims)
 
 
+def stay_with_copy(sim, call, group, ready: dict):
+    """`group`, unless placing the call there would load its model by evicting another model's
+    weights (or stopping its asleep engine) while its own model has a ready copy on a group that
+    could hold the call: then that copy's group, the soonest ready (`ready`: `ready_by_group`'s
+    estimates), where it waits for room (`on_waiting` may still move it to another ready copy).
+    A group that evicts nothing of another model is not second-guessed. One call's sooner start
+    would send the evicted model's next calls to a cold start or a slower GPU, and each move
+    invites the next (docs/planner.md, "Placement")."""
+    copies = sim.copies_of(call.model)
+    if any(c.group == group for c in copies):
+        return group
+    own = [c.group for c in copies if c.ready and c.group in ready]
+    if not own:
+        return group
+    keys, new, private = sim.expected_need(call, group)
+    victims = sim.plan_eviction(group, new + private, protect={(k, group) for k in keys}) or ()
+    if any(v.key[0] == "w" and v.key[1] != call.model for v in victims):
+        return min(own, key=lambda g: (ready[g], g))
+    return group
+
+
 NEVER = math.inf
 
 

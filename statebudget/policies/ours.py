@@ -11,7 +11,7 @@ from ..planner.predictor import Predictor
 from ..planner.target import TargetTracker, TrackConfig
 from ..planner.leases import LeaseRequest
 from .base import (Policy, default_place, number_map, place_under_load, ready_by_group, ready_s,
-                   room_keeping_weights, wait_s)
+                   room_keeping_weights, stay_with_copy, wait_s)
 from .baselines import place_model
 from ..core.decisions import Cancel, Promote
 
@@ -54,6 +54,10 @@ class StateBudget(Policy):
         load = core.pressure(sim)
         ready = ready_by_group(sim, call, w)  # both rankings below read the same estimates
         group = default_place(sim, call, compute=w, load=load if core.cfg.place_queue_wait else None, ready=ready)
+        if group is not None and core.cfg.place_keeps_weights:
+            stay = stay_with_copy(sim, call, group, ready)
+            if stay != group:  # past capacity too: spreading there would evict the same weights
+                return stay
         if group is None or load is None or not load.past_capacity(group):
             return group
         until = core.cfg.spread_until_s

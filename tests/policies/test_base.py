@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.helpers import moe_catalog, call, cluster, program, resident, tool, trace
+from tests.helpers import catalog, moe_catalog, call, cluster, program, resident, tool, trace
 from statebudget.core.costs import median_page_count
 from statebudget.models.cluster import Cluster
 from statebudget.policies import REGISTRY, make_policy
@@ -195,3 +195,67 @@ def test_what_a_policy_learnt_is_taken_up_whole_by_a_new_one_or_it_learns_nothin
     assert fresh.learnt(end + 3600.0) == state  # not decayed over the hour it was down
     with pytest.raises(ValueError):
         fresh.take_up({"policy": "no-such-policy"}, 0.0)
+
+
+def _neighbour(a_ready: bool = True, gpus: int = 2, b_asleep: bool = False):
+    """Model a (20 GB) with a copy on GPU 0, model b (30 GB) on GPU 1 (or only its asleep engine,
+    whose overhead leaves too little room), 40 GB each: a call of a placed on GPU 1 must evict b's
+    weights there, or stop its engine; GPU 2, if any, is empty."""
+    from statebudget.core.books import GpuCopy, HostCopy
+
+    cl = cluster(gpus=gpus, hbm_gb=40.0, overhead=25.0 if b_asleep else 0.0)
+    sim = Simulator(cl, catalog(("a", 10.0), ("b", 30.0)), trace(program("p", [call("n", "a")])), make_policy("ondemand"))
+    sim.tiers.add_gpu_copy(GpuCopy(("w", "a"), (0,), 10e9, a_ready, 0.0, 0.0))
+    sim.tiers.alloc_gpu((0,), 10e9)
+    if b_asleep:  # b's engine asleep on GPU 1 holds 25 GB: a's 10 GB and engine need it gone
+        sim.tiers.start_engine(("w", "b"), (1,), 0.0)
+        hc = HostCopy(("w", "b"), "n0", 30e9, True, 0.0)
+        sim.tiers.sleep_engine(("w", "b"), (1,), hc)
+    else:
+        sim.tiers.add_gpu_copy(GpuCopy(("w", "b"), (1,), 30e9, True, 0.0, 0.0))
+        sim.tiers.alloc_gpu((1,), 30e9)
+    return sim, CallRec("p", "n", "a", 100, 10, 10, "t0", "interactive", True, False)
+
+
+@pytest.mark.parametrize("a_ready,refused,b_asleep,placed", [
+    (True, False, False, (0,)),   # a's copy is ready: the call waits for it rather than evict b
+    (True, False, True, (0,)),    # nor stop b's asleep engine
+    (False, False, False, (1,)),  # a's copy still loading: nothing ready to wait for
+    (True, True, False, (1,)),    # a's group refused the call: it cannot go back there
+])
+def test_a_call_waits_for_its_own_copy_rather_than_evict_another_models_weights(a_ready, refused, b_asleep, placed):
+    from statebudget.policies.base import stay_with_copy
+
+    sim, c = _neighbour(a_ready, b_asleep=b_asleep)
+    ready = {(1,): 11.0} if refused else {(0,): 0.0, (1,): 11.0}
+    assert stay_with_copy(sim, c, (1,), ready) == placed
+    # a group that holds the model, or one where nothing of another model need go, is kept
+    assert stay_with_copy(sim, c, (0,), ready) == (0,)
+    if not b_asleep:
+        sim.tiers.remove_gpu_copy(sim.tiers.gpu[(("w", "b"), (1,))])
+        assert stay_with_copy(sim, c, (1,), ready) == (1,)
+
+
+def test_of_two_ready_copies_the_call_waits_at_the_sooner_ready_and_a_free_group_is_not_second_guessed():
+    from statebudget.core.books import GpuCopy
+    from statebudget.policies.base import stay_with_copy
+
+    sim, c = _neighbour(gpus=4)
+    sim.tiers.add_gpu_copy(GpuCopy(("w", "a"), (3,), 10e9, True, 0.0, 0.0))
+    sim.tiers.alloc_gpu((3,), 10e9)
+    assert stay_with_copy(sim, c, (1,), {(0,): 0.5, (1,): 11.0, (2,): 11.0, (3,): 0.2}) == (3,)
+    # the empty GPU 2 needs nothing of b's: a call placed there goes there
+    assert stay_with_copy(sim, c, (2,), {(0,): 0.5, (1,): 11.0, (2,): 11.0, (3,): 0.2}) == (2,)
+
+
+@pytest.mark.parametrize("keeps", [True, False])
+def test_our_placement_keeps_other_models_weights_unless_told_not_to(keeps, monkeypatch):
+    import statebudget.policies.ours as ours
+    from statebudget.planner.core import PlannerConfig
+
+    sim, c = _neighbour()
+    pol = StateBudget(PlannerConfig(place_keeps_weights=keeps))
+    sim.policy = pol
+    # the plain ranking would take room on GPU 1 now rather than wait for a's copy on GPU 0
+    monkeypatch.setattr(ours, "default_place", lambda *a, **k: (1,))
+    assert pol.place(sim, c) == ((0,) if keeps else (1,))

@@ -218,11 +218,19 @@ def place_under_load(sim, call, load, compute: float = 0.0, ready: dict | None =
     return best
 
 
-def room_keeping_weights(sim, call, group) -> bool:
-    """The call has room on `group` now without evicting another model's weights."""
+def evicts_weights(sim, call, group) -> bool | None:
+    """Whether room for the call on `group` now means evicting another model's weights (or
+    stopping its asleep engine); None if there is no room now whatever goes."""
     keys, new, private = sim.expected_need(call, group)
     victims = sim.plan_eviction(group, new + private, protect={(k, group) for k in keys})
-    return victims is not None and not any(v.key[0] == "w" and v.key[1] != call.model for v in victims)
+    if victims is None:
+        return None
+    return any(v.key[0] == "w" and v.key[1] != call.model for v in victims)
+
+
+def room_keeping_weights(sim, call, group) -> bool:
+    """The call has room on `group` now without evicting another model's weights."""
+    return evicts_weights(sim, call, group) is False
 
 
 def stay_with_copy(sim, call, group, ready: dict):
@@ -237,11 +245,7 @@ def stay_with_copy(sim, call, group, ready: dict):
     if any(c.group == group for c in copies):
         return group
     own = [c.group for c in copies if c.ready and c.group in ready]
-    if not own:
-        return group
-    keys, new, private = sim.expected_need(call, group)
-    victims = sim.plan_eviction(group, new + private, protect={(k, group) for k in keys}) or ()
-    if any(v.key[0] == "w" and v.key[1] != call.model for v in victims):
+    if own and evicts_weights(sim, call, group):
         return min(own, key=lambda g: (ready[g], g))
     return group
 

@@ -80,8 +80,8 @@ class PlannerConfig:
     # Opt-in: neither its gain nor its cost is outside the interval on seeds 100-109 (planner.md).
     scale_out_calls: int | None = None
     # A call whose model has a ready copy waits for it rather than evict another model's weights
-    # elsewhere (`stay_with_copy`). Opt-in: it pays past capacity, costs at 1x (planner.md).
-    place_keeps_weights: bool = False
+    # (True), or (k) those whose model's next home prefills over k x slower (`stay_with_copy`). Opt-in.
+    place_keeps_weights: bool | float = False
     # A home for a model with no copy avoids GPUs holding weights of models at least this x as
     # likely, and counts the idle state of less likely ones as room (`homes.home_of`); None: the
     # most free HBM. Off: 0.2 won on tuning seeds 1-10 and lost on evaluation seeds (mapreduce

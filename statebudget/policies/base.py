@@ -218,14 +218,21 @@ def place_under_load(sim, call, load, compute: float = 0.0, ready: dict | None =
     return best
 
 
-def evicts_weights(sim, call, group) -> bool | None:
-    """Whether room for the call on `group` now means evicting another model's weights (or
-    stopping its asleep engine); None if there is no room now whatever goes."""
+def weight_victims(sim, call, group) -> list | None:
+    """Other models' weights (copies, or asleep engines to stop) that room for the call on `group`
+    now evicts; None if there is no room now whatever goes."""
     keys, new, private = sim.expected_need(call, group)
     victims = sim.plan_eviction(group, new + private, protect={(k, group) for k in keys})
     if victims is None:
         return None
-    return any(v.key[0] == "w" and v.key[1] != call.model for v in victims)
+    return [v for v in victims if v.key[0] == "w" and v.key[1] != call.model]
+
+
+def evicts_weights(sim, call, group) -> bool | None:
+    """Whether room for the call on `group` now means evicting another model's weights (or
+    stopping its asleep engine); None if there is no room now whatever goes."""
+    victims = weight_victims(sim, call, group)
+    return None if victims is None else bool(victims)
 
 
 def room_keeping_weights(sim, call, group) -> bool:
@@ -233,21 +240,44 @@ def room_keeping_weights(sim, call, group) -> bool:
     return evicts_weights(sim, call, group) is False
 
 
-def stay_with_copy(sim, call, group, ready: dict):
+def stay_with_copy(sim, call, group, ready: dict, slower: float | None = None):
     """`group`, unless placing the call there would load its model by evicting another model's
     weights (or stopping its asleep engine) while its own model has a ready copy on a group that
     could hold the call: then that copy's group, the soonest ready (`ready`: `ready_by_group`'s
     estimates), where it waits for room (`on_waiting` may still move it to another ready copy).
     A group that evicts nothing of another model is not second-guessed. One call's sooner start
     would send the evicted model's next calls to a cold start or a slower GPU, and each move
-    invites the next (docs/planner.md, "Placement")."""
+    invites the next (docs/planner.md, "Placement"). With `slower`, only the second counts: the
+    call stays only if an evicted model would be homed next where it prefills over `slower` x
+    slower (`rehomed_slower`)."""
     copies = sim.copies_of(call.model)
     if any(c.group == group for c in copies):
         return group
     own = [c.group for c in copies if c.ready and c.group in ready]
-    if own and evicts_weights(sim, call, group):
+    if not own:
+        return group
+    victims = weight_victims(sim, call, group) or []
+    if slower is None and victims or slower is not None and any(
+            rehomed_slower(sim, v, group, slower) for v in victims):
         return min(own, key=lambda g: (ready[g], g))
     return group
+
+
+def rehomed_slower(sim, victim, group, slower: float) -> bool:
+    """Whether the model of `victim` (weights, or an asleep engine, evicted for room on `group`),
+    with no other ready copy, would next be homed where a 4k-token prefill takes over `slower` x
+    as long as where it is: its likely home, the most free group clear of `group`'s GPUs that its
+    dense part fits (as `homes.home_of` takes with no engine asleep), or none."""
+    m = sim.catalog.by_name[victim.key[1]]
+    if any(c.group != victim.group and c.ready for c in sim.copies_of(m.name)):
+        return False
+    taken = set(group)
+    fits = [g for g in sim.model_groups(m) if not taken & set(g)
+            and all(m.dense_bytes / m.tp <= sim.tiers.hbm_cap[i] for i in g)]
+    if not fits:
+        return True
+    home = max(fits, key=lambda g: (min(sim.tiers.gpu_free(i) for i in g), [-i for i in g]))
+    return sim.cost.prefill_s(m, 4096, home) > slower * sim.cost.prefill_s(m, 4096, victim.group)
 
 
 NEVER = math.inf

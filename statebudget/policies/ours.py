@@ -54,8 +54,9 @@ class StateBudget(Policy):
         load = core.pressure(sim)
         ready = ready_by_group(sim, call, w)  # both rankings below read the same estimates
         group = default_place(sim, call, compute=w, load=load if core.cfg.place_queue_wait else None, ready=ready)
-        if group is not None and core.cfg.place_keeps_weights:
-            stay = stay_with_copy(sim, call, group, ready)
+        keep = core.cfg.place_keeps_weights
+        if group is not None and keep:
+            stay = stay_with_copy(sim, call, group, ready, None if keep is True else float(keep))
             if stay != group:  # past capacity too: spreading there would evict the same weights
                 return stay
         if group is None or load is None or not load.past_capacity(group):

@@ -259,3 +259,59 @@ def test_our_placement_keeps_other_models_weights_unless_told_not_to(keeps, monk
     # the plain ranking would take room on GPU 1 now rather than wait for a's copy on GPU 0
     monkeypatch.setattr(ours, "default_place", lambda *a, **k: (1,))
     assert pol.place(sim, c) == ((0,) if keeps else (1,))
+
+
+def _fast_and_slow(slow_tflops: float, b_elsewhere: bool = False):
+    """`_neighbour` on GPUs 0, 1 of a fast kind, with an empty GPU 2 of a kind `slow_tflops` fast:
+    a call of a placed on GPU 1 evicts b, whose next home clear of GPU 1 is the most free, GPU 2."""
+    from statebudget.core.books import GpuCopy
+
+    kind = {"hbm_gb": 40.0, "hbm_gbps": 1555, "h2d_gbps": 25.0, "d2h_gbps": 25.0, "wake_s": 0.5,
+            "cold_start_s": 10.0, "engine_overhead_gb": 0.0}
+    cl = Cluster.model_validate({
+        "name": "test", "hbm_reserve_frac": 0.0,
+        "gpu_kinds": {"F": {**kind, "tflops": 312.0}, "S": {**kind, "tflops": slow_tflops}},
+        "nodes": [{"name": "n0", "host_dram_gb": 256, "nvme_gb": 4000, "nvme_read_gbps": 7.0,
+                   "nvme_write_gbps": 5, "root_gbps": 50.0, "gpus": {"F": 2, "S": 1}}]})
+    sim = Simulator(cl, catalog(("a", 10.0), ("b", 30.0)), trace(program("p", [call("n", "a")])), make_policy("ondemand"))
+    assert [g.kind for g in sim.gpus] == ["F", "F", "S"]
+    copies = [(("w", "a"), (0,), 10e9), (("w", "b"), (1,), 30e9)]
+    if b_elsewhere:  # b has a second ready copy, on GPU 0 beside a
+        copies.append((("w", "b"), (0,), 30e9))
+    for key, g, nbytes in copies:
+        sim.tiers.add_gpu_copy(GpuCopy(key, g, nbytes, True, 0.0, 0.0))
+        sim.tiers.alloc_gpu(g, nbytes)
+    return sim, CallRec("p", "n", "a", 100, 10, 10, "t0", "interactive", True, False)
+
+
+@pytest.mark.parametrize("slow_tflops,b_elsewhere,slower,placed", [
+    (71.0, False, 1.3, (0,)),    # b would be homed on a 4.4x slower GPU: the call waits for a's copy
+    (300.0, False, 1.3, (1,)),   # its next home is about as fast: the call takes the room
+    (71.0, True, 1.3, (1,)),     # b keeps another ready copy: nothing is re-homed
+    (71.0, False, 5.0, (1,)),    # 4.4x is not over 5x
+    (300.0, False, None, (0,)),  # without `slower`, any eviction of b's weights keeps the call away
+])
+def test_keeping_weights_only_where_the_evicted_model_would_run_slower(slow_tflops, b_elsewhere, slower, placed):
+    from statebudget.policies.base import rehomed_slower, stay_with_copy, weight_victims
+
+    sim, c = _fast_and_slow(slow_tflops, b_elsewhere)
+    ready = {(0,): 0.0, (1,): 11.0, (2,): 11.0}
+    assert stay_with_copy(sim, c, (1,), ready, slower) == placed
+    victims = weight_victims(sim, c, (1,))
+    assert [v.key for v in victims] == [("w", "b")]
+    if slower is not None:
+        assert rehomed_slower(sim, victims[0], (1,), slower) == (placed == (0,))
+    # room on the empty slow GPU evicts nothing of b's: a call placed there stays there
+    assert stay_with_copy(sim, c, (2,), ready, slower) == (2,)
+
+
+def test_our_placement_reads_a_number_as_the_slowdown_that_keeps_weights(monkeypatch):
+    import statebudget.policies.ours as ours
+    from statebudget.planner.core import PlannerConfig
+
+    for keep, placed in ((1.3, (0,)), (5.0, (1,)), (True, (0,)), (False, (1,))):
+        sim, c = _fast_and_slow(71.0)
+        pol = StateBudget(PlannerConfig(place_keeps_weights=keep))
+        sim.policy = pol
+        monkeypatch.setattr(ours, "default_place", lambda *a, **k: (1,))
+        assert pol.place(sim, c) == placed, keep

@@ -79,8 +79,8 @@ class PlannerConfig:
     # ... and so do this many calls of one model waiting at one group, however briefly; None: off.
     # Opt-in: neither its gain nor its cost is outside the interval on seeds 100-109 (planner.md).
     scale_out_calls: int | None = None
-    # A call whose model has a ready copy waits for it rather than evict another model's weights
-    # (True), or (k) those whose model's next home prefills over k x slower (`stay_with_copy`). Opt-in.
+    # A call whose model has a ready copy waits for it rather than evict another model's weights: True
+    # always; a number k > 0 only if their model's next home prefills over k x slower. Opt-in (planner.md).
     place_keeps_weights: bool | float = False
     # A home for a model with no copy avoids GPUs holding weights of models at least this x as
     # likely, and counts the idle state of less likely ones as room (`homes.home_of`); None: the

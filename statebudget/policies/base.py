@@ -267,7 +267,8 @@ def rehomed_slower(sim, victim, group, slower: float) -> bool:
     """Whether the model of `victim` (weights, or an asleep engine, evicted for room on `group`),
     with no other ready copy, would next be homed where a 4k-token prefill takes over `slower` x
     as long as where it is: its likely home, the most free group clear of `group`'s GPUs that its
-    dense part fits (as `homes.home_of` takes with no engine asleep), or none."""
+    dense part fits (`homes.home_of`'s last resort, without its owed pages or reclaim), or none.
+    With a measured profile the prefill is the model's own rate on any group: only "none" counts."""
     m = sim.catalog.by_name[victim.key[1]]
     if any(c.group != victim.group and c.ready for c in sim.copies_of(m.name)):
         return False

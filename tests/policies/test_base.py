@@ -315,3 +315,15 @@ def test_our_placement_reads_a_number_as_the_slowdown_that_keeps_weights(monkeyp
         sim.policy = pol
         monkeypatch.setattr(ours, "default_place", lambda *a, **k: (1,))
         assert pol.place(sim, c) == placed, keep
+
+
+def test_a_next_home_exactly_k_times_slower_is_not_slower_than_k():
+    from statebudget.policies.base import rehomed_slower, weight_victims
+
+    sim, c = _fast_and_slow(71.0)
+    (victim,) = weight_victims(sim, c, (1,))
+    b = sim.catalog.by_name["b"]
+    ratio = sim.cost.prefill_s(b, 4096, (2,)) / sim.cost.prefill_s(b, 4096, (1,))
+    assert 1.3 < ratio  # GPU 2, where b would go, is the slow one
+    assert rehomed_slower(sim, victim, (1,), ratio * 0.999)
+    assert not rehomed_slower(sim, victim, (1,), ratio * 1.001)

@@ -16,6 +16,7 @@ import math
 
 from ..core.costs import expected_missing_pages
 from ..models.state import kv_key, weights_key
+from ..planner.homes import most_free
 
 
 class Policy:
@@ -228,16 +229,9 @@ def weight_victims(sim, call, group) -> list | None:
     return [v for v in victims if v.key[0] == "w" and v.key[1] != call.model]
 
 
-def evicts_weights(sim, call, group) -> bool | None:
-    """Whether room for the call on `group` now means evicting another model's weights (or
-    stopping its asleep engine); None if there is no room now whatever goes."""
-    victims = weight_victims(sim, call, group)
-    return None if victims is None else bool(victims)
-
-
 def room_keeping_weights(sim, call, group) -> bool:
     """The call has room on `group` now without evicting another model's weights."""
-    return evicts_weights(sim, call, group) is False
+    return weight_victims(sim, call, group) == []
 
 
 def stay_with_copy(sim, call, group, ready: dict, slower: float | None = None):
@@ -257,28 +251,25 @@ def stay_with_copy(sim, call, group, ready: dict, slower: float | None = None):
     if not own:
         return group
     victims = weight_victims(sim, call, group) or []
-    if slower is None and victims or slower is not None and any(
-            rehomed_slower(sim, v, group, slower) for v in victims):
-        return min(own, key=lambda g: (ready[g], g))
-    return group
+    if slower is not None:
+        victims = [v for v in victims if rehomed_slower(sim, v, group, slower)]
+    return min(own, key=lambda g: (ready[g], g)) if victims else group
 
 
 def rehomed_slower(sim, victim, group, slower: float) -> bool:
     """Whether the model of `victim` (weights, or an asleep engine, evicted for room on `group`),
     with no other ready copy, would next be homed where a 4k-token prefill takes over `slower` x
-    as long as where it is: its likely home, the most free group clear of `group`'s GPUs that its
-    dense part fits (`homes.home_of`'s last resort, without its owed pages or reclaim), or none.
-    With a measured profile the prefill is the model's own rate on any group: only "none" counts."""
+    as long as where it is: its likely home, `homes.most_free` of the groups clear of `group`'s
+    GPUs that its dense part fits (`home_of`'s last resort, without its owed pages or reclaim), or
+    none. With a measured profile the prefill is the model's own rate on any group: only "none"
+    counts."""
     m = sim.catalog.by_name[victim.key[1]]
     if any(c.group != victim.group and c.ready for c in sim.copies_of(m.name)):
         return False
     taken = set(group)
-    fits = [g for g in sim.model_groups(m) if not taken & set(g)
-            and all(m.dense_bytes / m.tp <= sim.tiers.hbm_cap[i] for i in g)]
-    if not fits:
-        return True
-    home = max(fits, key=lambda g: (min(sim.tiers.gpu_free(i) for i in g), [-i for i in g]))
-    return sim.cost.prefill_s(m, 4096, home) > slower * sim.cost.prefill_s(m, 4096, victim.group)
+    home = most_free(sim, [g for g in sim.model_groups(m) if taken.isdisjoint(g)
+                           and all(m.dense_bytes / m.tp <= sim.tiers.hbm_cap[i] for i in g)])
+    return home is None or sim.cost.prefill_s(m, 4096, home) > slower * sim.cost.prefill_s(m, 4096, victim.group)
 
 
 NEVER = math.inf

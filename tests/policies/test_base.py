@@ -197,24 +197,32 @@ def test_what_a_policy_learnt_is_taken_up_whole_by_a_new_one_or_it_learns_nothin
         fresh.take_up({"policy": "no-such-policy"}, 0.0)
 
 
+def _two_models(cl, copies):
+    """A simulator on `cl` with models a (10 GB) and b (30 GB), the weights `copies` [(model, group,
+    ready)] in HBM, and a call of a."""
+    from statebudget.core.books import GpuCopy
+
+    sim = Simulator(cl, catalog(("a", 10.0), ("b", 30.0)), trace(program("p", [call("n", "a")])), make_policy("ondemand"))
+    for model, g, ready in copies:
+        nbytes = sim.catalog.by_name[model].dense_bytes
+        sim.tiers.add_gpu_copy(GpuCopy(("w", model), g, nbytes, ready, 0.0, 0.0))
+        sim.tiers.alloc_gpu(g, nbytes)
+    return sim, CallRec("p", "n", "a", 100, 10, 10, "t0", "interactive", True, False)
+
+
 def _neighbour(a_ready: bool = True, gpus: int = 2, b_asleep: bool = False):
     """Model a (20 GB) with a copy on GPU 0, model b (30 GB) on GPU 1 (or only its asleep engine,
     whose overhead leaves too little room), 40 GB each: a call of a placed on GPU 1 must evict b's
     weights there, or stop its engine; GPU 2, if any, is empty."""
-    from statebudget.core.books import GpuCopy, HostCopy
+    from statebudget.core.books import HostCopy
 
     cl = cluster(gpus=gpus, hbm_gb=40.0, overhead=25.0 if b_asleep else 0.0)
-    sim = Simulator(cl, catalog(("a", 10.0), ("b", 30.0)), trace(program("p", [call("n", "a")])), make_policy("ondemand"))
-    sim.tiers.add_gpu_copy(GpuCopy(("w", "a"), (0,), 10e9, a_ready, 0.0, 0.0))
-    sim.tiers.alloc_gpu((0,), 10e9)
+    sim, c = _two_models(cl, [("a", (0,), a_ready)] + ([] if b_asleep else [("b", (1,), True)]))
     if b_asleep:  # b's engine asleep on GPU 1 holds 25 GB: a's 10 GB and engine need it gone
         sim.tiers.start_engine(("w", "b"), (1,), 0.0)
         hc = HostCopy(("w", "b"), "n0", 30e9, True, 0.0)
         sim.tiers.sleep_engine(("w", "b"), (1,), hc)
-    else:
-        sim.tiers.add_gpu_copy(GpuCopy(("w", "b"), (1,), 30e9, True, 0.0, 0.0))
-        sim.tiers.alloc_gpu((1,), 30e9)
-    return sim, CallRec("p", "n", "a", 100, 10, 10, "t0", "interactive", True, False)
+    return sim, c
 
 
 @pytest.mark.parametrize("a_ready,refused,b_asleep,placed", [
@@ -264,8 +272,6 @@ def test_our_placement_keeps_other_models_weights_unless_told_not_to(keeps, monk
 def _fast_and_slow(slow_tflops: float, b_elsewhere: bool = False):
     """`_neighbour` on GPUs 0, 1 of a fast kind, with an empty GPU 2 of a kind `slow_tflops` fast:
     a call of a placed on GPU 1 evicts b, whose next home clear of GPU 1 is the most free, GPU 2."""
-    from statebudget.core.books import GpuCopy
-
     kind = {"hbm_gb": 40.0, "hbm_gbps": 1555, "h2d_gbps": 25.0, "d2h_gbps": 25.0, "wake_s": 0.5,
             "cold_start_s": 10.0, "engine_overhead_gb": 0.0}
     cl = Cluster.model_validate({
@@ -273,15 +279,10 @@ def _fast_and_slow(slow_tflops: float, b_elsewhere: bool = False):
         "gpu_kinds": {"F": {**kind, "tflops": 312.0}, "S": {**kind, "tflops": slow_tflops}},
         "nodes": [{"name": "n0", "host_dram_gb": 256, "nvme_gb": 4000, "nvme_read_gbps": 7.0,
                    "nvme_write_gbps": 5, "root_gbps": 50.0, "gpus": {"F": 2, "S": 1}}]})
-    sim = Simulator(cl, catalog(("a", 10.0), ("b", 30.0)), trace(program("p", [call("n", "a")])), make_policy("ondemand"))
+    # with `b_elsewhere`, b has a second ready copy, on GPU 0 beside a
+    sim, c = _two_models(cl, [("a", (0,), True), ("b", (1,), True)] + ([("b", (0,), True)] if b_elsewhere else []))
     assert [g.kind for g in sim.gpus] == ["F", "F", "S"]
-    copies = [(("w", "a"), (0,), 10e9), (("w", "b"), (1,), 30e9)]
-    if b_elsewhere:  # b has a second ready copy, on GPU 0 beside a
-        copies.append((("w", "b"), (0,), 30e9))
-    for key, g, nbytes in copies:
-        sim.tiers.add_gpu_copy(GpuCopy(key, g, nbytes, True, 0.0, 0.0))
-        sim.tiers.alloc_gpu(g, nbytes)
-    return sim, CallRec("p", "n", "a", 100, 10, 10, "t0", "interactive", True, False)
+    return sim, c
 
 
 @pytest.mark.parametrize("slow_tflops,b_elsewhere,slower,placed", [

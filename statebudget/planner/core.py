@@ -56,10 +56,9 @@ class PlannerConfig:
     lookahead: int = 3               # calls ahead the predictor follows the switch matrix
     stage_host: bool = True          # stage weights and expert pages of models in use in host DRAM
     place_prefill_weight: float = 0.0  # place a call where restore + this x its prefill is least (1: soonest first token)
-    # A call takes room on another group rather than wait for its best one unless the wait is the
-    # shorter; with this (and `overload_wait_s` set) the wait counts the calls queued ahead there
-    # below capacity (`overload.py`), not only the running calls' expected ends. Opt-in: it cuts
-    # swe-team's handoff P95 at 3x load and raises it at 1x (docs/planner.md, "Past capacity").
+    # A call takes room on another group rather than wait for its best one unless the wait is the shorter;
+    # with this (and `overload_wait_s`) the wait counts the calls queued ahead there below capacity
+    # (`overload.py`). Opt-in: it cuts swe-team's handoff P95 at 3x, raises it at 1x (planner.md).
     place_queue_wait: bool = False
     # Past capacity a call goes where restore + the queue ahead is least (`place_under_load`), onto
     # another model's GPUs if need be, while the longest wait on its group is under this; past it
@@ -67,10 +66,9 @@ class PlannerConfig:
     # at or below `overload_wait_s`: never. At 3x real-sessions a bound trades the tails for SLO@5;
     # never spreading collapses swe-team at 3x (docs/planner.md, "Past capacity").
     spread_until_s: float | None = None
-    # A call waiting for HBM moves to another ready copy of its model with room now when its first
-    # token comes there in under this share of the time it would where it waits
-    # (`StateBudget.on_waiting`); None: off. Tuning seeds 1-10 (lease): real-sessions' total stall
-    # -18 %, swe-team's -11 % (docs/planner.md, "Waiting calls move").
+    # A call waiting for HBM moves to another ready copy of its model with room now when its first token
+    # comes there in under this share of the time it would where it waits (`StateBudget.on_waiting`);
+    # None: off. Tuning seeds, lease: real-sessions' total stall -18 %, swe-team's -11 % (planner.md).
     move_waiting_share: float | None = 0.5
     overload_wait_s: float | None = 90.0  # a group whose queued calls would keep a new one waiting this long is past capacity (`overload.py`); None: off
     # A call of a dense model that has waited this long for HBM at its group, with no group clear of
@@ -80,17 +78,15 @@ class PlannerConfig:
     # Opt-in: neither its gain nor its cost is outside the interval on seeds 100-109 (planner.md).
     scale_out_calls: int | None = None
     # A call whose model has a ready copy waits for it rather than evict another model's weights: True
-    # always; a number k > 0 only if their model's next home prefills over k x slower. Opt-in (planner.md).
-    place_keeps_weights: bool | float = False
-    # A home for a model with no copy avoids GPUs holding weights of models at least this x as
-    # likely, and counts the idle state of less likely ones as room (`homes.home_of`); None: the
-    # most free HBM. Off: 0.2 won on tuning seeds 1-10 and lost on evaluation seeds (mapreduce
-    # handoff P95 1.23 -> 2.25x forecast-prewarm's; docs/experiments.md).
+    # always; a number k > 0 (1 is k = 1.0) only if their model's next home prefills over k x slower.
+    place_keeps_weights: bool | float = False  # opt-in (planner.md, "Placement")
+    # A home for a model with no copy avoids GPUs holding weights of models at least this x as likely,
+    # and counts the idle state of less likely ones as room (`homes.home_of`); None: the most free HBM.
+    # Off: 0.2 won on tuning seeds, lost on evaluation seeds (docs/experiments.md).
     home_reclaim: float | None = None
-    # Once this long has passed since the first call (None: never), a model with no copy is homed
-    # counting never-called models' idle copies as room, and with `home_keeps_pages` the hot pages
-    # the other resident MoE models lack as taken (`homes.home_of`, `pages_owed`; neither with
-    # `home_reclaim`, which counts idle state its own way). docs/planner.md, "What a home leaves free".
+    # Once this long has passed since the first call (None: never), a model with no copy is homed counting
+    # never-called models' idle copies as room, and with `home_keeps_pages` the hot pages the other MoE
+    # models lack as taken (`homes.home_of`, `pages_owed`; not with `home_reclaim`). planner.md.
     uncalled_room_after_s: float | None = 0.0
     home_keeps_pages: bool = True
     # The operator's layout: ((model, (GPU index, ...)), ...), a group a model with no copy is homed
@@ -98,6 +94,10 @@ class PlannerConfig:
     # a layout suits one workload and trades against TTFT (docs/tracking.md, "A layout fixed in advance").
     homes: tuple | None = None
     layout_holds: bool = False  # a model in `homes` is homed there even with a copy elsewhere (tracking.md)
+
+    def __post_init__(self):
+        if not isinstance(k := self.place_keeps_weights, bool) and not (isinstance(k, (int, float)) and 0 < k < math.inf):
+            raise ValueError(f"place_keeps_weights: True, False or a number k > 0, got {k!r}")
 
 
 def lease_config(**overrides) -> PlannerConfig:

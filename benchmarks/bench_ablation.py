@@ -11,7 +11,7 @@ import argparse
 import numpy as np
 
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.core import PlannerConfig
+from statebudget.planner.config import PlannerConfig
 from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 from statebudget.sim.metrics import policy_report

@@ -24,7 +24,7 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.core import lease_config
+from statebudget.planner.config import lease_config
 from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 from statebudget.sim.metrics import policy_report
@@ -107,7 +107,7 @@ def main():
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--hours", type=float, default=2.0)
     ap.add_argument("--grid", action="store_true")
-    ap.add_argument("--config", default="", help='overrides of the lease defaults (planner.core.lease_config) for the breakdown, e.g. "promote_min_p=0.9"')
+    ap.add_argument("--config", default="", help='overrides of the lease defaults (planner.config.lease_config) for the breakdown, e.g. "promote_min_p=0.9"')
     args = ap.parse_args()
     cfg = lease_config(**parse_overrides(args.config))
     seeds = [int(s) for s in args.seeds.split(",")]

@@ -229,7 +229,7 @@ def serve(
                   f"safe and delete that file. Add runtime and adapter tokens with "
                   f"`statebudget token add --tokens {tokens} --role runtime --tenant NAME --out FILE`", highlight=False)
         auth = Auth.load(tokens)
-    from ..planner.core import lease_config
+    from ..planner.config import lease_config
     from ..planner.target import TrackConfig
 
     track = TrackConfig(replan_s=track_every_s) if track_every_s > 0 else None

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.state import kv_key
-from ..planner.core import PlannerConfig, PlannerCore, lease_config
+from ..planner.config import PlannerConfig, lease_config
+from ..planner.core import PlannerCore
 from ..planner.predictor import Predictor
 from ..planner.target import TargetTracker, TrackConfig
 from ..planner.leases import LeaseRequest

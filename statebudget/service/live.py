@@ -52,7 +52,7 @@ from ..models.catalog import Catalog
 from ..models.cluster import Cluster
 from ..models.errors import InputError, pydantic_where
 from ..models.load import check_compatible
-from ..planner.core import PlannerConfig, lease_config
+from ..planner.config import PlannerConfig, lease_config
 from ..planner.homes import layout
 from ..policies.ours import StateBudgetLease, StateBudgetTrack
 from .errors import REFUSAL_STATUS, Conflict, Forbidden, Invalid, NotFound, Unavailable

@@ -45,7 +45,7 @@ def jobs(clusters, traces, seeds, policies, catalog: str, hours: float, start: s
         raise ValueError(f"load must be > 0, got {load}")
     extra = {}
     if planner is not None:
-        from ..planner.core import PlannerConfig
+        from ..planner.config import PlannerConfig
         try:
             PlannerConfig(**planner)  # an unknown field fails here too
         except TypeError as e:

@@ -9,7 +9,7 @@ from statebudget.api.app import create_app
 from statebudget.api.auth import Auth, TokenEntry
 from statebudget.engine_adapters.vllm import VllmAdapter
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.core import lease_config
+from statebudget.planner.config import lease_config
 from statebudget.service.live import LivePlanner
 from statebudget.core.decisions import Demote, apply
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from statebudget.planner.core import lease_config
+from statebudget.planner.config import lease_config
 from tests.helpers import Clock, call, make_live_planner, program, report_op, tool, trace
 from statebudget.core.waits import ToolWaitModel
 from statebudget.models.load import load_catalog, load_cluster

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from tests.helpers import call, catalog, cluster, moe_catalog, program, resident, trace
-from statebudget.planner.core import PlannerConfig, PlannerCore
+from statebudget.planner.config import PlannerConfig
+from statebudget.planner.core import PlannerCore
 from statebudget.planner.homes import home_of, layout, pages_owed, resident_by_model
 from statebudget.policies.ours import StateBudgetLease
 from statebudget.sim.config import SimConfig

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from tests.helpers import call, catalog, cluster, program, resident, trace
-from statebudget.planner.core import PlannerConfig
+from statebudget.planner.config import PlannerConfig
 from statebudget.planner.leases import LeaseRequest, LeaseState
 from statebudget.planner.overload import Pressure, QueueLoad
 from statebudget.policies.ours import StateBudgetLease

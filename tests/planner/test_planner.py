@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import GB, call, catalog, cluster, program, tool, trace
-from statebudget.planner.core import PlannerConfig
+from statebudget.planner.config import PlannerConfig
 from statebudget.planner.leases import LeaseState
 from statebudget.planner.predictor import Predictor
 from statebudget.sim.config import SimConfig

@@ -259,7 +259,7 @@ def test_of_two_ready_copies_the_call_waits_at_the_sooner_ready_and_a_free_group
 @pytest.mark.parametrize("keeps", [True, False])
 def test_our_placement_keeps_other_models_weights_unless_told_not_to(keeps, monkeypatch):
     import statebudget.policies.ours as ours
-    from statebudget.planner.core import PlannerConfig
+    from statebudget.planner.config import PlannerConfig
 
     sim, c = _neighbour()
     pol = StateBudget(PlannerConfig(place_keeps_weights=keeps))
@@ -308,7 +308,7 @@ def test_keeping_weights_only_where_the_evicted_model_would_run_slower(slow_tflo
 
 def test_our_placement_reads_a_number_as_the_slowdown_that_keeps_weights(monkeypatch):
     import statebudget.policies.ours as ours
-    from statebudget.planner.core import PlannerConfig
+    from statebudget.planner.config import PlannerConfig
 
     for keep, placed in ((1.3, (0,)), (5.0, (1,)), (True, (0,)), (False, (1,))):
         sim, c = _fast_and_slow(71.0)
@@ -319,7 +319,7 @@ def test_our_placement_reads_a_number_as_the_slowdown_that_keeps_weights(monkeyp
 
 
 def test_the_slowdown_that_keeps_weights_must_be_a_positive_number():
-    from statebudget.planner.core import PlannerConfig
+    from statebudget.planner.config import PlannerConfig
     from statebudget.sim.sweep import jobs
 
     for bad in (0, -1.3, 0.0, float("nan"), float("inf"), "1.3", None):

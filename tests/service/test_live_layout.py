@@ -4,7 +4,7 @@
 import pytest
 
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.core import lease_config
+from statebudget.planner.config import lease_config
 from statebudget.service.errors import Invalid, Unavailable
 from statebudget.service.ledger import LedgerError, Store
 from statebudget.service.live import LivePlanner

@@ -8,7 +8,7 @@ import pytest
 from tests.helpers import Clock, make_live_planner, report_op
 from statebudget.core.decisions import Promote, apply
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.core import PlannerConfig, lease_config
+from statebudget.planner.config import PlannerConfig, lease_config
 from statebudget.service.ledger import Store
 from statebudget.service.live import LivePlanner
 

@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import Clock, make_live_planner, report_op
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.core import lease_config
+from statebudget.planner.config import lease_config
 from statebudget.service.ledger import Store
 from statebudget.models.cluster import Cluster
 from statebudget.service.live import Conflict, Invalid, LivePlanner

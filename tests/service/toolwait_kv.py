@@ -3,7 +3,7 @@ planner on a fake clock with one tool-wait rule, and the events that start a too
 
 from tests.helpers import Clock, report_op
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.core import lease_config
+from statebudget.planner.config import lease_config
 from statebudget.service.live import LivePlanner
 from statebudget.core.waits import ToolWaitModel
 

@@ -2,7 +2,7 @@
 and below capacity nothing changes."""
 
 from tests.helpers import call, catalog, cluster, program, trace
-from statebudget.planner.core import PlannerConfig
+from statebudget.planner.config import PlannerConfig
 from statebudget.policies.ours import StateBudget
 from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import call, catalog, program, tool, trace
 from statebudget.models.cluster import Cluster
-from statebudget.planner.core import PlannerConfig
+from statebudget.planner.config import PlannerConfig
 from statebudget.planner.overload import Pressure, QueueLoad
 from statebudget.policies.ours import StateBudget
 from statebudget.sim.config import SimConfig

@@ -13,16 +13,10 @@ TTFT P95.
 from __future__ import annotations
 
 import argparse
-import ast
 from concurrent.futures import ProcessPoolExecutor
 
 from statebudget.sim import sweep as sw
-
-
-def parse_overrides(text: str) -> dict:
-    """"a=1, b=0.5" -> {"a": 1, "b": 0.5} (literals only)."""
-    call = ast.parse(f"f({text})", mode="eval").body
-    return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+from statebudget.sim.sweep import parse_fields as parse_overrides  # the other benchmarks import it from here
 
 
 def main():
@@ -39,7 +33,10 @@ def main():
     seeds = [int(s) for s in args.seeds.split(",")]
     if any(s >= 100 for s in seeds):
         ap.error("seeds >= 100 are evaluation seeds: tune on 1-10")
-    kw = parse_overrides(args.overrides)
+    try:
+        kw = parse_overrides(args.overrides)
+    except ValueError as e:
+        ap.error(f"overrides {args.overrides!r}: {e}")
     todo = sw.jobs(["hetero16"], [args.trace], seeds, ["statebudget-lease"], "agent-team", args.hours,
                    start=args.start, warmup_s=args.warmup, load=args.load, planner=kw)
     with ProcessPoolExecutor(max_workers=args.workers) as pool:

@@ -388,7 +388,8 @@ def main(argv=None):
         raise SystemExit(f"--warmup {warmup:g} s leaves nothing of a {args.hours:g} h trace to measure")
     try:
         planner = parse_overrides(args.planner)
-    except (SyntaxError, ValueError) as e:
+        sw.check_planner(planner)
+    except ValueError as e:
         raise SystemExit(f"--planner {args.planner!r}: {e}") from None
     starts = ["warm"] + (["cold"] if args.cold else [])
     try:  # bad settings (an unknown planner field among them) fail here, not in a worker

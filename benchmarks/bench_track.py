@@ -74,8 +74,11 @@ def main(argv=None):
     seeds = parse_seeds(args.seeds)
     if any(s < 100 for s in seeds) and not args.tuning:
         ap.error("seeds below 100 are tuning seeds: pass --tuning, and quote only seeds >= 100")
-    track = parse_overrides(args.track)
-    TrackConfig(**track)  # a bad field fails here, not in a worker
+    try:
+        track = parse_overrides(args.track)
+        TrackConfig(**track)  # a bad field fails here, not in a worker
+    except (TypeError, ValueError) as e:
+        ap.error(f"--track {args.track!r}: {e}")
     rs = [float(r) for r in args.replan.split(",") if r]
     base = dict(trace=args.trace, hours=args.hours, warmup=args.warmup, track=track)
     todo = [dict(base, policy="statebudget-track", replan_s=r, seed=s) for r in rs for s in seeds]

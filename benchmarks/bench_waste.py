@@ -36,6 +36,7 @@ from statebudget.traces.generators import generate
 from statebudget.traces.timeline import nominal_timeline
 
 from bench_config import parse_overrides  # benchmarks/ is on the path of a script run from it
+from statebudget.sim.sweep import check_planner
 
 
 class WasteSim(Simulator):
@@ -109,7 +110,12 @@ def main():
     ap.add_argument("--grid", action="store_true")
     ap.add_argument("--config", default="", help='overrides of the lease defaults (planner.config.lease_config) for the breakdown, e.g. "promote_min_p=0.9"')
     args = ap.parse_args()
-    cfg = lease_config(**parse_overrides(args.config))
+    try:
+        overrides = parse_overrides(args.config)
+        check_planner(overrides)
+    except ValueError as e:
+        ap.error(f"--config {args.config!r}: {e}")
+    cfg = lease_config(**overrides)
     seeds = [int(s) for s in args.seeds.split(",")]
     cl, cat = load_cluster("hetero16"), load_catalog("agent-team")
     traces = {s: generate(args.trace, s, args.hours) for s in seeds}

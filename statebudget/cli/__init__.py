@@ -1,4 +1,4 @@
-"""The `statebudget` command. Bad input prints one line naming the file, the place and the
+"""The `statebudget` command. A bad input file prints one line naming it, the place and the
 problem, and exits 2 (no traceback)."""
 
 from __future__ import annotations

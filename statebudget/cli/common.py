@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -127,6 +128,11 @@ def check_outputs(files=(), folders=()) -> None:
             parent = next((p for p in path.parents if p.exists()), None)
             if parent is not None and not parent.is_dir():
                 raise InputError(str(path), "", f"{parent} is a file, so {option} cannot be written there")
+            if parent is not None:
+                try:  # a read-only mount, a folder of another user, /proc: found out now, not after the run
+                    tempfile.TemporaryFile(dir=parent).close()
+                except OSError as e:
+                    raise InputError(str(path), "", f"{option} cannot be written in {parent} ({e.strerror})") from None
 
 
 def write_json(path: Path, obj) -> None:

@@ -9,6 +9,9 @@ machine; every other figure is a pure function of the job."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import difflib
 import itertools
 import math
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -33,6 +36,49 @@ METRICS = ("handoff_p50_s", "handoff_p95_s", "handoff_p99_s", "stall_mean_s", "s
 WALL_CLOCK = ("decision_p50_ms", "decision_p99_ms")  # the only figures that are not a function of the job
 
 
+_WORDS = {"true": True, "false": False, "none": None}
+
+
+def parse_fields(text: str) -> dict:
+    """"a=1, b=0.5" -> {"a": 1, "b": 0.5}: FIELD=VALUE pairs, each value a Python literal (true,
+    false and none in any case too). Anything else is a ValueError that names the bad part."""
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+    except SyntaxError as e:
+        raise ValueError(f"expected FIELD=VALUE, ... ({e.msg})") from None
+    for arg in call.args:
+        raise ValueError(f"{ast.unparse(arg)!r} is not FIELD=VALUE")
+    out = {}
+    for kw in call.keywords:
+        if kw.arg is None:
+            raise ValueError(f"'**{ast.unparse(kw.value)}' is not FIELD=VALUE")
+        if kw.arg in out:
+            raise ValueError(f"{kw.arg} given twice")
+        try:
+            out[kw.arg] = ast.literal_eval(kw.value)
+        except ValueError:
+            word = kw.value.id.lower() if isinstance(kw.value, ast.Name) else None
+            if word not in _WORDS:
+                raise ValueError(f"{kw.arg}={ast.unparse(kw.value)}: not a number, True/False, None, a quoted "
+                                 f"string or a tuple of them") from None
+            out[kw.arg] = _WORDS[word]
+    return out
+
+
+def check_planner(fields: dict) -> None:
+    """A ValueError naming the first of `fields` that `PlannerConfig` has no such field for (with the
+    nearest name, else the list), or the value it refuses."""
+    from ..planner.config import PlannerConfig
+
+    known = [f.name for f in dataclasses.fields(PlannerConfig)]
+    for name in fields:
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1)
+            raise ValueError(f"no field {name!r}" + (f" (did you mean {near[0]!r}?)" if near else
+                                                    f"; the fields: {', '.join(known)}"))
+    PlannerConfig(**fields)
+
+
 def jobs(clusters, traces, seeds, policies, catalog: str, hours: float, start: str = "warm",
          warmup_s: float = 0.0, load: float = 1.0, planner: dict | None = None,
          history_hours: float | None = None) -> list[dict]:
@@ -45,10 +91,9 @@ def jobs(clusters, traces, seeds, policies, catalog: str, hours: float, start: s
         raise ValueError(f"load must be > 0, got {load}")
     extra = {}
     if planner is not None:
-        from ..planner.config import PlannerConfig
         try:
-            PlannerConfig(**planner)  # an unknown field fails here too
-        except TypeError as e:
+            check_planner(planner)
+        except ValueError as e:
             raise ValueError(f"planner: {e}") from None
         extra["planner"] = planner
     if history_hours is not None:

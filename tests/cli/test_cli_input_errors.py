@@ -236,6 +236,9 @@ def test_output_paths_that_cannot_be_written_are_refused_before_the_work(tmp_pat
     assert list((tmp_path / "d").iterdir()) == []
     assert_clean_error(runner.invoke(app, base + ["--json", str(tmp_path / "t.jsonl" / "r.json")]),
                        "t.jsonl is a file, so --json cannot be written there")
+    if Path("/proc/self").is_dir():  # Linux: a folder no one can create a file in, root included
+        assert_clean_error(runner.invoke(app, base + ["--json", "/proc/statebudget-r.json"]),
+                           "--json cannot be written in /proc")
 
 
 def test_a_planner_that_cannot_be_reached_is_one_line(tmp_path, monkeypatch):

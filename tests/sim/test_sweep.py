@@ -164,6 +164,25 @@ def test_jobs_carry_planner_fields_and_refuse_an_unknown_one_before_any_run():
         jobs(["hetero16"], ["swe-team"], [1], ["statebudget"], "agent-team", 0.25, planner={"nope": 1})
 
 
+def test_planner_fields_are_read_as_field_value_pairs_and_a_slip_is_named():
+    from statebudget.sim.sweep import check_planner, parse_fields
+
+    assert parse_fields("") == {}
+    assert parse_fields("scale_out_calls=3, place_keeps_weights=TRUE, spread_until_s=none, homes=(('a', (1,)),)") == \
+        {"scale_out_calls": 3, "place_keeps_weights": True, "spread_until_s": None, "homes": (("a", (1,)),)}
+    for text, says in (("scale_out_calls", "'scale_out_calls' is not FIELD=VALUE"), ("3", "'3' is not FIELD=VALUE"),
+                       ("a=1, a=2", "a given twice"), ("a=abc", "a=abc: not a number"), ("a=", "expected FIELD=VALUE")):
+        with pytest.raises(ValueError, match=says):
+            parse_fields(text)
+    with pytest.raises(ValueError, match="no field 'place_keeps_weight' .did you mean 'place_keeps_weights'"):
+        check_planner({"place_keeps_weight": 1})
+    with pytest.raises(ValueError, match="no field 'zzz'; the fields: horizon_s, "):
+        check_planner({"zzz": 1})
+    with pytest.raises(ValueError, match="k > 0"):
+        check_planner({"place_keeps_weights": 0})
+    check_planner({"place_keeps_weights": 1.3})
+
+
 def test_a_restart_job_starts_each_policy_from_what_it_learnt_the_day_before(monkeypatch):
     from statebudget.sim import sweep
 

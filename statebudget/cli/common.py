@@ -128,7 +128,10 @@ def check_outputs(files=(), folders=()) -> None:
             parent = next((p for p in path.parents if p.exists()), None)
             if parent is not None and not parent.is_dir():
                 raise InputError(str(path), "", f"{parent} is a file, so {option} cannot be written there")
-            if parent is not None:
+            if path.exists() and not want_folder:  # /dev/null, /dev/fd/N: written in place
+                if not os.access(path, os.W_OK):
+                    raise InputError(str(path), "", f"{option} cannot be written: no permission")
+            elif parent is not None:
                 try:  # a read-only mount, a folder of another user, /proc: found out now, not after the run
                     tempfile.TemporaryFile(dir=parent).close()
                 except OSError as e:

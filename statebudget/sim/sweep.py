@@ -46,6 +46,8 @@ def parse_fields(text: str) -> dict:
         call = ast.parse(f"f({text})", mode="eval").body
     except SyntaxError as e:
         raise ValueError(f"expected FIELD=VALUE, ... ({e.msg})") from None
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "f"):
+        raise ValueError("expected FIELD=VALUE, ...")  # brackets that close the wrapper early: "a=1)(b=2"
     for arg in call.args:
         raise ValueError(f"{ast.unparse(arg)!r} is not FIELD=VALUE")
     out = {}
@@ -56,11 +58,11 @@ def parse_fields(text: str) -> dict:
             raise ValueError(f"{kw.arg} given twice")
         try:
             out[kw.arg] = ast.literal_eval(kw.value)
-        except ValueError:
+        except (TypeError, ValueError):  # TypeError: an unhashable key, {[1]: 2}
             word = kw.value.id.lower() if isinstance(kw.value, ast.Name) else None
             if word not in _WORDS:
-                raise ValueError(f"{kw.arg}={ast.unparse(kw.value)}: not a number, True/False, None, a quoted "
-                                 f"string or a tuple of them") from None
+                raise ValueError(f"{kw.arg}={ast.unparse(kw.value)}: not a Python literal (a number, True/False, "
+                                 f"None, a quoted string, a tuple of them)") from None
             out[kw.arg] = _WORDS[word]
     return out
 

@@ -239,6 +239,8 @@ def test_output_paths_that_cannot_be_written_are_refused_before_the_work(tmp_pat
     if Path("/proc/self").is_dir():  # Linux: a folder no one can create a file in, root included
         assert_clean_error(runner.invoke(app, base + ["--json", "/proc/statebudget-r.json"]),
                            "--json cannot be written in /proc")
+    from statebudget.cli.common import check_outputs
+    check_outputs(files=[("--json", Path("/dev/null"))])  # an existing file is written in place: no probe beside it
 
 
 def test_a_planner_that_cannot_be_reached_is_one_line(tmp_path, monkeypatch):

@@ -168,10 +168,13 @@ def test_planner_fields_are_read_as_field_value_pairs_and_a_slip_is_named():
     from statebudget.sim.sweep import check_planner, parse_fields
 
     assert parse_fields("") == {}
+    assert parse_fields("a=-1, b=1e-3, c='x',") == {"a": -1, "b": 0.001, "c": "x"}
     assert parse_fields("scale_out_calls=3, place_keeps_weights=TRUE, spread_until_s=none, homes=(('a', (1,)),)") == \
         {"scale_out_calls": 3, "place_keeps_weights": True, "spread_until_s": None, "homes": (("a", (1,)),)}
     for text, says in (("scale_out_calls", "'scale_out_calls' is not FIELD=VALUE"), ("3", "'3' is not FIELD=VALUE"),
-                       ("a=1, a=2", "a given twice"), ("a=abc", "a=abc: not a number"), ("a=", "expected FIELD=VALUE")):
+                       ("a=1, a=2", "a given twice"), ("a=abc", "a=abc: not a Python literal"), ("a=", "expected FIELD=VALUE"),
+                       ("a=1)(b=2", "expected FIELD=VALUE"), ("a=1) + (1", "expected FIELD=VALUE"),
+                       ("a={[1]: 2}", "not a Python literal")):
         with pytest.raises(ValueError, match=says):
             parse_fields(text)
     with pytest.raises(ValueError, match="no field 'place_keeps_weight' .did you mean 'place_keeps_weights'"):

@@ -16,7 +16,7 @@ import argparse
 from concurrent.futures import ProcessPoolExecutor
 
 from statebudget.sim import sweep as sw
-from statebudget.sim.sweep import parse_fields as parse_overrides  # the other benchmarks import it from here
+from statebudget.sim.sweep import parse_fields
 
 
 def main():
@@ -34,7 +34,7 @@ def main():
     if any(s >= 100 for s in seeds):
         ap.error("seeds >= 100 are evaluation seeds: tune on 1-10")
     try:
-        kw = parse_overrides(args.overrides)
+        kw = parse_fields(args.overrides)
     except ValueError as e:
         ap.error(f"overrides {args.overrides!r}: {e}")
     todo = sw.jobs(["hetero16"], [args.trace], seeds, ["statebudget-lease"], "agent-team", args.hours,

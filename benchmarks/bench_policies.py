@@ -54,11 +54,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_config import parse_overrides
 from paired import load_rows, paired_diff, ratio_of_means, t_interval
 from statebudget import __version__
 from statebudget.policies import REGISTRY, SEES_FUTURE
 from statebudget.models.errors import InputError
+from statebudget.planner.config import check_fields
 from statebudget.sim import sweep as sw
 from statebudget.sim.claims import Rows, call_order_worth
 from statebudget.traces.generators import PRESETS
@@ -387,8 +387,8 @@ def main(argv=None):
     if warmup >= span:
         raise SystemExit(f"--warmup {warmup:g} s leaves nothing of a {args.hours:g} h trace to measure")
     try:
-        planner = parse_overrides(args.planner)
-        sw.check_planner(planner)
+        planner = sw.parse_fields(args.planner)
+        check_fields(planner)
     except ValueError as e:
         raise SystemExit(f"--planner {args.planner!r}: {e}") from None
     starts = ["warm"] + (["cold"] if args.cold else [])

@@ -22,7 +22,6 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from bench_config import parse_overrides
 from bench_policies import parse_seeds
 from statebudget.core.costs import CostModel
 from statebudget.models.load import load_catalog, load_cluster
@@ -33,6 +32,7 @@ from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 from statebudget.sim.metrics import policy_report
 from statebudget.sim.paired import ratio_of_means
+from statebudget.sim.sweep import parse_fields
 from statebudget.traces.generators import generate
 from statebudget.traces.timeline import nominal_timeline
 
@@ -75,7 +75,7 @@ def main(argv=None):
     if any(s < 100 for s in seeds) and not args.tuning:
         ap.error("seeds below 100 are tuning seeds: pass --tuning, and quote only seeds >= 100")
     try:
-        track = parse_overrides(args.track)
+        track = parse_fields(args.track)
         TrackConfig(**track)  # a bad field fails here, not in a worker
     except (TypeError, ValueError) as e:
         ap.error(f"--track {args.track!r}: {e}")

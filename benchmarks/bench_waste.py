@@ -24,10 +24,11 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from statebudget.models.load import load_catalog, load_cluster
-from statebudget.planner.config import lease_config
+from statebudget.planner.config import check_fields, lease_config
 from statebudget.sim.config import SimConfig
 from statebudget.sim.engine import Simulator
 from statebudget.sim.metrics import policy_report
+from statebudget.sim.sweep import parse_fields
 from statebudget.policies import REGISTRY
 from statebudget.policies.ours import StateBudgetLease
 from statebudget.core.costs import CostModel
@@ -35,8 +36,6 @@ from statebudget.core.decisions import Cancel, Demote
 from statebudget.traces.generators import generate
 from statebudget.traces.timeline import nominal_timeline
 
-from bench_config import parse_overrides  # benchmarks/ is on the path of a script run from it
-from statebudget.sim.sweep import check_planner
 
 
 class WasteSim(Simulator):
@@ -111,8 +110,8 @@ def main():
     ap.add_argument("--config", default="", help='overrides of the lease defaults (planner.config.lease_config) for the breakdown, e.g. "promote_min_p=0.9"')
     args = ap.parse_args()
     try:
-        overrides = parse_overrides(args.config)
-        check_planner(overrides)
+        overrides = parse_fields(args.config)
+        check_fields(overrides)
     except ValueError as e:
         ap.error(f"--config {args.config!r}: {e}")
     cfg = lease_config(**overrides)

@@ -113,13 +113,12 @@ def print_oracle(out: dict) -> None:
     n_opt = sum(1 for w in out["windows"] if w["status"] == "OPTIMAL")
     status = block["status"] + (f" (stitched; {n_opt}/{len(out['windows'])} windows OPTIMAL)"
                                 if block["bound"] is None and out["windows"] else "")
-    # a stall is never negative: the schedule's float noise (-0.0 too) would print as -0.000
     console.print(f"{status}: objective {block['objective']:.3f}, the solver's bound on it {bound}, max window gap "
                   f"{block['gap']:.2e}, {len(out['windows'])} windows, {block['solve_s']:.1f} s solving; {out['waits']} of "
                   f"{out['calls']} calls wait"
                   + (f" ({out['trace_calls'] - out['calls']} calls the trace cancels are left out)"
                      if out['trace_calls'] > out['calls'] else "") + "; "
-                  f"handoff stall p95 {p95 if (p95 := out['handoff_stall_s']['p95']) > 0 else 0.0:.3f} s over {out['handoffs']} handoffs"
+                  f"handoff stall p95 {out['handoff_stall_s']['p95']:.3f} s over {out['handoffs']} handoffs"
                   + (f"; the greedy warm start's objective is {out['greedy_vs_oracle']:.3f}x the solver's"
                      if out["greedy_vs_oracle"] else ""))
     if block.get("bound_total_stall_s") is not None:

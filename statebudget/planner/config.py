@@ -3,8 +3,9 @@ the planning step in one place, with the reason for its default. docs/planner.md
 
 from __future__ import annotations
 
+import difflib
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass
@@ -79,3 +80,15 @@ def lease_config(**overrides) -> PlannerConfig:
     planner still promotes on its own predictions as without hints (`promote_min_p` 0.35), since
     honest hints miss. Tuned on seeds 1-10, warm start (docs/planner.md, "Knobs")."""
     return replace(PlannerConfig(lease_page_min_touch=0.99), **overrides)
+
+
+def check_fields(overrides: dict) -> None:
+    """A ValueError naming the first of `overrides` that `PlannerConfig` has no field for (with the
+    nearest name, else the list), or the value it refuses."""
+    known = [f.name for f in fields(PlannerConfig)]
+    for name in overrides:
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1)
+            raise ValueError(f"no field {name!r}" + (f" (did you mean {near[0]!r}?)" if near else
+                                                    f"; the fields: {', '.join(known)}"))
+    PlannerConfig(**overrides)

@@ -64,6 +64,12 @@ def most_free(view, groups, need: float | None = None, extra=None):
     return best
 
 
+def dense_fits(view, m) -> list:
+    """The groups of `m` each of whose GPUs holds its share of the dense part, empty or not."""
+    need = m.dense_bytes / m.tp
+    return [g for g in view.model_groups(m) if all(need <= view.tiers.hbm_cap[i] for i in g)]
+
+
 def home_of(view, m, p_idle=None, share: float | None = None, model_index=None, by_model=None, room=()):
     """Where model `m`, with no copy, would go: a group where its engine sleeps, else a group its
     dense part fits. With `share`, `p_idle` (per model, in `model_index` order, P(needed within
@@ -80,7 +86,7 @@ def home_of(view, m, p_idle=None, share: float | None = None, model_index=None, 
             return g
     cap = view.tiers.hbm_cap
     need = m.dense_bytes / m.tp
-    fits = [g for g in groups if need <= min(cap[i] for i in g)]
+    fits = dense_fits(view, m)
     if p_idle is None or share is None:
         return most_free(view, fits, extra=room or None)
     mi = model_index[m.name]

@@ -16,7 +16,7 @@ import math
 
 from ..core.costs import expected_missing_pages
 from ..models.state import kv_key, weights_key
-from ..planner.homes import most_free
+from ..planner.homes import dense_fits, most_free
 
 
 class Policy:
@@ -267,8 +267,7 @@ def rehomed_slower(sim, victim, group, slower: float) -> bool:
     if any(c.group != victim.group and c.ready for c in sim.copies_of(m.name)):
         return False
     taken = set(group)
-    home = most_free(sim, [g for g in sim.model_groups(m) if taken.isdisjoint(g)
-                           and all(m.dense_bytes / m.tp <= sim.tiers.hbm_cap[i] for i in g)])
+    home = most_free(sim, [g for g in dense_fits(sim, m) if taken.isdisjoint(g)])
     return home is None or sim.cost.prefill_s(m, 4096, home) > slower * sim.cost.prefill_s(m, 4096, victim.group)
 
 

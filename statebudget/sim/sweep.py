@@ -10,8 +10,6 @@ machine; every other figure is a pure function of the job."""
 from __future__ import annotations
 
 import ast
-import dataclasses
-import difflib
 import itertools
 import math
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -20,6 +18,7 @@ from ..core.programs import parse_spec
 from ..models.load import load_catalog, load_cluster, load_trace
 from ..policies import REGISTRY, make_policy
 from ..traces.generators import generate
+from ..planner.config import check_fields
 from .config import SimConfig
 from .runner import replay
 
@@ -67,20 +66,6 @@ def parse_fields(text: str) -> dict:
     return out
 
 
-def check_planner(fields: dict) -> None:
-    """A ValueError naming the first of `fields` that `PlannerConfig` has no such field for (with the
-    nearest name, else the list), or the value it refuses."""
-    from ..planner.config import PlannerConfig
-
-    known = [f.name for f in dataclasses.fields(PlannerConfig)]
-    for name in fields:
-        if name not in known:
-            near = difflib.get_close_matches(name, known, n=1)
-            raise ValueError(f"no field {name!r}" + (f" (did you mean {near[0]!r}?)" if near else
-                                                    f"; the fields: {', '.join(known)}"))
-    PlannerConfig(**fields)
-
-
 def jobs(clusters, traces, seeds, policies, catalog: str, hours: float, start: str = "warm",
          warmup_s: float = 0.0, load: float = 1.0, planner: dict | None = None,
          history_hours: float | None = None) -> list[dict]:
@@ -94,7 +79,7 @@ def jobs(clusters, traces, seeds, policies, catalog: str, hours: float, start: s
     extra = {}
     if planner is not None:
         try:
-            check_planner(planner)
+            check_fields(planner)
         except ValueError as e:
             raise ValueError(f"planner: {e}") from None
         extra["planner"] = planner

@@ -1,6 +1,6 @@
 import pytest
 
-from statebudget.planner.config import PlannerConfig, lease_config
+from statebudget.planner.config import PlannerConfig, check_fields, lease_config
 from statebudget.sim.sweep import jobs
 
 
@@ -20,3 +20,13 @@ def test_the_lease_planner_prepares_only_the_pages_nearly_every_call_touches():
     assert lease_config(promote_min_p=0.9).promote_min_p == 0.9  # overrides ride on the lease defaults
     with pytest.raises(TypeError):
         lease_config(no_such_knob=1)
+
+
+def test_an_override_s_slip_is_named_with_the_nearest_field():
+    with pytest.raises(ValueError, match="no field 'place_keeps_weight' .did you mean 'place_keeps_weights'"):
+        check_fields({"place_keeps_weight": 1})
+    with pytest.raises(ValueError, match="no field 'zzz'; the fields: horizon_s, "):
+        check_fields({"zzz": 1})
+    with pytest.raises(ValueError, match="k > 0"):
+        check_fields({"place_keeps_weights": 0})
+    check_fields({"place_keeps_weights": 1.3})

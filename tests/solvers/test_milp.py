@@ -33,6 +33,23 @@ def test_hand_computed_optimum():
     assert sol.objective == pytest.approx(brute_force(inst), rel=1e-6)
 
 
+@pytest.mark.parametrize("noise", [-0.0, -1e-12])
+def test_a_zero_stall_the_solver_reports_a_hair_below_zero_prints_as_zero(noise, monkeypatch):
+    from statebudget.solvers.milp import model
+
+    real = model.BACKENDS["scip"]
+
+    def noisy():
+        be = real()
+        exact = be.value
+        be.value = lambda v: noise if (x := exact(v)) == 0 else x  # a solver's signed zero or float noise
+        return be
+
+    monkeypatch.setitem(model.BACKENDS, "scip", noisy)
+    sol = solve(two_models(), "scip", time_limit_s=30)
+    assert [f"{s:.3f}" for s in sol.stall] == ["5.000", "5.000", "0.000", "0.000"]  # never -0.000
+
+
 def test_slots_too_short_to_prefetch_force_on_demand_loads():
     inst = two_models(slots=(0.1, 0.1, 0.1, 0.1))  # 15 GB cannot cross a link in 0.1 s
     sol = solve(inst, "scip", time_limit_s=30)

@@ -184,7 +184,7 @@ def solve(inst: Instance, backend: str = "scip", time_limit_s: float = 60.0, thr
         return np.array([[round(val(vs[o][t])) for t in range(T)] for o in range(O)], dtype=float).reshape(O, T)
 
     if status in (STATUS_OPTIMAL, STATUS_FEASIBLE):
-        sol = Solution(grid(X), grid(Y), grid(U), grid(D), grid(V), np.array([max(val(s), 0.0) for s in S]),
+        sol = Solution(grid(X), grid(Y), grid(U), grid(D), grid(V), np.array([max(val(s), 0.0) for s in S]) + 0.0,  # + 0.0: max(-0.0, 0.0) is -0.0
                        choice={a: int(np.argmax([val(zk) for zk in zs])) for a, zs in Z.items()},
                        wait=np.array([float(ci in Q and val(Q[ci]) > 0.5) for ci in range(len(inst.calls))]))
     else:

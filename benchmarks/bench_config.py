@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 from concurrent.futures import ProcessPoolExecutor
 
+from statebudget.planner.config import check_fields
 from statebudget.sim import sweep as sw
 from statebudget.sim.sweep import parse_fields
 
@@ -35,6 +36,7 @@ def main():
         ap.error("seeds >= 100 are evaluation seeds: tune on 1-10")
     try:
         kw = parse_fields(args.overrides)
+        check_fields(kw)  # a misspelt field or a refused value fails here, in one line
     except ValueError as e:
         ap.error(f"overrides {args.overrides!r}: {e}")
     todo = sw.jobs(["hetero16"], [args.trace], seeds, ["statebudget-lease"], "agent-team", args.hours,

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -141,6 +142,25 @@ def check_outputs(files=(), folders=()) -> None:
 def write_json(path: Path, obj) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=1) + "\n")
+
+
+def check_planner(url: str, wait_s: float) -> None:
+    """GET /healthz before a long run, so that a wrong URL fails now: a refused connection is
+    retried for `wait_s` (a planner still starting) and then raised; any answer but 200 means it
+    is not a planner (InputError)."""
+    import httpx
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            r = httpx.get(url.rstrip("/") + "/healthz", timeout=5.0)
+            break
+        except httpx.ConnectError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+    if r.status_code != 200:
+        raise InputError(url, "", f"GET /healthz answered {r.status_code}: not a StateBudget planner's base URL")
 
 
 def guard(fn):

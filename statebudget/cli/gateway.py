@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..models.errors import InputError
-from .common import TokenFileOpt, TokenOpt, err, fail, guard, resolve_token
+from .common import TokenFileOpt, TokenOpt, check_planner, err, escape, fail, guard, resolve_token
 
 
 def _free_port() -> int:
@@ -29,6 +29,22 @@ def _node_tokens(pairs: list[str]) -> dict[str, str]:
             raise InputError("--adapter-token-file", p, "expected NODE=FILE (an adapter token of that node)")
         out[node] = resolve_token(None, Path(path), f"an adapter token for node {node}")
     return out
+
+
+def _warn_if_no_planner(url: str) -> None:
+    """The gateway starts without its planner (one may start later: requests get a 502 until it
+    answers), but says so; a URL no request could ever use (no http://) fails here."""
+    import httpx
+
+    try:
+        check_planner(url, 0.0)
+    except (httpx.ConnectError, httpx.TimeoutException) as e:
+        why = f"cannot reach the planner at {url} ({e or type(e).__name__})"
+    except InputError as e:
+        why = str(e)
+    else:
+        return
+    err.print(f"[yellow]warning:[/] {escape(why)}; requests get a 502 until a planner answers there", highlight=False)
 
 
 def engine_file(cfg, node: str):
@@ -90,6 +106,7 @@ def gateway(
     unknown = sorted(set(nodes) - {e.node for e in cfg.engines})
     if unknown:
         fail(f"--adapter-token-file for node(s) {', '.join(unknown)}, where no engine of the config runs")
+    _warn_if_no_planner(planner)
     threads = []
     if adapter:
         from ..engine_adapters import adapter_class

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -15,30 +14,13 @@ import typer
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from ..models.errors import InputError
-from .common import (CatalogOpt, ClusterOpt, TokenFileOpt, TokenOpt, TraceOpt, check_outputs, console, err,
-                     fail, guard, layout_text, load_layout_checked, load_trace_warned, progress_bar, resolve_token, write_json)
+from .common import (CatalogOpt, ClusterOpt, TokenFileOpt, TokenOpt, TraceOpt, check_outputs, check_planner,
+                     console, err, fail, guard, layout_text, load_layout_checked, load_trace_warned, progress_bar, resolve_token, write_json)
 from .render import counts_text, print_profile, print_residency
 
 
 # How long `drive` waits for a planner that refuses connections (still starting).
 PLANNER_WAIT_S = 10.0
-
-def _check_planner(url: str) -> None:
-    """GET /healthz before a long run, so that a wrong URL fails now: a refused connection is
-    retried for PLANNER_WAIT_S (a planner still starting), any answer but 200 means it is not one."""
-    import httpx
-
-    deadline = time.monotonic() + PLANNER_WAIT_S
-    while True:
-        try:
-            r = httpx.get(url.rstrip("/") + "/healthz", timeout=5.0)
-            break
-        except httpx.ConnectError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-    if r.status_code != 200:
-        raise InputError(url, "", f"GET /healthz answered {r.status_code}: not a StateBudget planner's base URL")
 
 
 def _check_port(host: str, port: int) -> None:
@@ -363,7 +345,7 @@ def drive(
     from ..api.driver import Driver
 
     tr = load_trace_warned(trace)
-    _check_planner(planner)
+    check_planner(planner, PLANNER_WAIT_S)
     try:
         out = asyncio.run(Driver(planner, token, speed, call_s).replay(tr))
     except PermissionError as e:

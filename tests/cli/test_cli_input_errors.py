@@ -383,3 +383,17 @@ def test_a_cluster_file_may_merge_a_shared_block_and_override_its_keys(tmp_path)
     text = text.replace(node, "{<<: *n0, name: n1}").replace("  - {name: n0,", "  - &n0 {name: n0,")
     (tmp_path / "c.yaml").write_text(text)
     assert [n.name for n in load_cluster(str(tmp_path / "c.yaml")).nodes] == ["n0", "n1"]
+
+
+@pytest.mark.parametrize("script,args", [("bench_config.py", ["promote_min=1.01"]),
+                                         ("bench_policies.py", ["--tuning", "--planner", "promote_min=1.01"])])
+def test_a_misspelt_planner_field_in_a_benchmark_is_one_line_before_any_replay(script, args):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, str(root / "benchmarks" / script)] + args, capture_output=True, text=True,
+                         timeout=120, cwd=root)
+    assert res.returncode != 0, res.stderr
+    assert "Traceback" not in res.stderr and "did you mean 'promote_min_p'" in res.stderr, res.stderr
+    assert res.stdout == ""

@@ -92,3 +92,31 @@ groups:
         httpx.get(f"http://127.0.0.1:{start}/stats", timeout=2)
     out = (tmp_path / "gateway.log").read_text()
     assert "llama-swap:" in out and "group 'all'" in out  # what the switch left to the planner is said
+
+
+def test_a_gateway_started_before_its_planner_says_so_and_a_url_without_scheme_fails(tmp_path, monkeypatch):
+    # A planner may start after the gateway (requests get a 502 until then), so an unreachable one
+    # is a warning; a URL no request could use is an error, before anything starts.
+    import socket
+
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from statebudget.cli import app
+
+    started = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: started.append(kw["port"]))
+    (tmp_path / "gw.yaml").write_text('engines:\n  - {model: coder, url: "http://127.0.0.1:9", node: n0, gpus: [0]}\n')
+    (tmp_path / "rt.token").write_text("runtime-token-0123456789\n")
+    args = ["--config", str(tmp_path / "gw.yaml"), "--token-file", str(tmp_path / "rt.token"), "--port", "18089"]
+    with socket.socket() as s:  # bound, not listening: a connection is refused at once
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        res = CliRunner().invoke(app, ["gateway", "--planner", url] + args)
+    assert res.exit_code == 0, res.output
+    assert f"warning: cannot reach the planner at {url}" in res.output and "502" in res.output
+    assert started == [18089]
+    res = CliRunner().invoke(app, ["gateway", "--planner", url.removeprefix("http://")] + args)
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "cannot reach the planner" in res.output and "http://" in res.output
+    assert started == [18089]

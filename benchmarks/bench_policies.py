@@ -290,6 +290,8 @@ def markdown(out: dict) -> str:
             load = f", {out['load']:g}x load" if out.get("load", 1.0) != 1.0 else ""
             if out.get("history_hours"):
                 load += f", restarted with {out['history_hours']:g} h learnt the day before"
+            if out.get("kv_reserve", "asked") != "asked":
+                load += f", KV reserved for the tokens {out['kv_reserve']}"
             lines += [f"### {trace}, {start} start{load}, warm-up {out['warmup_s']:g} s{tag}", "",
                       f"{out['cluster']} + {out['catalog']}, {out['hours']:g} h traces, seeds {seeds[0]}..{seeds[-1]} "
                       f"({len(seeds)}); mean ± half-width of the 95 % t interval over seeds.", ""]
@@ -353,6 +355,9 @@ def main(argv=None):
                          "the day before (the same preset at seed + 1000); with --warmup 0, the first hours after it")
     ap.add_argument("--planner", default="", help='PlannerConfig fields for our planners, e.g. "scale_out_calls=3" '
                     "(the baselines are unchanged)")
+    ap.add_argument("--kv-reserve", default="asked", choices=("asked", "written"),
+                    help="KV room an admitted call holds: for its max_tokens (the fair table's) or for the "
+                         "tokens it will write (a paged engine that never preempts; SimConfig.kv_reserve)")
     ap.add_argument("--cluster", default="hetero16")
     ap.add_argument("--catalog", default="agent-team")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
@@ -395,7 +400,8 @@ def main(argv=None):
     try:  # bad settings (an unknown planner field among them) fail here, not in a worker
         todo = [j for st in starts
                 for j in sw.jobs([args.cluster], traces, seeds, policies, args.catalog, args.hours, start=st,
-                                 warmup_s=warmup, load=args.load, planner=planner, history_hours=args.restart)]
+                                 warmup_s=warmup, load=args.load, planner=planner, history_hours=args.restart,
+                                 sim={"kv_reserve": args.kv_reserve} if args.kv_reserve != "asked" else None)]
     except ValueError as e:
         raise SystemExit(str(e)) from None
     # The slowest replays first, so the pool's tail is short: our planners and prefetch-all, long traces.
@@ -413,7 +419,7 @@ def main(argv=None):
     wall = time.time() - t0
     out = _output(rows, seeds, starts, traces, policies, commit, python=sys.executable, cluster=args.cluster,
                   catalog=args.catalog, hours=args.hours, load=args.load, tuning=args.tuning, warmup_s=warmup,
-                  workers=args.workers, wall_s=round(wall, 1), history_hours=args.restart)
+                  workers=args.workers, wall_s=round(wall, 1), history_hours=args.restart, kv_reserve=args.kv_reserve)
     _write(out, args)
     print(f"{len(rows)} replays in {wall:.0f} s", file=sys.stderr)
     return out
@@ -511,6 +517,9 @@ def tabulate_saved(args) -> dict:
     if not rows:
         raise SystemExit(f"--from {args.rows_from}: no rows left to table")
     same = ("cluster", "catalog", "hours", "warmup_s", "load", "history_hours")
+    if len({str(r.get("sim")) for r in rows}) > 1:
+        raise SystemExit(f"--from: the rows differ in their simulator settings "
+                         f"({sorted({str(r.get('sim')) for r in rows})}); filter them")
     for f in same:  # a table pairs like with like
         if len({r.get(f) for r in rows}) > 1:
             raise SystemExit(f"--from: the rows differ in {f} ({sorted({str(r.get(f)) for r in rows})}); filter them")
@@ -518,6 +527,7 @@ def tabulate_saved(args) -> dict:
     starts = [st for st in ("warm", "cold") if any(r["start"] == st for r in rows)]
     out = _output(rows, seeds, starts, sorted({r["trace"] for r in rows}), sorted({r["policy"] for r in rows}),
                   git_commit(), **{"from": args.rows_from}, **{f: rows[0].get(f) for f in same},
+                  kv_reserve=(rows[0].get("sim") or {}).get("kv_reserve", "asked"),
                   tuning=min(seeds) < 100)
     _write(out, args)
     return out

@@ -77,6 +77,8 @@ def replay(
     call_failure_rate: Annotated[float, typer.Option(help="chance that a call attempt fails while it runs (its KV on "
                                                           "that GPU is lost; it is retried, keeping its service)",
                                                      min=0.0, max=0.99)] = 0.0,
+    kv_reserve: Annotated[str, typer.Option(help="KV room an admitted call holds: asked (for its max_tokens) or written "
+                                                 "(for the tokens it will write: a paged engine that never preempts)")] = "asked",
     start: Annotated[str, typer.Option(help="state at t = 0: warm (every model's weights in host DRAM of every node "
                                             "that holds them, no engine awake) or cold (all weights on NVMe)")] = "warm",
     warmup: Annotated[float, typer.Option("--warmup", help="seconds simulated first: the calls of programs that "
@@ -97,9 +99,11 @@ def replay(
 
     names = _policy_list(policy)
     starve = parse_admit_starve(admit_starve)
-    from ..sim.config import START_MODES
+    from ..sim.config import KV_RESERVES, START_MODES
     if start not in START_MODES:
         raise ValueError(f"--start must be one of {', '.join(START_MODES)}, got {start!r}")
+    if kv_reserve not in KV_RESERVES:
+        raise ValueError(f"--kv-reserve must be one of {', '.join(KV_RESERVES)}, got {kv_reserve!r}")
     cl, cat, tr = load_cluster(cluster), load_catalog(catalog), load_trace_warned(trace)
     check_compatible(cl, cat, tr, str(trace))
     homes, holds = load_layout_checked(layout, cl, cat)
@@ -124,6 +128,7 @@ def replay(
             prof = load_profile(profile, cl)
         config = SimConfig(seed=seed, check_invariants=check, prefill_slots=prefill_slots, max_batch=max_batch,
                            admit_starve_s=starve, call_failure_rate=call_failure_rate, start=start, warmup_s=warmup,
+                           kv_reserve=kv_reserve,
                            timeline=timeline is not None)
         result = run_replay(cl, cat, tr, names, config, progress=progress, profile=prof, make=make)
         for n in names:

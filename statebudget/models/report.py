@@ -157,10 +157,12 @@ class OracleBlock(BaseModel):
 
 
 class RunBlock(BaseModel):
-    """How the run started (§4): `cold` or `warm`, the warm-up the metrics leave out, the seed."""
+    """How the run started (§4): `cold` or `warm`, the warm-up the metrics leave out, the seed;
+    the KV room an admitted call holds (`SimConfig.kv_reserve`)."""
     start: str
     warmup_s: float
     seed: int
+    kv_reserve: str = "asked"
 
 
 class Report(BaseModel):

@@ -156,12 +156,18 @@ class AdmissionMixin:
         self._maybe_finish_program(pr)
         return events
 
-    def call_need(self, c: CallRec, group, pages=None) -> tuple[list, float, float]:
+    def _reserved_tokens(self, c: CallRec) -> int:
+        """Output tokens the admission holds KV room for (`SimConfig.kv_reserve`): all the call
+        asked for (`max_tokens`), or with `written` those it will write. Only the admission
+        reads this; a policy judges room by `max_tokens` (`expected_need`, `could_ever_fit`)."""
+        return min(c.output_tokens, c.max_tokens) if self.kv_written else c.max_tokens
+
+    def call_need(self, c: CallRec, group, pages=None, tokens: int | None = None) -> tuple[list, float, float]:
         """(state keys the call needs on `group`, per-GPU bytes of the new copies, per-GPU bytes of
-        the call's own new KV). The new KV is reserved for all the call asked for (context and
-        `max_tokens`), as an engine that must not run out of KV mid-call does; at its end what it
-        did not write is freed (`_release`). `pages`: the expert pages counted (default: the
-        call's own, which only the admission itself may read)."""
+        the call's own new KV). The new KV is reserved for the context and `tokens` of output
+        (default `max_tokens`: all the call asked for, as an engine that must not run out of KV
+        mid-call does); at its end what it did not write is freed (`_release`). `pages`: the
+        expert pages counted (default: the call's own, which only the admission itself may read)."""
         m = self.catalog.by_name[c.model]
         tp = len(group)
         keys = [weights_key(m.name)] + [expert_key(m.name, p) for p in (c.pages if pages is None else pages)]
@@ -171,7 +177,8 @@ class AdmissionMixin:
             keys.append(kvk)
         new = sum(self.size_of(k) for k in keys if (k, group) not in self.tiers.gpu) / tp \
             + self.tiers.engine_need(keys[0], group)
-        private = max(0, c.context_tokens + c.max_tokens - T) * m.kv_bytes_per_token / tp
+        out = c.max_tokens if tokens is None else tokens
+        private = max(0, c.context_tokens + out - T) * m.kv_bytes_per_token / tp
         return keys, new, private
 
     def expected_need(self, c: CallRec, group) -> tuple[list, float, float]:
@@ -188,12 +195,14 @@ class AdmissionMixin:
         keys, new, private = self.call_need(c, group, pages=kept)
         return keys, new + expected_missing_pages(m, group, gpu) * m.moe.page_bytes / len(group), private
 
-    def call_footprint(self, c: CallRec, pages: int | None = None) -> float:
+    def call_footprint(self, c: CallRec, pages: int | None = None, tokens: int | None = None) -> float:
         """Bytes the call needs in HBM at once: weights, `pages` expert pages (default: its own),
-        its program's KV with room for all the call asked for (`max_tokens`)."""
+        its program's KV with room for `tokens` of output (default all the call asked for,
+        `max_tokens`)."""
         m = self.catalog.by_name[c.model]
         n = len(c.pages) if pages is None else pages
-        kv = max(self.kv_tokens.get(kv_key(c.program, c.model), 0), c.context_tokens + c.max_tokens)
+        out = c.max_tokens if tokens is None else tokens
+        kv = max(self.kv_tokens.get(kv_key(c.program, c.model), 0), c.context_tokens + out)
         return m.dense_bytes + n * (m.moe.page_bytes if m.moe else 0.0) + kv * m.kv_bytes_per_token
 
     def group_capacity(self, group) -> float:
@@ -214,7 +223,7 @@ class AdmissionMixin:
         last = c.fits
         if last and last[0] == group and last[1] == kv:
             return last[2]
-        ok = self._fits_empty(self.call_footprint(c), group)
+        ok = self._fits_empty(self.call_footprint(c, tokens=self._reserved_tokens(c)), group)
         c.fits = (group, kv, ok)
         return ok
 
@@ -241,7 +250,8 @@ class AdmissionMixin:
         if group in c.refused:
             return
         if not self.could_ever_fit(c, group) or (
-                not held and self._victims_for_room(group, *self.call_need(c, group, pages=())) is not None):
+                not held and self._victims_for_room(group, *self.call_need(c, group, pages=(),
+                                                                             tokens=self._reserved_tokens(c))) is not None):
             c.refused += (group,)
             self.recorder.page_refusals += 1
 
@@ -251,7 +261,7 @@ class AdmissionMixin:
         if not self.fits_at_all(c, group):
             self._maybe_refuse(c, held)
             return False
-        keys, new, private = self.call_need(c, group)
+        keys, new, private = self.call_need(c, group, tokens=self._reserved_tokens(c))
         if held and self._est_end(c, new) > self._reserve_deadline:
             return False  # on held GPUs only a call that ends before the drain goes in (backfill)
         victims = self._victims_for_room(group, keys, new, private)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..core.programs import ADMIT_STARVE_S
 
 START_MODES = ("cold", "warm")  # SimConfig.start, DESIGN.md §4
+KV_RESERVES = ("asked", "written")  # SimConfig.kv_reserve
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,11 @@ class SimConfig:
         and the warm tax count from it on.
     timeline: keep every change of where models' weights live (`SimResult.timeline`): loads,
         evictions and engine stops, each with its cause. Decides nothing.
+    kv_reserve: the KV room an admitted call holds for what it will write. `asked` (the default, the
+        fair table's): its `max_tokens`, as an engine that must never run out mid-call. `written`:
+        the tokens it will write (at most `max_tokens`), as a paged engine (vLLM, SGLang) that
+        allocates blocks as tokens come and never has to preempt: optimistic, no preemption is
+        modelled. Policies see `max_tokens` either way; a report then carries no lower bound.
     """
 
     seed: int = 0
@@ -53,10 +59,13 @@ class SimConfig:
     start: str = "cold"
     warmup_s: float = 0.0
     timeline: bool = False
+    kv_reserve: str = "asked"
 
     def __post_init__(self):
         if self.start not in START_MODES:
             raise ValueError(f"start must be one of {', '.join(START_MODES)}, got {self.start!r}")
+        if self.kv_reserve not in KV_RESERVES:
+            raise ValueError(f"kv_reserve must be one of {', '.join(KV_RESERVES)}, got {self.kv_reserve!r}")
         if not self.warmup_s >= 0.0:
             raise ValueError(f"warmup_s must be >= 0 seconds, got {self.warmup_s}")
         if not 0.0 <= self.call_failure_rate < 1.0:

@@ -66,7 +66,8 @@ def replay(cluster: Cluster, catalog: Catalog, trace: Trace, policies: list[str]
     report = Report(
         statebudget=__version__, cluster=cluster.name, catalog=catalog.name,
         trace=TraceSummary(programs=len(trace.programs), calls=trace.n_calls, handoffs=count_handoffs(trace)),
-        policies=blocks, oracle=oracle, run=RunBlock(start=config.start, warmup_s=config.warmup_s, seed=config.seed))
+        policies=blocks, oracle=oracle, run=RunBlock(start=config.start, warmup_s=config.warmup_s, seed=config.seed,
+                                                         kv_reserve=config.kv_reserve))
     return Replay(report, results)
 
 
@@ -94,6 +95,9 @@ def _oracle_block(policy, cluster, catalog, trace, cost, config) -> OracleBlock 
     if config.call_failure_rate > 0:
         # a retry arrives again and a failed attempt's compute delays others: outside the relaxation
         oracle.bound_status = "NOT_COMPUTED (call failures)"
+    elif config.kv_reserve != "asked":
+        # the relaxation holds each call's KV room for all it asked for (`max_tokens`)
+        oracle.bound_status = f"NOT_COMPUTED (kv_reserve {config.kv_reserve})"
     else:
         # the oracle's own relaxation is this bound when no warm-up leaves calls out
         lb = policy.bound if policy.bound is not None and config.warmup_s == 0 else \

@@ -68,12 +68,15 @@ def parse_fields(text: str) -> dict:
 
 def jobs(clusters, traces, seeds, policies, catalog: str, hours: float, start: str = "warm",
          warmup_s: float = 0.0, load: float = 1.0, planner: dict | None = None,
-         history_hours: float | None = None) -> list[dict]:
+         history_hours: float | None = None, sim: dict | None = None) -> list[dict]:
     """`load` multiplies the presets' program arrival rates (`generate`); `planner`: `PlannerConfig`
     fields our planners take over their defaults (`policy_maker`; baselines ignore them);
     `history_hours`: a restart, each policy first takes up what it learnt over that many hours of
-    the day before (`learnt_before`)."""
-    SimConfig(start=start, warmup_s=warmup_s)  # bad values fail here, not in a worker
+    the day before (`learnt_before`); `sim`: other `SimConfig` fields, for every policy."""
+    try:  # bad values fail here, not in a worker
+        SimConfig(start=start, warmup_s=warmup_s, **(sim or {}))
+    except TypeError as e:  # a field SimConfig does not have
+        raise ValueError(f"sim: {e}") from None
     if not load > 0:
         raise ValueError(f"load must be > 0, got {load}")
     extra = {}
@@ -87,6 +90,8 @@ def jobs(clusters, traces, seeds, policies, catalog: str, hours: float, start: s
         if not 0 < history_hours < math.inf:
             raise ValueError(f"history hours must be > 0 and finite, got {history_hours}")
         extra["history_hours"] = float(history_hours)
+    if sim:
+        extra["sim"] = dict(sim)
     return [{"cluster": c, "trace": t, "seed": s, "policy": p, "catalog": catalog, "hours": hours,
              "start": start, "warmup_s": float(warmup_s), "load": float(load), **extra}
             for c, t, s, p in itertools.product(clusters, traces, seeds, policies)]

@@ -299,3 +299,29 @@ def test_a_call_waiting_for_room_splits_its_stall_into_the_wait_and_the_load():
     by = policy_report(res, {"interactive": 2.0}).stall_by_model["m"]
     assert by.hbm_wait_total_s == pytest.approx(hbm_wait_s(second))
     assert by.stall_total_s == pytest.approx(by.hbm_wait_total_s + first.ready - first.arrive)
+
+
+@pytest.mark.parametrize("reserve", ["asked", "written"])
+def test_kv_room_is_held_for_max_tokens_or_for_the_tokens_written(reserve):
+    # 20 GB: the weights (10 GB) and calls of 1,000 context tokens (1 GB of KV each). Each asks
+    # for 5,000 output tokens (6 GB with its context) and writes 50: held for all it asked, one
+    # call's room leaves no room for a second; held for what it writes, both run at once. The
+    # books stay true either way (`check_invariants`), and at the end no KV room is left held.
+    cl = cluster(hbm_gb=20.0, cold=0.0)
+    cat = catalog(("m", 10.0, 1_000_000))
+    tr = trace(*(program(p, [call("a", "m", ctx=1000, out=50, max_tokens=5000)]) for p in ("p", "q")))
+    sim = Simulator(cl, cat, tr, make_policy("ondemand"), config=SimConfig(check_invariants=True, kv_reserve=reserve))
+    res = sim.run()
+    first, second = sorted(res.calls, key=lambda c: c.admitted)
+    assert first.state == second.state == "done"
+    if reserve == "asked":
+        assert second.admitted == pytest.approx(first.end) and hbm_wait_s(second) > 0
+    else:
+        assert second.admitted == pytest.approx(second.arrive) and second.admitted < first.end
+        assert hbm_wait_s(second) == 0.0
+    assert sim.tiers.private == {}
+
+
+def test_a_kv_reserve_other_than_asked_or_written_is_refused():
+    with pytest.raises(ValueError, match="kv_reserve must be one of asked, written"):
+        SimConfig(kv_reserve="paged")

@@ -284,7 +284,7 @@ def test_replay_cli_reports_the_run_block_slo_figures_and_plot(tmp_path):
                             env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     doc = json.loads((tmp_path / "r.json").read_text())
-    assert doc["run"] == {"start": "cold", "warmup_s": 30.0, "seed": 4}
+    assert doc["run"] == {"start": "cold", "warmup_s": 30.0, "seed": 4, "kv_reserve": "asked"}
     for block in doc["policies"].values():
         assert set(block["slo_attainment"]) == {"2", "5", "10"}
         a = block["slo_attainment"]

@@ -179,6 +179,8 @@ def guard(fn):
             if e.filename is None:
                 raise
             fail(f"{e.filename}: {e.strerror or e}")
+        except httpx.InvalidURL as e:  # not a URL at all ("http://[::1")
+            fail(f"not a URL: {e}")
         except httpx.HTTPError as e:  # a planner URL that is wrong, or a server that is down
             try:
                 where = f" at {e.request.url}"

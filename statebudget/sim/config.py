@@ -43,7 +43,10 @@ class SimConfig:
         fair table's): its `max_tokens`, as an engine that must never run out mid-call. `written`:
         the tokens it will write (at most `max_tokens`), as a paged engine (vLLM, SGLang) that
         allocates blocks as tokens come and never has to preempt: optimistic, no preemption is
-        modelled. Policies see `max_tokens` either way; a report then carries no lower bound.
+        modelled. Placement and room estimates (`expected_need`, `could_ever_fit`) use
+        `max_tokens` either way, but free HBM, which policies read, then counts each running
+        call's final KV from its admission, where an engine shows only what it has written so far:
+        an experiment, not fair ground. A report then carries no lower bound.
     """
 
     seed: int = 0

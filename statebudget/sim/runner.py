@@ -88,7 +88,9 @@ def _oracle_block(policy, cluster, catalog, trace, cost, config) -> OracleBlock 
                              gap=sol.gap, solve_s=round(sol.solve_s, 3), schedule="milp")
     elif policy.bound is not None:  # the relaxation's schedule, replayed
         b = policy.bound
-        oracle = OracleBlock(status=b.status, objective=b.total_stall_s, bound=b.total_stall_s, gap=0.0,
+        # its optimum bounds no schedule where KV room is held for less than `max_tokens`
+        oracle = OracleBlock(status=b.status, objective=b.total_stall_s,
+                             bound=b.total_stall_s if config.kv_reserve == "asked" else None, gap=0.0,
                              solve_s=b.solve_s, schedule="relaxation")
     else:
         return None

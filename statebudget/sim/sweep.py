@@ -73,6 +73,9 @@ def jobs(clusters, traces, seeds, policies, catalog: str, hours: float, start: s
     fields our planners take over their defaults (`policy_maker`; baselines ignore them);
     `history_hours`: a restart, each policy first takes up what it learnt over that many hours of
     the day before (`learnt_before`); `sim`: other `SimConfig` fields, for every policy."""
+    clash = sorted(set(sim or {}) & {"seed", "start", "warmup_s"})
+    if clash:  # each job sets these itself
+        raise ValueError(f"sim: {', '.join(clash)} is set per job (its seed, start=, warmup_s=), not in sim")
     try:  # bad values fail here, not in a worker
         SimConfig(start=start, warmup_s=warmup_s, **(sim or {}))
     except TypeError as e:  # a field SimConfig does not have

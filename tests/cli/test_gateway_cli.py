@@ -119,4 +119,6 @@ def test_a_gateway_started_before_its_planner_says_so_and_a_url_without_scheme_f
     res = CliRunner().invoke(app, ["gateway", "--planner", url.removeprefix("http://")] + args)
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     assert "cannot reach the planner" in res.output and "http://" in res.output
+    res = CliRunner().invoke(app, ["gateway", "--planner", "http://[::1"] + args)
+    assert res.exit_code == 2 and "Traceback" not in res.output and "not a URL" in res.output, res.output
     assert started == [18089]

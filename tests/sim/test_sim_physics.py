@@ -319,7 +319,41 @@ def test_kv_room_is_held_for_max_tokens_or_for_the_tokens_written(reserve):
     else:
         assert second.admitted == pytest.approx(second.arrive) and second.admitted < first.end
         assert hbm_wait_s(second) == 0.0
-    assert sim.tiers.private == {}
+    # Only the admission holds room for what a call writes; what a policy may ask keeps `max_tokens`.
+    from statebudget.models.state import kv_key
+
+    T = sim.kv_tokens.get(kv_key(first.program, "m"), 0)  # the program's KV kept after the run
+    asked = (first.context_tokens + first.max_tokens - T) * 1_000_000
+    assert sim.call_need(first, (0,))[2] == sim.expected_need(first, (0,))[2] == asked
+    assert sim._reserved_tokens(first) == (50 if reserve == "written" else 5000)
+
+
+def test_with_written_room_the_admission_fits_what_placement_judges_by_max_tokens():
+    # 20 GB: weights 10 GB; a call of 1,000 context tokens asking 50,000 (51 GB of KV) and writing
+    # 50. By `max_tokens` it never fits; the admission, holding what it writes, takes it.
+    cl = cluster(hbm_gb=20.0, cold=0.0)
+    cat = catalog(("m", 10.0, 1_000_000))
+    tr = trace(program("p", [call("a", "m", ctx=1000, out=50, max_tokens=50_000)]))
+    for reserve, fits in (("asked", False), ("written", True)):
+        sim = Simulator(cl, cat, tr, make_policy("ondemand"), config=SimConfig(kv_reserve=reserve))
+        sim.run()
+        c = sim.calls[0]
+        c.fits = None  # asked again, not read from the call's cache
+        assert sim.fits_at_all(c, (0,)) is fits
+        assert not sim.could_ever_fit(c, (0,))  # placement's judgement stays on `max_tokens`
+
+
+def test_a_report_with_written_room_carries_no_lower_bound():
+    from statebudget.sim.runner import replay
+
+    tr = trace(program("p", [call("a", "m", ctx=1000, out=50, max_tokens=5000)]))
+    for reserve in ("asked", "written"):
+        o = replay(cluster(hbm_gb=20.0, cold=0.0), catalog(("m", 10.0, 1_000_000)), tr, ["oracle"],
+                   SimConfig(kv_reserve=reserve)).report.oracle
+        if reserve == "asked":
+            assert o.bound is not None and o.bound_total_stall_s is not None
+        else:
+            assert o.bound is None and o.bound_total_stall_s is None and "kv_reserve written" in o.bound_status
 
 
 def test_a_kv_reserve_other_than_asked_or_written_is_refused():

@@ -223,3 +223,17 @@ def test_sweep_table_gives_each_policy_its_mean_over_seeds(tmp_path, monkeypatch
     line = next(ln for ln in res.output.splitlines() if "mean of 2" in ln)
     assert f"{mean:.3f}" in line, line  # the TTFT p95 column holds the mean of the two seeds
     assert "TTFT p95 s" in res.output and "start warm, warm-up 60 s" in res.output
+
+
+def test_jobs_take_simulator_fields_for_every_policy_and_refuse_the_ones_a_job_sets():
+    from statebudget.sim import sweep as sw
+
+    todo = sw.jobs(["toy2"], ["swe-team"], [1, 2], ["ondemand"], "toy", 0.1, sim={"kv_reserve": "written"})
+    assert [j["sim"] for j in todo] == [{"kv_reserve": "written"}] * 2
+    assert "sim" not in sw.jobs(["toy2"], ["swe-team"], [1], ["ondemand"], "toy", 0.1)[0]
+    with pytest.raises(ValueError, match="seed is set per job"):
+        sw.jobs(["toy2"], ["swe-team"], [1], ["ondemand"], "toy", 0.1, sim={"seed": 3})
+    with pytest.raises(ValueError, match="sim: .*kv_reservd"):
+        sw.jobs(["toy2"], ["swe-team"], [1], ["ondemand"], "toy", 0.1, sim={"kv_reservd": "written"})
+    with pytest.raises(ValueError, match="kv_reserve must be one of"):
+        sw.jobs(["toy2"], ["swe-team"], [1], ["ondemand"], "toy", 0.1, sim={"kv_reserve": "paged"})

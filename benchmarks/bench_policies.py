@@ -291,7 +291,7 @@ def markdown(out: dict) -> str:
             if out.get("history_hours"):
                 load += f", restarted with {out['history_hours']:g} h learnt the day before"
             if out.get("kv_reserve", "asked") != "asked":
-                load += f", KV reserved for the tokens {out['kv_reserve']}"
+                load += f", KV room: {out['kv_reserve']}"
             lines += [f"### {trace}, {start} start{load}, warm-up {out['warmup_s']:g} s{tag}", "",
                       f"{out['cluster']} + {out['catalog']}, {out['hours']:g} h traces, seeds {seeds[0]}..{seeds[-1]} "
                       f"({len(seeds)}); mean ± half-width of the 95 % t interval over seeds.", ""]
@@ -355,9 +355,10 @@ def main(argv=None):
                          "the day before (the same preset at seed + 1000); with --warmup 0, the first hours after it")
     ap.add_argument("--planner", default="", help='PlannerConfig fields for our planners, e.g. "scale_out_calls=3" '
                     "(the baselines are unchanged)")
-    ap.add_argument("--kv-reserve", default="asked", choices=("asked", "written"),
-                    help="KV room an admitted call holds: for its max_tokens (the fair table's) or for the "
-                         "tokens it will write (a paged engine that never preempts; SimConfig.kv_reserve)")
+    ap.add_argument("--kv-reserve", default="asked", choices=("asked", "written", "paged"),
+                    help="KV room an admitted call holds: for its max_tokens (the fair table's), for the tokens "
+                         "it will write (never preempted), or taken as it writes, with preemption "
+                         "(SimConfig.kv_reserve)")
     ap.add_argument("--cluster", default="hetero16")
     ap.add_argument("--catalog", default="agent-team")
     ap.add_argument("--workers", type=int, default=os.cpu_count())

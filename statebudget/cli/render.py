@@ -51,7 +51,7 @@ def print_replay(rep, tr, cl, cat, wall: float) -> None:
     if rep.run is not None:
         console.print(f"seed {rep.run.seed}, start {rep.run.start}, warm-up {rep.run.warmup_s:g} s"
                       + (": calls of programs that start in the warm-up are left out" if rep.run.warmup_s > 0 else "")
-                      + ("; KV reserved for the tokens written" if rep.run.kv_reserve == "written" else "")
+                      + (f"; KV room: {rep.run.kv_reserve}" if rep.run.kv_reserve != "asked" else "")
                       + "; SLO@5: share of calls with TTFT <= 5 x their ideal TTFT", highlight=False)
     o = rep.oracle
     if o is not None and o.bound_total_stall_s is not None:

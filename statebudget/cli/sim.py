@@ -77,8 +77,9 @@ def replay(
     call_failure_rate: Annotated[float, typer.Option(help="chance that a call attempt fails while it runs (its KV on "
                                                           "that GPU is lost; it is retried, keeping its service)",
                                                      min=0.0, max=0.99)] = 0.0,
-    kv_reserve: Annotated[str, typer.Option(help="KV room an admitted call holds: asked (for its max_tokens) or written "
-                                                 "(for the tokens it will write: a paged engine that never preempts)")] = "asked",
+    kv_reserve: Annotated[str, typer.Option(help="KV room an admitted call holds: asked (for its max_tokens), written "
+                                                 "(for the tokens it will write, never preempted) or paged (taken "
+                                                 "as it writes; the engine preempts its newest call)")] = "asked",
     start: Annotated[str, typer.Option(help="state at t = 0: warm (every model's weights in host DRAM of every node "
                                             "that holds them, no engine awake) or cold (all weights on NVMe)")] = "warm",
     warmup: Annotated[float, typer.Option("--warmup", help="seconds simulated first: the calls of programs that "

@@ -108,6 +108,7 @@ class PolicyReport(BaseModel):
     failed_service_s: float = 0.0                       # compute seconds those attempts ran (still attained service)
     moved_calls: int = 0                                # calls moved to another group while waiting for HBM (whole run)
     page_refusals: int = 0                              # times a group refused a call its own expert pages could not fit (whole run)
+    preemptions: int = 0                                # running calls preempted for KV room (--kv-reserve paged; whole run)
     queue_switches: list[dict] = Field(default_factory=list)  # `auto`: {at_s, programs, to} at each switch
     # §4 SLO figures against each call's ideal TTFT (its model alone on the fastest kind that hosts it).
     stall_total_s: float = 0.0                          # the sum of stall over all counted calls

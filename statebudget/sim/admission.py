@@ -9,7 +9,7 @@ import numpy as np
 
 from ..core.costs import expected_missing_pages, median_page_count, touched_pages
 from ..models.state import expert_key, kv_key, weights_key
-from .calls import CallRec
+from .calls import KV_CHUNK_TOKENS, CallRec
 
 
 class AdmissionMixin:
@@ -157,10 +157,22 @@ class AdmissionMixin:
         return events
 
     def _reserved_tokens(self, c: CallRec) -> int:
-        """Output tokens the admission holds KV room for (`SimConfig.kv_reserve`): all the call
+        """Output tokens a call needs KV room for by its end (`SimConfig.kv_reserve`): all it
         asked for (`max_tokens`), or with `written` those it will write. Only the admission
         reads this; a policy judges room by `max_tokens` (`expected_need`, `could_ever_fit`)."""
         return min(c.output_tokens, c.max_tokens) if self.kv_written else c.max_tokens
+
+    def _admit_tokens(self, c: CallRec) -> int:
+        """Output tokens the admission holds KV room for at once: `_reserved_tokens`, or with
+        `paged` one chunk (the rest is taken as the decode reaches it, `_decode_part`). A call
+        preempted before comes back holding room for all it asked for (`fits_at_all` has checked
+        that it fits): the room a call grows into comes from free HBM only, so one alone on its
+        engine beside others' idle state would otherwise be preempted at the same chunk for ever.
+        So a call preempts itself at most once, and an engine's oldest call is never preempted
+        for a newer one: every run ends."""
+        if self.kv_reserve != "paged":
+            return self._reserved_tokens(c)
+        return c.max_tokens if c.preempted else min(KV_CHUNK_TOKENS, c.max_tokens)
 
     def call_need(self, c: CallRec, group, pages=None, tokens: int | None = None) -> tuple[list, float, float]:
         """(state keys the call needs on `group`, per-GPU bytes of the new copies, per-GPU bytes of
@@ -261,7 +273,7 @@ class AdmissionMixin:
         if not self.fits_at_all(c, group):
             self._maybe_refuse(c, held)
             return False
-        keys, new, private = self.call_need(c, group, tokens=self._reserved_tokens(c))
+        keys, new, private = self.call_need(c, group, tokens=self._admit_tokens(c))
         if held and self._est_end(c, new) > self._reserve_deadline:
             return False  # on held GPUs only a call that ends before the drain goes in (backfill)
         victims = self._victims_for_room(group, keys, new, private)
@@ -290,6 +302,7 @@ class AdmissionMixin:
                 self._foreground(copy)  # a call waits for it now: full weight on the link
         self.tiers.alloc_gpu(group, private)
         self.tiers.private[id(c)] = (group, private)
+        c.kv_room_tokens = self._admit_tokens(c)
         self.active[id(c)] = c
         kvk = kv_key(c.program, c.model)
         c.kv_reused_tokens = self.kv_tokens.get(kvk, 0)

@@ -17,6 +17,8 @@ from ..models.state import kv_key
 from ..models.trace import ttft_bound
 from .loop import PRIO_NODE, PRIO_QUEUE
 
+KV_CHUNK_TOKENS = 512  # `kv_reserve` paged: output tokens of KV room a running call takes at a time
+
 
 @dataclass(slots=True, eq=False)
 class CallRec:
@@ -55,6 +57,8 @@ class CallRec:
     last_load: str = ""        # kind of the state it waited for last ("w", "e", "kv"; "": none)
     refused: tuple = ()        # groups whose engines refused it: its own pages could not fit there
     fits: tuple = ()           # (group, its program's KV tokens, whether it fits there at all) last asked
+    kv_room_tokens: int = 0    # output tokens its KV room covers now (`kv_reserve` paged grows it)
+    preempted: bool = False    # an engine preempted an attempt of it (`kv_reserve` paged)
 
 
 class CallsMixin:
@@ -165,6 +169,16 @@ class CallsMixin:
         as its next attempt. What it ran counts as attained service (seed 003 §16)."""
         if c.state != "running" or c.attempt != attempt:
             return None
+        self.recorder.failed_attempts += 1
+        self.recorder.failed_service_s += self.now - c.start
+        return self._restart(c)
+
+    def _restart(self, c: CallRec, then=None, later: bool = False) -> list:
+        """The running call's attempt ends before its end (it failed, or its engine preempted it)
+        and it arrives again as its next attempt, as `_call_failed` says. `then()` runs once its
+        room is free, before any hook or waiting call can take that room. `later`: it arrives
+        again as the next event, and the calls waiting for room are left for the caller to retry
+        (an engine that preempts finishes its step first)."""
         ran = self.now - c.start
         pr = self.programs[c.program]
         self.tenant_service[pr.prog.tenant] += ran
@@ -173,20 +187,22 @@ class CallsMixin:
             c.path_service += ran
         else:
             pr.service, c.path_service = 0.0, 0.0
-        self.recorder.failed_attempts += 1
-        self.recorder.failed_service_s += ran
         group = c.group
         events = self._stop_run(c)
         copy = self.tiers.gpu.get((kv_key(c.program, c.model), group))
         if copy is not None and copy.ready and copy.pins == 0:
             copy.used = True  # lost, not a wasted promotion
             self._remove_copy(copy)
+        if then is not None:
+            then()
         self.recorder.dirty = True
         self._apply(self._hook("on_call_cancelled", c))  # the attempt is over for the policy too
         c.attempt += 1
         c.state, c.admitted, c.ready, c.start, c.first_token, c.flow, c.kv_reused_tokens = \
             "pending", -1.0, -1.0, -1.0, -1.0, None, 0
-        c.loads_at, c.last_load = -1.0, ""
+        c.loads_at, c.last_load, c.kv_room_tokens = -1.0, "", 0
+        if later:
+            return events + [(self.now, PRIO_NODE, self._arrive_again, (c, c.attempt))]
         self._retry_waiting()  # the room it freed goes first to the calls already waiting for it
         events += self._call_arrive(c) or []
         events += self._start_queued()
@@ -197,11 +213,78 @@ class CallsMixin:
             return None
         c.first_token = self.now
         self._end_prefill(c)
-        m = self.catalog.by_name[c.model]
-        amount = self.cost.decode_s(m, c.output_tokens, c.context_tokens, c.group)
-        c.flow = self.flows._next
-        events = self.flows_add(amount, tuple(f"gpu:{i}" for i in c.group), lambda now: self._call_end(c), c.model)
+        if self.kv_reserve == "paged":
+            events = self._decode_part(c, 0)
+        else:
+            m = self.catalog.by_name[c.model]
+            amount = self.cost.decode_s(m, c.output_tokens, c.context_tokens, c.group)
+            c.flow = self.flows._next
+            events = self.flows_add(amount, tuple(f"gpu:{i}" for i in c.group), lambda now: self._call_end(c), c.model)
         return events + (self._start_queued() if self.prefill_slots is not None else [])
+
+    def _arrive_again(self, c: CallRec, attempt: int):
+        """A preempted call arrives again, unless something (a cancel) ended it meanwhile."""
+        if c.state == "pending" and c.attempt == attempt:
+            return self._call_arrive(c)
+        return None
+
+    def _decode_part(self, c: CallRec, done: int, attempt: int | None = None) -> list:
+        """`kv_reserve` paged: decode the call's tokens from `done` to the next chunk's end, first
+        taking that chunk's KV room from free HBM (a paged engine allocates blocks as tokens come;
+        it does not evict other state). Where there is none, the engine preempts (`_preempt_for`).
+        The parts' decode times add up to the whole decode's (`decode_s` is linear in the tokens
+        given the KV before them)."""
+        if c.state != "running" or (attempt is not None and c.attempt != attempt):
+            return []  # a part of an attempt that has ended
+        c.flow = None
+        if done >= c.output_tokens:
+            return self._call_end(c)
+        events = []
+        end = min(done + KV_CHUNK_TOKENS, c.output_tokens)
+        if c.kv_room_tokens < end:
+            m = self.catalog.by_name[c.model]
+            target = min(c.kv_room_tokens + KV_CHUNK_TOKENS, c.max_tokens)
+            add = (target - c.kv_room_tokens) * m.kv_bytes_per_token / len(c.group)
+            if self.tiers.fits_gpu(c.group, add):
+                self._take_kv(c, add, target)
+            else:
+                events, goes_on = self._preempt_for(c, add, target)
+                if not goes_on:
+                    return events
+        m = self.catalog.by_name[c.model]
+        amount = self.cost.decode_s(m, end - done, c.context_tokens + done, c.group)
+        c.flow = self.flows._next
+        return events + self.flows_add(amount, tuple(f"gpu:{i}" for i in c.group),
+                                       lambda now, a=c.attempt: self._decode_part(c, end, a), c.model)
+
+    def _take_kv(self, c: CallRec, add: float, target: int) -> None:
+        self.tiers.alloc_gpu(c.group, add)
+        group, held = self.tiers.private[id(c)]
+        self.tiers.private[id(c)] = (group, held + add)
+        c.kv_room_tokens = target
+        self.recorder.dirty = True
+
+    def _preempt_for(self, c: CallRec, add: float, target: int) -> tuple[list, bool]:
+        """No free HBM for `add` more bytes of `c`'s KV: its engine (its model on its group)
+        preempts its newest running call, as vLLM does, until the bytes fit (taken at once, before
+        anything else can take the freed room) or `c` itself is the one preempted; (events,
+        whether `c` goes on). Why every run still ends: `_admit_tokens`."""
+        events = []
+        while True:
+            mates = [a for a in self.active.values() if a.state == "running" and a.model == c.model and a.group == c.group]
+            victim = max(mates, key=lambda a: (a.start, a.seq))
+            taken = []
+
+            def take():
+                if victim is not c and self.tiers.fits_gpu(c.group, add):
+                    self._take_kv(c, add, target)
+                    taken.append(True)
+            self.recorder.preemptions += 1
+            victim.preempted = True
+            events += self._restart(victim, then=take, later=True)
+            if victim is c or taken:
+                self._retry_waiting()  # what the preempted calls freed beyond the chunk
+                return events + self._start_queued(), victim is not c
 
     def _end_prefill(self, c: CallRec) -> None:
         if c.prefilling:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..core.programs import ADMIT_STARVE_S
 
 START_MODES = ("cold", "warm")  # SimConfig.start, DESIGN.md §4
-KV_RESERVES = ("asked", "written")  # SimConfig.kv_reserve
+KV_RESERVES = ("asked", "written", "paged")  # SimConfig.kv_reserve
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,12 @@ class SimConfig:
         modelled. Placement and room estimates (`expected_need`, `could_ever_fit`) use
         `max_tokens` either way, but free HBM, which policies read, then counts each running
         call's final KV from its admission, where an engine shows only what it has written so far:
-        an experiment, not fair ground. A report then carries no lower bound.
+        an experiment, not fair ground. `paged`: close to an engine with paged KV (vLLM): a call
+        is admitted with room for its context and one chunk of `KV_CHUNK_TOKENS` output tokens,
+        takes the next chunk from free HBM as its decode reaches it, and where there is none the
+        engine preempts its newest running call (that call's attempt starts again and it comes
+        back holding room for all of `max_tokens`; `preemptions`). Free HBM then shows what calls
+        have written, to a chunk. Either way a report carries no lower bound (docs/model.md).
     """
 
     seed: int = 0

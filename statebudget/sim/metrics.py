@@ -153,6 +153,7 @@ def program_metrics(res: SimResult, nominal: dict | None) -> dict:
         "failed_service_s": round(res.failed_service_s, 6),
         "moved_calls": res.moved_calls,
         "page_refusals": res.page_refusals,
+        "preemptions": res.preemptions,
         "queue_switches": res.queue_switches,
     }
 

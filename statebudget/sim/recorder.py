@@ -34,6 +34,7 @@ class SimResult:
     failed_service_s: float = 0.0  # compute seconds those attempts had run: lost, yet attained service
     moved_calls: int = 0  # calls moved to another group while they waited for HBM (`Policy.on_waiting`)
     page_refusals: int = 0  # times a group refused a call its own pages could not fit (`AdmissionMixin._maybe_refuse`)
+    preemptions: int = 0  # running calls an engine preempted for want of KV room (`kv_reserve` paged)
     queue_switches: list = field(default_factory=list)  # `auto`'s switches (`ProgramSizes.changes`)
     warmup_s: float = 0.0  # SimConfig.warmup_s: the metrics leave out what came before it
     cost: object = None    # the run's CostModel (ideal TTFT, `metrics.py`)
@@ -56,6 +57,7 @@ class Recorder:
         self.failed_attempts, self.failed_service_s = 0, 0.0
         self.moved_calls = 0
         self.page_refusals = 0
+        self.preemptions = 0
         self.hbm_samples: list = []
         self.end: float | None = None  # when the last program finished; the warm tax stops there
         self.dirty = True
@@ -136,5 +138,5 @@ class Recorder:
             hbm_total=sum(self.tiers.hbm_cap), kv_actions=kvw.actions, kv_hbm_byte_s=self.kv_hbm_byte_s,
             recomputed_tokens=self.recomputed_tokens, ttl_errors=kvw.ttl_errors,
             failed_attempts=self.failed_attempts, failed_service_s=self.failed_service_s, moved_calls=self.moved_calls,
-            page_refusals=self.page_refusals,
+            page_refusals=self.page_refusals, preemptions=self.preemptions,
             queue_switches=sizes.changes, warmup_s=self.warmup_s, cost=self.cost, timeline=self.timeline or [])

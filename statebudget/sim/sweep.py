@@ -125,7 +125,7 @@ def figures(r) -> dict:
         "slo_violations": r.slo_violations,
         "decision_p50_ms": round(r.decision_ms.p50, 4), "decision_p99_ms": round(r.decision_ms.p99, 4),
         "calls_completed": r.calls_completed, "unplaceable_calls": r.unplaceable_calls,
-        "page_refusals": r.page_refusals,
+        "page_refusals": r.page_refusals, "preemptions": r.preemptions,
         "handoff_hbm_wait_share": _hbm_wait_share(handoff_split(getattr(r, "stall_by_model", None) or {})),
     }
 

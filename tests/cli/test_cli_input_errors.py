@@ -227,8 +227,8 @@ def test_an_input_error_in_a_worker_process_reaches_the_parent_whole(tmp_path):
 def test_an_unknown_kv_reserve_is_one_line(tmp_path):
     write(tmp_path)
     res = runner.invoke(app, ["replay", "--cluster", str(tmp_path / "c.yaml"), "--catalog", str(tmp_path / "k.json"),
-                              "--trace", str(tmp_path / "t.jsonl"), "--kv-reserve", "paged"])
-    assert_clean_error(res, "--kv-reserve must be one of asked, written", "'paged'")
+                              "--trace", str(tmp_path / "t.jsonl"), "--kv-reserve", "blocks"])
+    assert_clean_error(res, "--kv-reserve must be one of asked, written, paged", "'blocks'")
 
 
 def test_output_paths_that_cannot_be_written_are_refused_before_the_work(tmp_path):

@@ -236,4 +236,4 @@ def test_jobs_take_simulator_fields_for_every_policy_and_refuse_the_ones_a_job_s
     with pytest.raises(ValueError, match="sim: .*kv_reservd"):
         sw.jobs(["toy2"], ["swe-team"], [1], ["ondemand"], "toy", 0.1, sim={"kv_reservd": "written"})
     with pytest.raises(ValueError, match="kv_reserve must be one of"):
-        sw.jobs(["toy2"], ["swe-team"], [1], ["ondemand"], "toy", 0.1, sim={"kv_reserve": "paged"})
+        sw.jobs(["toy2"], ["swe-team"], [1], ["ondemand"], "toy", 0.1, sim={"kv_reserve": "blocks"})

@@ -61,6 +61,7 @@ from statebudget.models.errors import InputError
 from statebudget.planner.config import check_fields
 from statebudget.sim import sweep as sw
 from statebudget.sim.claims import Rows, call_order_worth
+from statebudget.sim.config import KV_RESERVES
 from statebudget.traces.generators import PRESETS
 from statebudget.traces.real_sessions import rounds_path
 
@@ -355,7 +356,7 @@ def main(argv=None):
                          "the day before (the same preset at seed + 1000); with --warmup 0, the first hours after it")
     ap.add_argument("--planner", default="", help='PlannerConfig fields for our planners, e.g. "scale_out_calls=3" '
                     "(the baselines are unchanged)")
-    ap.add_argument("--kv-reserve", default="asked", choices=("asked", "written", "paged"),
+    ap.add_argument("--kv-reserve", default="asked", choices=KV_RESERVES,
                     help="KV room an admitted call holds: for its max_tokens (the fair table's), for the tokens "
                          "it will write (never preempted), or taken as it writes, with preemption "
                          "(SimConfig.kv_reserve)")

@@ -160,7 +160,7 @@ class AdmissionMixin:
         """Output tokens a call needs KV room for by its end (`SimConfig.kv_reserve`): all it
         asked for (`max_tokens`), or with `written` those it will write. Only the admission
         reads this; a policy judges room by `max_tokens` (`expected_need`, `could_ever_fit`)."""
-        return min(c.output_tokens, c.max_tokens) if self.kv_written else c.max_tokens
+        return min(c.output_tokens, c.max_tokens) if self.kv_reserve == "written" else c.max_tokens
 
     def _admit_tokens(self, c: CallRec) -> int:
         """Output tokens the admission holds KV room for at once: `_reserved_tokens`, or with
@@ -273,7 +273,8 @@ class AdmissionMixin:
         if not self.fits_at_all(c, group):
             self._maybe_refuse(c, held)
             return False
-        keys, new, private = self.call_need(c, group, tokens=self._admit_tokens(c))
+        tokens = self._admit_tokens(c)
+        keys, new, private = self.call_need(c, group, tokens=tokens)
         if held and self._est_end(c, new) > self._reserve_deadline:
             return False  # on held GPUs only a call that ends before the drain goes in (backfill)
         victims = self._victims_for_room(group, keys, new, private)
@@ -302,7 +303,7 @@ class AdmissionMixin:
                 self._foreground(copy)  # a call waits for it now: full weight on the link
         self.tiers.alloc_gpu(group, private)
         self.tiers.private[id(c)] = (group, private)
-        c.kv_room_tokens = self._admit_tokens(c)
+        c.kv_room_tokens = tokens
         self.active[id(c)] = c
         kvk = kv_key(c.program, c.model)
         c.kv_reused_tokens = self.kv_tokens.get(kvk, 0)

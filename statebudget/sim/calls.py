@@ -240,9 +240,9 @@ class CallsMixin:
         if done >= c.output_tokens:
             return self._call_end(c)
         events = []
+        m = self.catalog.by_name[c.model]
         end = min(done + KV_CHUNK_TOKENS, c.output_tokens)
         if c.kv_room_tokens < end:
-            m = self.catalog.by_name[c.model]
             target = min(c.kv_room_tokens + KV_CHUNK_TOKENS, c.max_tokens)
             add = (target - c.kv_room_tokens) * m.kv_bytes_per_token / len(c.group)
             if self.tiers.fits_gpu(c.group, add):
@@ -251,7 +251,6 @@ class CallsMixin:
                 events, goes_on = self._preempt_for(c, add, target)
                 if not goes_on:
                     return events
-        m = self.catalog.by_name[c.model]
         amount = self.cost.decode_s(m, end - done, c.context_tokens + done, c.group)
         c.flow = self.flows._next
         return events + self.flows_add(amount, tuple(f"gpu:{i}" for i in c.group),
@@ -273,16 +272,14 @@ class CallsMixin:
         while True:
             mates = [a for a in self.active.values() if a.state == "running" and a.model == c.model and a.group == c.group]
             victim = max(mates, key=lambda a: (a.start, a.seq))
-            taken = []
 
             def take():
                 if victim is not c and self.tiers.fits_gpu(c.group, add):
                     self._take_kv(c, add, target)
-                    taken.append(True)
             self.recorder.preemptions += 1
             victim.preempted = True
             events += self._restart(victim, then=take, later=True)
-            if victim is c or taken:
+            if victim is c or c.kv_room_tokens >= target:
                 self._retry_waiting()  # what the preempted calls freed beyond the chunk
                 return events + self._start_queued(), victim is not c
 

@@ -64,7 +64,6 @@ class Simulator(ProgramsMixin, AdmissionMixin, CallsMixin, TransfersMixin, Event
         self.admit_starve_s = config.admit_starve_s
         self.call_failure_rate = config.call_failure_rate
         self.kv_reserve = config.kv_reserve
-        self.kv_written = config.kv_reserve == "written"  # `_reserved_tokens`
         self.retry_keeps_service = config.retry_keeps_service
         self.kv_rule = config.kv_rule or getattr(policy, "kv_rule", "preserve")
         self.kvw = ToolWaitKV(self.kv_rule)  # the tool-wait KV rule, shared with the live planner

@@ -245,6 +245,30 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
                         break
         return out
 
+    def arrive_and_start(self, tenant: str, program: str, call: str, before: list[dict]):
+        """A gateway's request (POST .../calls/{call}/start): `before` applied as `events`, then the
+        call started if its model is ready now, in one transaction: one commit on the request's
+        path, where two (the events, then the start) would each sync the ledger. Returns
+        (refusal, ready, started): `refusal` is (status, body) for the first refused event of
+        `before`, or 409 for a program id used before, and then nothing more is done; else the
+        call's `CallReady` and, if it is ready, `call_started`'s answer (None: not ready). A
+        refusal of the start itself is raised once `before` is committed."""
+        with self._tx():
+            for status, body in self.events(tenant, before, stop_at_refusal=True):
+                if status != 200:
+                    return (status, body), None, None
+                if body["type"] == "program_started" and body.get("status") != "running":
+                    return (409, {"detail": f"program {program!r} is {body.get('status')}: a program id is "
+                                            "used once"}), None, None
+            ready = self.call_ready(tenant, program, call)
+            if not ready.ready:
+                return None, ready, None
+            try:
+                return None, ready, self.event(tenant, {"type": "call_started", "program": program, "call": call}).body()
+            except (NotFound, Forbidden, Conflict, Invalid) as e:
+                refused = e  # changed nothing: `before` stays
+        raise refused
+
     def set_cluster(self, cluster: dict, catalog: dict) -> ClusterView:
         """Replace cluster and catalog. Only while the planner holds nothing (no running program,
         no copy in HBM or DRAM, no open op): a live change of hardware would strand state.

@@ -64,3 +64,22 @@ def test_start_applies_its_arrival_waits_for_the_state_and_starts_once_ready(app
     c.post("/v1/events", json={"type": "program_finished", "program": "p1"}, headers=H("a"))
     r = c.post("/v1/programs/p1/calls/c2/start", json={"before": arrive("p1", "c2")}, headers=H("a"))
     assert r.status_code == 409
+
+
+def test_a_call_ready_at_arrival_is_applied_and_started_in_one_commit(app):
+    c, planner = app
+    c.post("/v1/events/batch", json={"events": arrive("p0")}, headers=H("a"))
+    assert c.post("/v1/leases", json={"program": "p0", "model": "coder", "deadline_s": 30},
+                  headers=H("a")).json()["decision"] == "accepted"
+    for op in list(planner.ops.values()):
+        report_op(planner, op.op)
+    statements = []
+    planner.store.db.set_trace_callback(statements.append)
+    try:
+        r = c.post("/v1/programs/p1/calls/c1/start", json={"before": arrive("p1")}, headers=H("a"))
+    finally:
+        planner.store.db.set_trace_callback(None)
+    assert r.status_code == 200 and r.json()["status"] == "started"
+    assert planner.programs["p1"].calls["c1"]["status"] == "started"
+    # the arrival and the start share the request's one transaction: one sync of the ledger
+    assert [s for s in statements if s.startswith(("BEGIN", "COMMIT"))] == ["BEGIN IMMEDIATE", "COMMIT"]

@@ -26,16 +26,14 @@ async def start_when_ready(program: Annotated[Id, Path()], call: Annotated[Id, P
     can move it). `{call, status, ready, group, node}` plus `stall_s` once started; `ready` false
     (and nothing started) if the wait ran out."""
     p = svc.planner
-    if before:
-        for status, body in p.events(who.tenant, [ev.model_dump(exclude_none=True) for ev in before],
-                                     stop_at_refusal=True):
-            if status != 200:
-                svc.changed()
-                return JSONResponse(body, status_code=status)
-            if body["type"] == "program_started" and body.get("status") != "running":
-                return JSONResponse({"detail": f"program {program!r} is {body.get('status')}: a program id is "
-                                     "used once"}, status_code=409)
+    refusal, ready, started = p.arrive_and_start(who.tenant, program, call,
+                                                 [ev.model_dump(exclude_none=True) for ev in before or ()])
+    if before or started:
         svc.changed()
+    if refusal is not None:
+        return JSONResponse(refusal[1], status_code=refusal[0])
+    if started is not None:
+        return {**ready.body(), **started}
     ready = await svc.wait_until(lambda: (r := p.call_ready(who.tenant, program, call)).ready and r, wait)
     if not ready:
         return p.call_ready(who.tenant, program, call).body()

@@ -252,7 +252,8 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         (refusal, ready, started): `refusal` is (status, body) for the first refused event of
         `before`, or 409 for a program id used before, and then nothing more is done; else the
         call's `CallReady` and, if it is ready, `call_started`'s answer (None: not ready). A
-        refusal of the start itself is raised once `before` is committed."""
+        refusal after `before` (a call it did not bring, the start itself) is raised once
+        `before` is committed, as when the two were separate requests."""
         with self._tx():
             for status, body in self.events(tenant, before, stop_at_refusal=True):
                 if status != 200:
@@ -260,13 +261,13 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
                 if body["type"] == "program_started" and body.get("status") != "running":
                     return (409, {"detail": f"program {program!r} is {body.get('status')}: a program id is "
                                             "used once"}), None, None
-            ready = self.call_ready(tenant, program, call)
-            if not ready.ready:
-                return None, ready, None
-            try:
+            try:  # a refusal here changes nothing, and must not roll `before` back: it is raised after
+                ready = self.call_ready(tenant, program, call)
+                if not ready.ready:
+                    return None, ready, None
                 return None, ready, self.event(tenant, {"type": "call_started", "program": program, "call": call}).body()
             except (NotFound, Forbidden, Conflict, Invalid) as e:
-                refused = e  # changed nothing: `before` stays
+                refused = e
         raise refused
 
     def set_cluster(self, cluster: dict, catalog: dict) -> ClusterView:

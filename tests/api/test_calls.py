@@ -83,3 +83,13 @@ def test_a_call_ready_at_arrival_is_applied_and_started_in_one_commit(app):
     assert planner.programs["p1"].calls["c1"]["status"] == "started"
     # the arrival and the start share the request's one transaction: one sync of the ledger
     assert [s for s in statements if s.startswith(("BEGIN", "COMMIT"))] == ["BEGIN IMMEDIATE", "COMMIT"]
+
+
+def test_a_refusal_after_the_arrival_leaves_the_arrival_in_memory_and_on_disk(app):
+    c, planner = app
+    # `before` brings call c2; the path names c1, which never arrived: 404, and c2 has arrived
+    r = c.post("/v1/programs/p1/calls/c1/start", json={"before": arrive("p1", "c2")}, headers=H("a"))
+    assert r.status_code == 404
+    assert planner.programs["p1"].calls["c2"]["status"] == "arrived"
+    on_disk = {p["program"]: p for p in planner.store.programs()}
+    assert on_disk["p1"]["calls"]["c2"]["status"] == "arrived"

@@ -207,7 +207,7 @@ class Gateway:
             before.append({"type": "call_arrived", "program": prog.pid, "call": call, "model": model,
                            "context_tokens": prompt_tokens(body),
                            "max_tokens": body.get("max_completion_tokens") or body.get("max_tokens") or 1024})
-            try:  # one round trip when the state is ready; the planner applies all of `before` or none
+            try:  # one round trip when the state is ready; the planner applies `before` up to a refusal
                 first = await self._start(prog, call, 0.0, before)
             except Refused:
                 if pid and before[0]["type"] == "program_started":

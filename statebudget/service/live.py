@@ -253,7 +253,10 @@ class LivePlanner(ProgramEvents, QueueOrder, ToolWaitKVPart, LeaseDesk, Journal,
         `before`, or 409 for a program id used before, and then nothing more is done; else the
         call's `CallReady` and, if it is ready, `call_started`'s answer (None: not ready). A
         refusal after `before` (a call it did not bring, the start itself) is raised once
-        `before` is committed, as when the two were separate requests."""
+        `before` is committed, as when the two were separate requests. A poll (no `before`) for a
+        call not ready is a read: no transaction, so a ledger that refuses writes does not refuse it."""
+        if not before and not (ready := self.call_ready(tenant, program, call)).ready:
+            return None, ready, None
         with self._tx():
             for status, body in self.events(tenant, before, stop_at_refusal=True):
                 if status != 200:

@@ -93,3 +93,17 @@ def test_a_refusal_after_the_arrival_leaves_the_arrival_in_memory_and_on_disk(ap
     assert planner.programs["p1"].calls["c2"]["status"] == "arrived"
     on_disk = {p["program"]: p for p in planner.store.programs()}
     assert on_disk["p1"]["calls"]["c2"]["status"] == "arrived"
+
+
+def test_a_poll_for_a_call_not_ready_is_answered_while_the_ledger_refuses_writes(app):
+    c, planner = app
+    c.post("/v1/events/batch", json={"events": arrive("p1")}, headers=H("a"))
+    pages = planner.store.db.execute("PRAGMA page_count").fetchone()[0]
+    planner.store.db.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full
+    planner.ledger_error = "disk full"
+    for wait in (0, 0.2):
+        r = c.post("/v1/programs/p1/calls/c1/start", params={"wait": wait}, headers=H("a"))
+        assert r.status_code == 200 and r.json()["ready"] is False
+    # a write still is refused, with nothing of it kept
+    r = c.post("/v1/programs/p2/calls/c1/start", json={"before": arrive("p2")}, headers=H("a"))
+    assert r.status_code == 503 and "p2" not in planner.programs

@@ -152,9 +152,12 @@ def wait_up(port: int, path: str, procs, tmp: Path) -> None:
     raise SystemExit(f"no answer on port {port} within 60 s; logs in {tmp}")
 
 
+PROMPT_CHARS = 120  # `--prompt-chars`: an agent's call carries far more (a 30k-token context is ~120k)
+
+
 def body(tokens: int) -> dict:
-    return {"model": "coder", "messages": [{"role": "user", "content": "hello " * 20}], "max_tokens": tokens,
-            "stream": True}
+    prompt = ("hello " * (PROMPT_CHARS // 6 + 1))[:PROMPT_CHARS]
+    return {"model": "coder", "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens, "stream": True}
 
 
 async def latency(ep: int, gp: int, n: int, tokens: int, headers: dict) -> dict:
@@ -212,6 +215,7 @@ async def handoffs(gp: int, programs: int, tool_s: float) -> dict:
 
 
 def main() -> None:
+    global PROMPT_CHARS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--seconds", type=float, default=10.0)
@@ -220,17 +224,19 @@ def main() -> None:
     ap.add_argument("--program-id", action="store_true",
                     help="all requests in one program per connection (X-Program-Id): tool waits between calls")
     ap.add_argument("--handoff", type=int, default=0, metavar="N", help="also N programs through the handoff stack")
+    ap.add_argument("--prompt-chars", type=int, default=PROMPT_CHARS, help="characters of each request's prompt")
     ap.add_argument("--tool-s", type=float, default=1.5)
     ap.add_argument("--wake-s", type=float, default=0.5)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    PROMPT_CHARS = a.prompt_chars
     tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     procs, ep, gp = start_stack(tmp)
     try:
         headers = {"X-Program-Id": "bench-1"} if a.program_id else {}
         lat = asyncio.run(latency(ep, gp, a.requests, a.tokens, headers))
         d, g = np.array(lat["direct"]) * 1e3, np.array(lat["gateway"]) * 1e3
-        res = {"requests": a.requests, "tokens": a.tokens, "program_id": a.program_id,
+        res = {"requests": a.requests, "tokens": a.tokens, "prompt_chars": a.prompt_chars, "program_id": a.program_id,
                "direct_ms": {"p50": float(np.percentile(d, 50)), "p99": float(np.percentile(d, 99))},
                "gateway_ms": {"p50": float(np.percentile(g, 50)), "p99": float(np.percentile(g, 99))},
                "cores": os.cpu_count()}
@@ -255,7 +261,8 @@ def main() -> None:
                 p.wait(10)
         res["handoff_ms"] = {k: {"n": len(v), "p50": float(np.percentile(np.array(v) * 1e3, 50)),
                                  "p95": float(np.percentile(np.array(v) * 1e3, 95))} for k, v in h.items()}
-    print(f"latency, {a.requests} sequential streamed requests of {a.tokens} tokens (ms):")
+    print(f"latency, {a.requests} sequential streamed requests of {a.tokens} tokens, prompts of {a.prompt_chars:,} "
+          "characters (ms):")
     for k in ("direct_ms", "gateway_ms", "added_ms"):
         print(f"  {k[:-3]:8s} p50 {res[k]['p50']:7.2f}  p99 {res[k]['p99']:7.2f}")
     print(f"throughput, {a.connections} connections, {a.seconds:g} s: direct {res['direct_rps']['rps']:.0f} req/s, "

@@ -300,12 +300,17 @@ class Gateway:
     async def _forward(self, request, path, body, model, engine, slot, prog, call, hint, t0, deadline) -> Response:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP and not k.lower().startswith("x-")}
         headers["accept-encoding"] = "identity"  # the bytes are passed on as they come, never re-encoded
-        out_body = {**body, "model": engine.upstream_model or model}
+        name = engine.upstream_model or model
+        if body.get("model") == name:  # the client's bytes go on as they came: no second encoding of a long prompt
+            send = {"content": await request.body()}  # kept by starlette since `_body` read it
+            headers["content-type"] = "application/json"  # it parsed as JSON, whatever the client said
+        else:
+            send = {"json": {**body, "model": name}}
         try:
             while True:
                 try:
                     upstream = await self.engines.send(self.engines.build_request(
-                        "POST", engine.base_url() + path, json=out_body, headers=headers), stream=True)
+                        "POST", engine.base_url() + path, headers=headers, **send), stream=True)
                     break
                 except httpx.ConnectError:  # it never got the request: safe to send again once it is back
                     if time.monotonic() + 0.2 >= deadline:

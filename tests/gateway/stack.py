@@ -32,14 +32,15 @@ MODELS = ("planner", "coder", "reviewer")
 @contextmanager
 def gateway_stack(tmp, wake_s: float = 0.3, tokens_per_s: float = 200.0, engines: dict | None = None,
                   adapter: bool = True, max_inflight: int = 64, supervised: bool = False, report_awake: bool = False,
-                  local: bool = False, **config):
+                  local: bool = False, spec: dict | None = None, **config):
     """Yields a dict: `url` (the gateway), `planner` (its URL), `engines` {model: URL}, `live` (the
     LivePlanner), `gateway` (the Gateway object), `loop` (the gateway's event loop), `supervisor`.
     `engines` given: {model: URL} of servers the test runs itself (then no fake engines are started
     here). `supervised`: the engines are processes the adapter starts on demand (`supervisor.py`).
     `report_awake`: the gateway reports the engines it finds awake at start (no adapter needed).
     `local` (with `supervised`): the node's adapter is the local data plane, moving real bytes (a
-    hundredth of their size), with the engine processes following the weights."""
+    hundredth of their size), with the engine processes following the weights. `spec`: {model:
+    more fields of its engine's entry in the gateway config} (`aliases`, `upstream_model`)."""
     auth = Auth([TokenEntry(token=TOK["runtime"], role="runtime", tenant="team"),
                  TokenEntry(token=TOK["n0"], role="adapter", node="n0"),
                  TokenEntry(token=TOK["admin"], role="admin")])
@@ -71,8 +72,8 @@ def gateway_stack(tmp, wake_s: float = 0.3, tokens_per_s: float = 200.0, engines
             t.start()
             stack.callback(t.join, 5)
             stack.callback(stop.set)
-        cfg = GatewayConfig(engines=[{"model": m, "url": u, "node": "n0", "gpus": [0], "max_inflight": max_inflight}
-                                     for m, u in engines.items()],
+        cfg = GatewayConfig(engines=[{"model": m, "url": u, "node": "n0", "gpus": [0], "max_inflight": max_inflight,
+                                      **(spec or {}).get(m, {})} for m, u in engines.items()],
                             **config)
         app = gateway_app(cfg, planner_url, TOK["runtime"], {"n0": TOK["n0"]} if report_awake else None)
         url = stack.enter_context(serve(app, lifespan="on"))

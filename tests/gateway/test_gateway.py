@@ -4,6 +4,7 @@ X-Next-Model hints, streaming, errors in OpenAI's shape, overload, and the books
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -124,6 +125,44 @@ def test_one_engine_found_awake_at_start_serves_with_no_adapter_running(tmp_path
             assert r.choices[0].message.content == answer("coder", 2)
             copies = {(c["object"][1], c["tier"]) for c in s["live"].residency().body()["copies"] if c["ready"]}
             assert ("coder", "gpu:0") in copies
+
+
+def recording(app, seen: list):
+    """`app` with every completion request's headers and body appended to `seen` as it arrived."""
+    async def wrapped(scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].endswith("completions"):
+            return await app(scope, receive, send)
+        messages, body, more = [], b"", True
+        while more:
+            m = await receive()
+            messages.append(m)
+            body, more = body + m.get("body", b""), m.get("more_body", False)
+        seen.append((dict(scope["headers"]), body))
+
+        async def replay():  # the body as it came, then the client's connection itself (its disconnect)
+            return messages.pop(0) if messages else await receive()
+        return await app(scope, replay, send)
+    return wrapped
+
+
+def test_the_engine_gets_the_clients_bytes_unless_the_model_is_renamed(tmp_path):
+    seen = []
+    with serve(recording(engine_app("coder"), seen)) as coder:
+        with gateway_stack(tmp_path, engines={"coder": coder}, adapter=False, report_awake=True,
+                           spec={"coder": {"aliases": ["my-coder"]}}) as s:
+            raw = (b'{"model":"coder",   "messages": [{"role": "user", "content": "hi \\u00e9"}], "max_tokens": 2,'
+                   b' "x_extra": {"b": 1, "a": [2, 1]}}')
+            r = httpx.post(s["url"] + "/v1/chat/completions", content=raw, headers={"content-type": "text/plain"})
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == answer("coder", 2)
+            headers, body = seen[-1]
+            assert body == raw  # not decoded and encoded again: spacing, escapes and order as sent
+            assert headers[b"content-type"] == b"application/json"
+            # an alias is renamed to the engine's model, so that body is written anew
+            r = httpx.post(s["url"] + "/v1/chat/completions",
+                           json={"model": "my-coder", "messages": PROMPT, "max_tokens": 2, "x_extra": 1})
+            assert r.status_code == 200
+            sent = json.loads(seen[-1][1])
+            assert sent["model"] == "coder" and sent["x_extra"] == 1 and sent["messages"] == PROMPT
 
 
 def test_next_model_header_parses_or_says_what_is_wrong():

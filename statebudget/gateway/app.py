@@ -57,6 +57,10 @@ class Program:
     hint: tuple | None = None          # (lease id, model, call id) of the lease its last X-Next-Model asked for
 
 
+def _not_json(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
 class Metrics:
     def __init__(self):
         self.registry = r = CollectorRegistry()
@@ -158,10 +162,20 @@ class Gateway:
                 held.release()
 
     async def _body(self, request: Request) -> dict:
+        """The request's JSON object, checked. `request.state.raw` keeps its bytes where they can go
+        to the engine as they came: UTF-8 (strict), as the JSON the engine reads is."""
+        raw = await request.body()
         try:
-            body = json.loads(await request.body())
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is not None and text.startswith("\ufeff"):
+            text = None  # a byte order mark: read from the bytes, sent written anew
+        try:  # NaN and Infinity are not JSON: an engine could read them as numbers that pass its checks
+            body = json.loads(raw if text is None else text, parse_constant=_not_json)
         except ValueError:
             raise Refused(400, "the body is not JSON", "invalid_request_error") from None
+        request.state.raw = raw if text is not None else None
         if not isinstance(body, dict) or "model" not in body:
             raise Refused(400, "the body must be a JSON object with a `model`", "invalid_request_error", param="model")
         for k in ("max_tokens", "max_completion_tokens"):
@@ -300,17 +314,17 @@ class Gateway:
     async def _forward(self, request, path, body, model, engine, slot, prog, call, hint, t0, deadline) -> Response:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP and not k.lower().startswith("x-")}
         headers["accept-encoding"] = "identity"  # the bytes are passed on as they come, never re-encoded
+        headers["content-type"] = "application/json"  # it parsed as JSON, whatever the client said
         name = engine.upstream_model or model
-        if body.get("model") == name:  # the client's bytes go on as they came: no second encoding of a long prompt
-            send = {"content": await request.body()}  # kept by starlette since `_body` read it
-            headers["content-type"] = "application/json"  # it parsed as JSON, whatever the client said
-        else:
-            send = {"json": {**body, "model": name}}
+        raw = request.state.raw
+        # the client's bytes go on as they came (no second encoding of a long prompt), unless the
+        # model is renamed; written anew, as ASCII, a lone surrogate escaped is still JSON
+        content = raw if raw is not None and body.get("model") == name else json.dumps({**body, "model": name}).encode()
         try:
             while True:
                 try:
                     upstream = await self.engines.send(self.engines.build_request(
-                        "POST", engine.base_url() + path, headers=headers, **send), stream=True)
+                        "POST", engine.base_url() + path, headers=headers, content=content), stream=True)
                     break
                 except httpx.ConnectError:  # it never got the request: safe to send again once it is back
                     if time.monotonic() + 0.2 >= deadline:

@@ -137,7 +137,7 @@ def recording(app, seen: list):
             m = await receive()
             messages.append(m)
             body, more = body + m.get("body", b""), m.get("more_body", False)
-        seen.append((dict(scope["headers"]), body))
+        seen.append(([v for k, v in scope["headers"] if k == b"content-type"], body))
 
         async def replay():  # the body as it came, then the client's connection itself (its disconnect)
             return messages.pop(0) if messages else await receive()
@@ -154,15 +154,25 @@ def test_the_engine_gets_the_clients_bytes_unless_the_model_is_renamed(tmp_path)
                    b' "x_extra": {"b": 1, "a": [2, 1]}}')
             r = httpx.post(s["url"] + "/v1/chat/completions", content=raw, headers={"content-type": "text/plain"})
             assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == answer("coder", 2)
-            headers, body = seen[-1]
+            types, body = seen[-1]
             assert body == raw  # not decoded and encoded again: spacing, escapes and order as sent
-            assert headers[b"content-type"] == b"application/json"
-            # an alias is renamed to the engine's model, so that body is written anew
-            r = httpx.post(s["url"] + "/v1/chat/completions",
-                           json={"model": "my-coder", "messages": PROMPT, "max_tokens": 2, "x_extra": 1})
+            assert types == [b"application/json"]
+            # an alias is renamed to the engine's model, so that body is written anew, as JSON too
+            r = httpx.post(s["url"] + "/v1/chat/completions", headers={"content-type": "text/plain"},
+                           content=json.dumps({"model": "my-coder", "messages": PROMPT, "max_tokens": 2, "x_extra": 1}))
             assert r.status_code == 200
-            sent = json.loads(seen[-1][1])
+            types, body = seen[-1]
+            sent = json.loads(body)
+            assert types == [b"application/json"]
             assert sent["model"] == "coder" and sent["x_extra"] == 1 and sent["messages"] == PROMPT
+            # JSON in UTF-16 reaches the engine as UTF-8 JSON; NaN is not JSON, and never reaches it
+            utf16 = json.dumps({"model": "coder", "messages": PROMPT, "max_tokens": 2}).encode("utf-16")
+            r = httpx.post(s["url"] + "/v1/chat/completions", content=utf16)
+            assert r.status_code == 200 and json.loads(seen[-1][1].decode("utf-8"))["messages"] == PROMPT
+            n = len(seen)
+            r = httpx.post(s["url"] + "/v1/chat/completions",
+                           content=b'{"model": "coder", "messages": [], "temperature": NaN}')
+            assert r.status_code == 400 and r.json()["error"]["message"] == "the body is not JSON" and len(seen) == n
 
 
 def test_next_model_header_parses_or_says_what_is_wrong():

@@ -9,7 +9,9 @@ reported to the planner, so no adapter runs). Then, from this process:
   latency     one request at a time, alternating direct and through the gateway (so both see the
               same noise): a streamed chat completion of `--tokens` tokens, timed to its last byte;
               added = gateway - direct, p50 and p99 of each
-  throughput  `--connections` keep-alive connections, closed loop, `--seconds` each way: requests/s
+  throughput  `--connections` keep-alive connections, closed loop, `--seconds` each way: requests/s,
+              and the CPU each server (planner, engine, gateway) spends a request through the
+              gateway (from /proc, where there is one)
 
   handoff     (`--handoff N`) a second stack where two of the three toy models fit the GPU, their
               engines asleep until woken (`--wake-s`), the gateway running the node's vLLM adapter:
@@ -134,6 +136,15 @@ def start_stack(tmp: Path, handoff_wake_s: float | None = None) -> tuple[list[su
     return procs, ep, gp
 
 
+def cpu_s(proc: subprocess.Popen) -> float | None:
+    """CPU seconds (user + system) the process has used, from /proc; None where there is none."""
+    try:
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wait_up(port: int, path: str, procs, tmp: Path) -> None:
     import httpx
 
@@ -189,7 +200,7 @@ async def throughput(port: int, seconds: float, connections: int, tokens: int, h
                 errors.append(status)
     t0 = time.monotonic()
     await asyncio.gather(*(worker() for _ in range(connections)))
-    return {"rps": done[0] / (time.monotonic() - t0), "errors": len(errors)}
+    return {"rps": done[0] / (time.monotonic() - t0), "requests": done[0], "errors": len(errors)}
 
 
 async def handoffs(gp: int, programs: int, tool_s: float) -> dict:
@@ -242,8 +253,13 @@ def main() -> None:
                "cores": os.cpu_count()}
         res["added_ms"] = {q: res["gateway_ms"][q] - res["direct_ms"][q] for q in ("p50", "p99")}
         res["direct_rps"] = asyncio.run(throughput(ep, a.seconds, a.connections, a.tokens, {}))
+        before = [cpu_s(p) for p in procs]
         res["gateway_rps"] = asyncio.run(throughput(gp, a.seconds, a.connections, a.tokens,
                                                     {"X-Program-Id": "bench-2"} if a.program_id else {}))
+        done = res["gateway_rps"]["requests"]
+        if done and None not in before:  # CPU of each server per request through the gateway
+            res["cpu_ms_per_request"] = {name: round((cpu_s(p) - b) / done * 1e3, 3)
+                                         for name, p, b in zip(("planner", "engine", "gateway"), procs, before)}
     finally:
         for p in procs:
             p.terminate()
@@ -267,6 +283,9 @@ def main() -> None:
         print(f"  {k[:-3]:8s} p50 {res[k]['p50']:7.2f}  p99 {res[k]['p99']:7.2f}")
     print(f"throughput, {a.connections} connections, {a.seconds:g} s: direct {res['direct_rps']['rps']:.0f} req/s, "
           f"gateway {res['gateway_rps']['rps']:.0f} req/s ({res['gateway_rps']['errors']} errors)")
+    if "cpu_ms_per_request" in res:
+        print("  CPU a request through the gateway (ms): " +
+              ", ".join(f"{k} {v:.2f}" for k, v in res["cpu_ms_per_request"].items()))
     for k, v in res.get("handoff_ms", {}).items():
         print(f"handoff TTFT at the client, {k:8s} (n={v['n']}): p50 {v['p50']:7.1f} ms  p95 {v['p95']:7.1f} ms")
     if a.json:

@@ -61,6 +61,9 @@ def _not_json(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
+PLANNER_CONNECTIONS = 4  # to the planner for requests that do not wait (`make_app`)
+
+
 class Metrics:
     def __init__(self):
         self.registry = r = CollectorRegistry()
@@ -76,8 +79,11 @@ class Metrics:
 
 
 class Gateway:
-    def __init__(self, config: GatewayConfig, planner: httpx.AsyncClient, engines: httpx.AsyncClient | None = None):
-        self.config, self.planner = config, planner
+    def __init__(self, config: GatewayConfig, planner: httpx.AsyncClient, engines: httpx.AsyncClient | None = None,
+                 polls: httpx.AsyncClient | None = None):
+        # `planner` for the quick requests; `polls` (default: the same) for the waits on a start,
+        # which hold their connection for up to 30 s
+        self.config, self.planner, self.polls = config, planner, polls or planner
         self.engines = engines or httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
                                                     limits=httpx.Limits(max_connections=1000,
                                                                         max_keepalive_connections=200))
@@ -89,10 +95,10 @@ class Gateway:
         self.metrics = Metrics()
 
     # ---- the planner ---------------------------------------------------------------------------------
-    async def _call(self, method: str, path: str, **kw) -> httpx.Response:
+    async def _call(self, method: str, path: str, client: httpx.AsyncClient | None = None, **kw) -> httpx.Response:
         """A request to the planner; one that does not get there is a 502 for the client."""
         try:
-            return await self.planner.request(method, path, **kw)
+            return await (client or self.planner).request(method, path, **kw)
         except httpx.HTTPError as e:
             raise Refused(502, f"the planner cannot be reached: {type(e).__name__} {e}", "planner_error",
                           "planner_unreachable", retry_after_s=1) from None
@@ -282,7 +288,8 @@ class Gateway:
                 self._later(self.planner.delete(f"/v1/leases/{lease['lease_id']}"))  # its reservation is the call's now
 
     async def _start(self, prog: Program, call: str, wait_s: float, before: list | None = None) -> dict:
-        r = await self._call("POST", f"/v1/programs/{prog.pid}/calls/{call}/start", params={"wait": wait_s},
+        r = await self._call("POST", f"/v1/programs/{prog.pid}/calls/{call}/start", self.polls if wait_s else None,
+                             params={"wait": wait_s},
                              json={"before": before} if before else None)
         if r.status_code != 200:
             conflict = r.status_code == 409
@@ -464,12 +471,24 @@ class Gateway:
         return n
 
 
+def planner_clients(planner_url: str, token: str, transport=None) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
+    """(quick, polls): the clients a gateway asks its planner with. The planner answers one request
+    at a time, so a few connections keep it busy, and a pool of many costs the gateway's CPU:
+    httpcore scans every connection for every request it assigns (with 16 clients, a third of the
+    gateway's time). The waits on a start, which hold a connection up to 30 s, get a pool of their
+    own, so they never hold up the quick requests."""
+    def client(connections: int) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=planner_url, headers={"Authorization": f"Bearer {token}"},
+                                 timeout=httpx.Timeout(70.0, connect=5.0), transport=transport,
+                                 limits=httpx.Limits(max_connections=connections,
+                                                     max_keepalive_connections=min(connections, 100)))
+    return client(PLANNER_CONNECTIONS), client(200)
+
+
 def make_app(config: GatewayConfig, planner_url: str, token: str, adapter_tokens: dict[str, str] | None = None,
              planner_transport=None, engine_client: httpx.AsyncClient | None = None) -> FastAPI:
-    planner = httpx.AsyncClient(base_url=planner_url, headers={"Authorization": f"Bearer {token}"},
-                                timeout=httpx.Timeout(70.0, connect=5.0), transport=planner_transport,
-                                limits=httpx.Limits(max_connections=200, max_keepalive_connections=100))
-    gw = Gateway(config, planner, engine_client)
+    planner, polls = planner_clients(planner_url, token, planner_transport)
+    gw = Gateway(config, planner, engine_client, polls)
 
     async def expiry_loop():
         while True:
@@ -491,6 +510,7 @@ def make_app(config: GatewayConfig, planner_url: str, token: str, adapter_tokens
         finally:
             task.cancel()
             await planner.aclose()
+            await polls.aclose()
             await gw.engines.aclose()
 
     app = FastAPI(title="StateBudget gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)

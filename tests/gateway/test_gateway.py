@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
@@ -223,3 +224,46 @@ def test_a_lease_rejected_past_capacity_is_a_503_with_the_planners_retry_after()
     # the quote (2 s) is within the timeout: only the planner's word stops the gateway asking again
     assert err.status == 503 and err.retry_after_s == 42.0 and "overloaded: 9 calls" in str(err)
     assert posted == ["/v1/leases"]
+
+
+def test_starts_waiting_at_the_planner_never_hold_up_its_quick_requests():
+    from fastapi import FastAPI
+
+    from statebudget.gateway.app import PLANNER_CONNECTIONS, Gateway, Program, planner_clients
+    from statebudget.gateway.config import GatewayConfig
+
+    release, waiting = threading.Event(), []
+    planner = FastAPI()
+
+    @planner.post("/v1/programs/{program}/calls/{call}/start")
+    def start(program: str, call: str, wait: float = 0.0):  # in the server's thread pool: it may block
+        waiting.append(program)
+        release.wait(30)
+        return {"call": call, "status": "arrived", "ready": False, "group": None, "node": None}
+
+    @planner.post("/v1/leases")
+    def lease():
+        return {"lease_id": "L1", "decision": "accepted", "quote": {"p95_s": 0.0}}
+
+    async def run(url):
+        quick, polls = planner_clients(url, "token")
+        gw = Gateway(GatewayConfig(engines=[{"model": "coder", "url": "http://127.0.0.1:9"}]), quick, polls=polls)
+        n = 2 * PLANNER_CONNECTIONS
+        waits = [asyncio.create_task(gw._start(Program(f"p{i}", single=False), "c", 20.0)) for i in range(n)]
+        for _ in range(2000):  # until every wait is held at the planner (bounded)
+            if len(waiting) == n:
+                break
+            await asyncio.sleep(0.005)
+        assert len(waiting) == n
+        out = await asyncio.wait_for(gw._post("/v1/leases", {"program": "p0", "model": "coder"}), 10)
+        assert out["decision"] == "accepted" and not any(t.done() for t in waits)
+        release.set()
+        assert all(r["ready"] is False for r in await asyncio.gather(*waits))
+        await quick.aclose()
+        await polls.aclose()
+
+    with serve(planner) as url:
+        try:
+            asyncio.run(run(url))
+        finally:
+            release.set()

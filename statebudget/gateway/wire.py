@@ -97,6 +97,47 @@ class Outbox:
                 i += len(evs)
 
 
+class Bounded(httpx.AsyncBaseTransport):
+    """At most `n` requests at once on `inner`, from sending to the end of the answer; the rest
+    wait here, in a queue that costs the same however long it grows. httpcore's own queue scans
+    every connection for every request it assigns: a long one costs more CPU the longer it gets."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, n: int):
+        self.inner, self.slots = inner, asyncio.Semaphore(n)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await self.slots.acquire()
+        try:
+            r = await self.inner.handle_async_request(request)
+        except BaseException:
+            self.slots.release()
+            raise
+        return httpx.Response(r.status_code, headers=r.headers, stream=_Releasing(r.stream, self.slots),
+                              extensions=r.extensions)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _Releasing(httpx.AsyncByteStream):
+    """An answer's body that gives its slot back once, when it is closed."""
+
+    def __init__(self, inner, slots: asyncio.Semaphore):
+        self.inner, self.slots = inner, slots
+
+    async def __aiter__(self):
+        async for chunk in self.inner:
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self.inner.aclose()
+        finally:
+            if self.slots is not None:
+                self.slots, slots = None, self.slots
+                slots.release()
+
+
 def prompt_tokens(body: dict) -> int:
     """A rough token count of a request's prompt (4 characters a token)."""
     if "messages" in body:

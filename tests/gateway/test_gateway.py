@@ -229,7 +229,7 @@ def test_a_lease_rejected_past_capacity_is_a_503_with_the_planners_retry_after()
 def test_starts_waiting_at_the_planner_never_hold_up_its_quick_requests():
     from fastapi import FastAPI
 
-    from statebudget.gateway.app import PLANNER_CONNECTIONS, Gateway, Program, planner_clients
+    from statebudget.gateway.app import PLANNER_CONNECTIONS, Program, make_app
     from statebudget.gateway.config import GatewayConfig
 
     release, waiting = threading.Event(), []
@@ -246,21 +246,30 @@ def test_starts_waiting_at_the_planner_never_hold_up_its_quick_requests():
         return {"lease_id": "L1", "decision": "accepted", "quote": {"p95_s": 0.0}}
 
     async def run(url):
-        quick, polls = planner_clients(url, "token")
-        gw = Gateway(GatewayConfig(engines=[{"model": "coder", "url": "http://127.0.0.1:9"}]), quick, polls=polls)
-        n = 2 * PLANNER_CONNECTIONS
-        waits = [asyncio.create_task(gw._start(Program(f"p{i}", single=False), "c", 20.0)) for i in range(n)]
-        for _ in range(2000):  # until every wait is held at the planner (bounded)
-            if len(waiting) == n:
-                break
-            await asyncio.sleep(0.005)
-        assert len(waiting) == n
-        out = await asyncio.wait_for(gw._post("/v1/leases", {"program": "p0", "model": "coder"}), 10)
-        assert out["decision"] == "accepted" and not any(t.done() for t in waits)
-        release.set()
-        assert all(r["ready"] is False for r in await asyncio.gather(*waits))
-        await quick.aclose()
-        await polls.aclose()
+        # the gateway's own clients, as `make_app` wires them
+        cfg = GatewayConfig(engines=[{"model": "coder", "url": "http://127.0.0.1:9"}])
+        gw = make_app(cfg, url, "token").state.gateway
+        try:
+            n = 2 * PLANNER_CONNECTIONS
+            waits = [asyncio.create_task(gw._start(Program(f"p{i}", single=False), "c", 20.0)) for i in range(n)]
+            for _ in range(2000):  # until every wait is held at the planner (bounded)
+                if len(waiting) == n:
+                    break
+                await asyncio.sleep(0.005)
+            assert len(waiting) == n, f"{len(waiting)} of {n} waits reached the planner, the rest wait here"
+            out = await asyncio.wait_for(gw._post("/v1/leases", {"program": "p0", "model": "coder"}), 10)
+            assert out["decision"] == "accepted" and not any(t.done() for t in waits)
+            # more quick requests than connections: each waits its turn, none is lost
+            posts = [gw._post("/v1/leases", {"program": f"q{i}", "model": "coder"})
+                     for i in range(5 * PLANNER_CONNECTIONS)]
+            many = await asyncio.wait_for(asyncio.gather(*posts), 20)
+            assert all(r["decision"] == "accepted" for r in many)
+            release.set()
+            assert all(r["ready"] is False for r in await asyncio.gather(*waits))
+        finally:
+            release.set()
+            await gw.planner.aclose()
+            await gw.polls.aclose()
 
     with serve(planner) as url:
         try:

@@ -106,7 +106,11 @@ class Bounded(httpx.AsyncBaseTransport):
         self.inner, self.slots = inner, asyncio.Semaphore(n)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        await self.slots.acquire()
+        try:  # the client's pool timeout bounds the wait for a slot, as it would httpcore's queue
+            async with asyncio.timeout(request.extensions.get("timeout", {}).get("pool")):
+                await self.slots.acquire()
+        except TimeoutError:
+            raise httpx.PoolTimeout(f"no free connection to {request.url.host} in time", request=request) from None
         try:
             r = await self.inner.handle_async_request(request)
         except BaseException:

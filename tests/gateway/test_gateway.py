@@ -276,3 +276,28 @@ def test_starts_waiting_at_the_planner_never_hold_up_its_quick_requests():
             asyncio.run(run(url))
         finally:
             release.set()
+
+
+def test_a_bounded_transport_waits_for_a_slot_no_longer_than_the_pool_timeout():
+    from statebudget.gateway.wire import Bounded
+
+    async def run():
+        gate = asyncio.Event()
+
+        async def handler(request):
+            await gate.wait()
+            return httpx.Response(200, json={"path": request.url.path})
+        bounded = Bounded(httpx.MockTransport(handler), 1)
+        async with httpx.AsyncClient(transport=bounded, base_url="http://planner") as c:
+            first = asyncio.create_task(c.get("/a"))
+            for _ in range(1000):  # until the first request holds the one slot (bounded)
+                if bounded.slots.locked():
+                    break
+                await asyncio.sleep(0)
+            with pytest.raises(httpx.PoolTimeout):  # (wait_for: a wait without a bound fails, not hangs)
+                await asyncio.wait_for(c.get("/b", timeout=httpx.Timeout(5.0, pool=0.05)), 10)
+            gate.set()
+            assert (await first).json() == {"path": "/a"}
+            assert (await c.get("/c")).json() == {"path": "/c"}  # its slot came back, and the timed-out one's
+            assert not bounded.slots.locked()
+    asyncio.run(run())

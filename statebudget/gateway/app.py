@@ -61,7 +61,7 @@ def _not_json(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
-PLANNER_CONNECTIONS = 4  # to the planner for requests that do not wait (`make_app`)
+PLANNER_CONNECTIONS = GatewayConfig.model_fields["planner_connections"].default  # `planner_clients`
 
 
 class Metrics:
@@ -471,11 +471,12 @@ class Gateway:
         return n
 
 
-def planner_clients(planner_url: str, token: str, transport=None) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
+def planner_clients(planner_url: str, token: str, transport=None,
+                    connections: int = PLANNER_CONNECTIONS) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
     """(quick, polls): the clients a gateway asks its planner with. httpcore scans every pooled
     connection, idle ones too, for every request it assigns (with 16 clients and a pool of 200, a
     third of the gateway's time). The planner answers one request at a time, so the quick requests
-    share `PLANNER_CONNECTIONS`, and those beyond wait in `Bounded`'s queue, not httpcore's. The
+    share `connections`, and those beyond wait in `Bounded`'s queue, not httpcore's. The
     waits on a start hold a connection up to 30 s: they get a pool of their own, which keeps few
     idle. `transport` (tests): one for both, as it is."""
     def client(transport) -> httpx.AsyncClient:
@@ -483,15 +484,15 @@ def planner_clients(planner_url: str, token: str, transport=None) -> tuple[httpx
                                  timeout=httpx.Timeout(70.0, connect=5.0), transport=transport)
     if transport is not None:
         return client(transport), client(transport)
-    quick = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=PLANNER_CONNECTIONS,
-                                                         max_keepalive_connections=PLANNER_CONNECTIONS))
+    quick = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=connections,
+                                                         max_keepalive_connections=connections))
     polls = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=200, max_keepalive_connections=8))
-    return client(Bounded(quick, PLANNER_CONNECTIONS)), client(polls)
+    return client(Bounded(quick, connections)), client(polls)
 
 
 def make_app(config: GatewayConfig, planner_url: str, token: str, adapter_tokens: dict[str, str] | None = None,
              planner_transport=None, engine_client: httpx.AsyncClient | None = None) -> FastAPI:
-    planner, polls = planner_clients(planner_url, token, planner_transport)
+    planner, polls = planner_clients(planner_url, token, planner_transport, config.planner_connections)
     gw = Gateway(config, planner, engine_client, polls)
 
     async def expiry_loop():

@@ -66,6 +66,8 @@ class GatewayConfig(BaseModel):
     queue_limit: int = Field(256, ge=0, description="requests held per model beyond which new ones get 503")
     program_idle_s: float = Field(600.0, gt=0, description="a program with no request for this long is finished")
     hint_in_s: float = Field(5.0, gt=0, description="the lease deadline of an X-Next-Model without `in=`")
+    planner_connections: int = Field(4, ge=1, le=64, description="connections for the requests to the planner "
+                                     "that do not wait (more for a planner far away; waits have their own)")
 
     @model_validator(mode="after")
     def _names(self):

@@ -232,6 +232,10 @@ def test_starts_waiting_at_the_planner_never_hold_up_its_quick_requests():
     from statebudget.gateway.app import PLANNER_CONNECTIONS, Program, make_app
     from statebudget.gateway.config import GatewayConfig
 
+    assert PLANNER_CONNECTIONS != 3
+    with pytest.raises(ValueError, match="planner_connections"):
+        GatewayConfig(engines=[{"model": "coder", "url": "http://127.0.0.1:9"}], planner_connections=0)
+
     release, waiting = threading.Event(), []
     planner = FastAPI()
 
@@ -247,10 +251,11 @@ def test_starts_waiting_at_the_planner_never_hold_up_its_quick_requests():
 
     async def run(url):
         # the gateway's own clients, as `make_app` wires them
-        cfg = GatewayConfig(engines=[{"model": "coder", "url": "http://127.0.0.1:9"}])
+        cfg = GatewayConfig(engines=[{"model": "coder", "url": "http://127.0.0.1:9"}], planner_connections=3)
         gw = make_app(cfg, url, "token").state.gateway
+        assert gw.planner._transport.slots._value == 3  # the config's bound, not the default's
         try:
-            n = 2 * PLANNER_CONNECTIONS
+            n = 2 * cfg.planner_connections
             waits = [asyncio.create_task(gw._start(Program(f"p{i}", single=False), "c", 20.0)) for i in range(n)]
             for _ in range(2000):  # until every wait is held at the planner (bounded)
                 if len(waiting) == n:
@@ -261,7 +266,7 @@ def test_starts_waiting_at_the_planner_never_hold_up_its_quick_requests():
             assert out["decision"] == "accepted" and not any(t.done() for t in waits)
             # more quick requests than connections: each waits its turn, none is lost
             posts = [gw._post("/v1/leases", {"program": f"q{i}", "model": "coder"})
-                     for i in range(5 * PLANNER_CONNECTIONS)]
+                     for i in range(5 * cfg.planner_connections)]
             many = await asyncio.wait_for(asyncio.gather(*posts), 20)
             assert all(r["decision"] == "accepted" for r in many)
             release.set()

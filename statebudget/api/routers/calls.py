@@ -32,11 +32,9 @@ async def start_when_ready(program: Annotated[Id, Path()], call: Annotated[Id, P
         svc.changed()
     if refusal is not None:
         return JSONResponse(refusal[1], status_code=refusal[0])
-    if started is not None:
-        return {**ready.body(), **started}
-    ready = await svc.wait_until(lambda: (r := p.call_ready(who.tenant, program, call)).ready and r, wait)
-    if not ready:
+    if started is None and await svc.wait_until(lambda: p.call_ready(who.tenant, program, call).ready, wait):
+        _, ready, started = p.arrive_and_start(who.tenant, program, call, [])  # ready now: the one way to start
+        svc.changed()
+    if started is None:
         return p.call_ready(who.tenant, program, call).body()
-    ack = p.event(who.tenant, {"type": "call_started", "program": program, "call": call}).body()
-    svc.changed()
-    return {**ready.body(), **ack}
+    return {**ready.body(), **started}

@@ -61,9 +61,6 @@ def _not_json(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
-PLANNER_CONNECTIONS = GatewayConfig.model_fields["planner_connections"].default  # `planner_clients`
-
-
 class Metrics:
     def __init__(self):
         self.registry = r = CollectorRegistry()
@@ -471,14 +468,14 @@ class Gateway:
         return n
 
 
-def planner_clients(planner_url: str, token: str, transport=None,
-                    connections: int = PLANNER_CONNECTIONS) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
+def planner_clients(planner_url: str, token: str, connections: int,
+                    transport=None) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
     """(quick, polls): the clients a gateway asks its planner with. httpcore scans every pooled
     connection, idle ones too, for every request it assigns (with 16 clients and a pool of 200, a
     third of the gateway's time). The planner answers one request at a time, so the quick requests
-    share `connections`, and those beyond wait in `Bounded`'s queue, not httpcore's. The
-    waits on a start hold a connection up to 30 s: they get a pool of their own, which keeps few
-    idle. `transport` (tests): one for both, as it is."""
+    share `connections` (`GatewayConfig.planner_connections`), and those beyond wait in
+    `Bounded`'s queue, not httpcore's. The waits on a start hold a connection up to 30 s: they get
+    a pool of their own, which keeps few idle. `transport` (tests): one for both, as it is."""
     def client(transport) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=planner_url, headers={"Authorization": f"Bearer {token}"},
                                  timeout=httpx.Timeout(70.0, connect=5.0), transport=transport)
@@ -492,7 +489,7 @@ def planner_clients(planner_url: str, token: str, transport=None,
 
 def make_app(config: GatewayConfig, planner_url: str, token: str, adapter_tokens: dict[str, str] | None = None,
              planner_transport=None, engine_client: httpx.AsyncClient | None = None) -> FastAPI:
-    planner, polls = planner_clients(planner_url, token, planner_transport, config.planner_connections)
+    planner, polls = planner_clients(planner_url, token, config.planner_connections, planner_transport)
     gw = Gateway(config, planner, engine_client, polls)
 
     async def expiry_loop():

@@ -229,10 +229,10 @@ def test_a_lease_rejected_past_capacity_is_a_503_with_the_planners_retry_after()
 def test_starts_waiting_at_the_planner_never_hold_up_its_quick_requests():
     from fastapi import FastAPI
 
-    from statebudget.gateway.app import PLANNER_CONNECTIONS, Program, make_app
+    from statebudget.gateway.app import Program, make_app
     from statebudget.gateway.config import GatewayConfig
 
-    assert PLANNER_CONNECTIONS != 3
+    assert GatewayConfig.model_fields["planner_connections"].default != 3
     with pytest.raises(ValueError, match="planner_connections"):
         GatewayConfig(engines=[{"model": "coder", "url": "http://127.0.0.1:9"}], planner_connections=0)
 

@@ -22,16 +22,26 @@ class OutputEstimate:
         self.alpha, self.prior_share = alpha, prior_share
         self.mean: dict[str, float] = {}
         self.count: dict[str, int] = {}  # per model, moves at each of its observations: its version
+        self.asked: dict[str, float] = {}  # per model, the same mean of context + max_tokens
         self.version = 0  # moves at every observation: what a cache of estimates is keyed by
 
-    def observe(self, model: str, output_tokens: float) -> None:
-        """A call of `model` finished having written `output_tokens`."""
+    def observe(self, model: str, output_tokens: float, asked_tokens: float | None = None) -> None:
+        """A call of `model` finished having written `output_tokens`; `asked_tokens`: its context
+        and `max_tokens`, the KV room it asked for (`typical_asked`)."""
         self.version += 1
         n = self.count.get(model, 0) + 1
         self.count[model] = n
         w = max(1.0 / n, self.alpha)
         old = self.mean.get(model, 0.0)
         self.mean[model] = old + w * (float(output_tokens) - old)
+        if asked_tokens is not None:
+            old = self.asked.get(model)
+            self.asked[model] = float(asked_tokens) if old is None else old + w * (float(asked_tokens) - old)
+
+    def typical_asked(self, model: str) -> float | None:
+        """The KV tokens (context and `max_tokens`) a call of `model` asks room for, averaged over
+        its finished calls as their outputs are; None before one has finished."""
+        return self.asked.get(model)
 
     def expected(self, model: str, max_tokens):
         """The output tokens to expect of a call of `model` that asked for `max_tokens`. A number

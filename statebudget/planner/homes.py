@@ -154,7 +154,10 @@ def scale_out(view, catalog, now: float, wait_s: float | None, calls: int | None
     GPU beside 30 GB of weights): a dense model with a call that has waited `wait_s` for HBM, and
     no copy on a group clear of its waiting calls' GPUs, has its weights promoted onto such a
     group with room for them now (the most free HBM), as an autoscaler adds a replica on queue
-    depth. With `calls`, so do `calls` of its calls waiting at one group, however briefly (either
+    depth. Only a group that, empty, holds the weights beside the KV room its typical call asks
+    for (`OutputEstimate.typical_asked`, learnt from finished calls): on one with less (a 65 GB
+    model on two 40 GB GPUs) a replica runs few of its calls, and is evicted unused by the next
+    call that needs those GPUs. With `calls`, so do `calls` of its calls waiting at one group, however briefly (either
     trigger alone when the other is None). A view that keeps each model's oldest waiting call and
     queue depth per group (`queue_oldest`, `queue_depth`, the simulator's) is read without a pass
     over the queue."""
@@ -175,6 +178,12 @@ def scale_out(view, catalog, now: float, wait_s: float | None, calls: int | None
     stuck: dict[str, set] = {}
     for model, group in waited:
         stuck.setdefault(model, set()).update(group)
+    cap, overhead, est = view.tiers.hbm_cap, view.tiers.engine_overhead, view.output_estimate
+
+    def fits(m, g) -> bool:  # the group, empty, holds the weights and the KV of the model's typical call
+        need = (m.dense_bytes + (est.typical_asked(m.name) or 0.0) * m.kv_bytes_per_token) / m.tp
+        return all(need + overhead[i] <= cap[i] for i in g)
+
     out = []
     for m in catalog.models:
         busy = stuck.get(m.name)
@@ -184,7 +193,7 @@ def scale_out(view, catalog, now: float, wait_s: float | None, calls: int | None
         held = view.tiers.groups_of.get(wk, ())
         if any(busy.isdisjoint(g) for g in held):
             continue  # a replica clear of the queue exists (or is loading)
-        best = most_free(view, [g for g in view.model_groups(m) if busy.isdisjoint(g)], m.dense_bytes / m.tp)
+        best = most_free(view, [g for g in view.model_groups(m) if busy.isdisjoint(g) and fits(m, g)], m.dense_bytes / m.tp)
         if best is not None:
             out.append(Promote(wk, best))
     return out

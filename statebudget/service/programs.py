@@ -340,7 +340,8 @@ class ProgramEvents:
         self._left(rec, ev["call"])
         model = call["model"]
         if ev.get("output_tokens") is not None:  # what it wrote: known now that it has ended
-            self.output_estimate.observe(model, ev["output_tokens"])
+            self.output_estimate.observe(model, ev["output_tokens"],
+                                         call.get("context_tokens", 0) + call.get("max_tokens", DEFAULT_MAX_TOKENS))
         kvk = kv_key(rec.program, model)
         tokens = int(ev.get("tokens", 0))
         if tokens > 0 and tokens != self.kv_tokens.get(kvk):

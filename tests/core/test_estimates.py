@@ -28,3 +28,16 @@ def test_before_any_finished_call_the_prior_share_then_the_observed_mean():
     est.observe("m", 150)
     assert est.expected("m", 400) == 100.0 and est.expected("m", 60) == 60.0
     assert est.count == {"m": 2} and est.expected("other", 8) == 2.0
+
+
+def test_the_typical_ask_is_averaged_as_the_outputs_are_and_moves_no_output_estimate():
+    est, plain = OutputEstimate(alpha=0.5), OutputEstimate(alpha=0.5)
+    assert est.typical_asked("m") is None, "nothing before a call has finished"
+    for out, asked in ((10, 1000), (30, 3000), (50, 9000)):
+        est.observe("m", out, asked)
+        plain.observe("m", out)
+    # a running mean for the first two (1000, 3000 -> 2000), then weight 0.5: 2000 + 0.5 x 7000
+    assert est.typical_asked("m") == 5500.0 and est.typical_asked("other") is None
+    assert (est.mean, est.count, est.version) == (plain.mean, plain.count, plain.version)
+    est.observe("m", 70)  # a call whose ask is not known leaves the typical ask as it was
+    assert est.typical_asked("m") == 5500.0

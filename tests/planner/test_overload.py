@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from tests.helpers import call, catalog, cluster, program, resident, trace
+from statebudget.core.estimates import OutputEstimate
 from statebudget.planner.config import PlannerConfig
 from statebudget.planner.leases import LeaseRequest, LeaseState
 from statebudget.planner.overload import Pressure, QueueLoad
@@ -114,6 +115,23 @@ def test_a_call_queued_at_its_home_adds_a_replica_where_most_hbm_is_free():
     assert _replicas(core.plan(sim, 0.0)) == [(1,)]
     core.cfg = replace(core.cfg, scale_out_wait_s=None)
     assert _replicas(core.plan(sim, 0.0)) == [], "off: the queue adds no replica"
+
+
+
+def test_a_replica_goes_only_where_the_models_typical_call_fits_beside_its_weights():
+    sim, core = _sim(n_gpu=3)
+    core.cfg = replace(core.cfg, scale_out_wait_s=20.0)
+    resident(sim, ("w", "m"), (0,), 20.0)
+    sim.tiers.hbm_cap[1] = 30e9  # GPU 1 has the most free HBM (30 GB), but holds 10 GB beside the weights
+    sim.tiers.alloc_gpu((2,), 12e9)  # 28 GB free of 40
+    _queued(sim, [("m", (0,), 30.0, 25.0)])
+    assert _replicas(core.plan(sim, 0.0)) == [(1,)], "before a call has finished: where most is free"
+    for asked, replica in ((5_000_000, [(1,)]),     # 5 GB of KV (1,000 bytes a token)
+                           (15_000_000, [(2,)]),    # not beside 20 GB on GPU 1
+                           (25_000_000, [])):       # on no GPU
+        sim._output_estimate = OutputEstimate()
+        sim.output_estimate.observe("m", 100, asked)
+        assert _replicas(core.plan(sim, 0.0)) == replica, asked
 
 
 def test_calls_queued_at_once_add_a_replica_however_briefly_they_waited():

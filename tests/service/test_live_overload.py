@@ -48,8 +48,10 @@ def test_the_admission_queue_is_the_arrived_calls_with_the_run_of_the_output_est
     arrive(p, "done", call="c0")
     p.event("a", {"type": "call_started", "program": "done", "call": "c0"})
     assert p.admission_queue() == [] and p.running_on == [1, 0]
+    assert p.output_estimate.typical_asked("planner") is None
     p.event("a", {"type": "call_finished", "program": "done", "call": "c0", "output_tokens": 3000})
     assert p.running_on == [0, 0]
+    assert p.output_estimate.typical_asked("planner") == CTX + MAX, "the room it asked for: what a replica must hold"
     arrive(p, "w1")
     arrive(p, "w2", ctx=2000)
     arrive(p, "r1")

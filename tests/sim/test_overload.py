@@ -2,6 +2,7 @@
 and below capacity nothing changes."""
 
 from tests.helpers import call, catalog, cluster, program, trace
+from statebudget.models.cluster import Cluster
 from statebudget.planner.config import PlannerConfig
 from statebudget.policies.ours import StateBudget
 from statebudget.sim.config import SimConfig
@@ -84,6 +85,23 @@ def test_a_queue_at_the_only_copy_adds_a_replica_on_the_idle_gpu():
     assert stall["scaled"] < 0.5 * stall["off"]
     assert all(c.state == "done" for c in scaled.calls)
 
+
+
+def test_no_replica_is_loaded_where_the_models_calls_cannot_fit_beside_it():
+    # GPU 1 holds the 30 GB model with 2 GB to spare; each call asks for 9 GB of KV
+    cl = Cluster.model_validate({
+        "name": "two-kinds", "hbm_reserve_frac": 0.0,
+        "gpu_kinds": {k: {"hbm_gb": gb, "hbm_gbps": 1555, "h2d_gbps": 25, "d2h_gbps": 25, "tflops": 312,
+                          "wake_s": 0.5, "cold_start_s": 10.0, "engine_overhead_gb": 0.0}
+                      for k, gb in (("big", 40.0), ("small", 32.0))},
+        "nodes": [{"name": "n0", "host_dram_gb": 256, "nvme_gb": 4000, "nvme_read_gbps": 7, "nvme_write_gbps": 5,
+                   "root_gbps": 50, "gpus": {"big": 1, "small": 1}}]})
+    cfg = PlannerConfig(overload_wait_s=None, scale_out_wait_s=20.0)
+    res = Simulator(cl, catalog(("m", 30.0, 3_000_000)), _burst(20, 6.0), StateBudget(cfg),
+                    config=SimConfig(check_invariants=True, start="warm", timeline=True)).run()
+    assert any(c.ready - c.arrive >= 20.0 for c in res.calls), "calls wait past the trigger"
+    assert [e for e in res.timeline if e["gpus"] == [1]] == [], "no copy on the GPU none of them fits"
+    assert {c.group for c in res.calls} == {(0,)} and all(c.state == "done" for c in res.calls)
 
 class _Placed(StateBudget):
     """Keeps the group each call was placed on at its arrival."""

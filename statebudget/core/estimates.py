@@ -1,5 +1,5 @@
 """What a call will write, before it has: a per-model estimate of output tokens, learnt from
-finished calls only (DESIGN.md §5: policies and the planner never see a call's `output_tokens`
+finished calls only (and beside it the KV room its calls ask for, `typical_asked`) (DESIGN.md §5: policies and the planner never see a call's `output_tokens`
 before it ends). Pure: no clock; the simulator and the live planner each own one, fed at every
 call's end, and policies read it through their view (`output_estimate`)."""
 
@@ -22,25 +22,31 @@ class OutputEstimate:
         self.alpha, self.prior_share = alpha, prior_share
         self.mean: dict[str, float] = {}
         self.count: dict[str, int] = {}  # per model, moves at each of its observations: its version
-        self.asked: dict[str, float] = {}  # per model, the same mean of context + max_tokens
+        self.asked: dict[str, float] = {}  # per model, the same kind of mean of context + max_tokens
+        self.asked_n: dict[str, int] = {}
         self.version = 0  # moves at every observation: what a cache of estimates is keyed by
 
-    def observe(self, model: str, output_tokens: float, asked_tokens: float | None = None) -> None:
-        """A call of `model` finished having written `output_tokens`; `asked_tokens`: its context
-        and `max_tokens`, the KV room it asked for (`typical_asked`)."""
+    def observe(self, model: str, output_tokens: float) -> None:
+        """A call of `model` finished having written `output_tokens`."""
         self.version += 1
         n = self.count.get(model, 0) + 1
         self.count[model] = n
         w = max(1.0 / n, self.alpha)
         old = self.mean.get(model, 0.0)
         self.mean[model] = old + w * (float(output_tokens) - old)
-        if asked_tokens is not None:
-            old = self.asked.get(model)
-            self.asked[model] = float(asked_tokens) if old is None else old + w * (float(asked_tokens) - old)
+
+    def observe_asked(self, model: str, tokens: float) -> None:
+        """A call of `model` finished that had asked KV room for `tokens` (its context and
+        `max_tokens`, known since it arrived). Moves no output estimate (nor `version`)."""
+        n = self.asked_n.get(model, 0) + 1
+        self.asked_n[model] = n
+        old = self.asked.get(model, 0.0)
+        self.asked[model] = old + max(1.0 / n, self.alpha) * (float(tokens) - old)
 
     def typical_asked(self, model: str) -> float | None:
-        """The KV tokens (context and `max_tokens`) a call of `model` asks room for, averaged over
-        its finished calls as their outputs are; None before one has finished."""
+        """The KV tokens a call of `model` asks room for, the mean over its finished calls in the
+        way outputs are (a running mean, then exponentially weighted); None before one finished.
+        What a replica must hold beside its weights (`planner/homes.py:scale_out`)."""
         return self.asked.get(model)
 
     def expected(self, model: str, max_tokens):

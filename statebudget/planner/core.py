@@ -292,7 +292,8 @@ class PlannerCore:
             promote = {i for i in promote if not past[groups[i]]}
         out = [Promote(keys[i], groups[i]) for i in plan.promote if i in promote] + out
         if cfg.scale_out_wait_s is not None or cfg.scale_out_calls is not None:
-            out += scale_out(view, self.catalog, now, cfg.scale_out_wait_s, cfg.scale_out_calls)
+            out += scale_out(view, self.catalog, now, cfg.scale_out_wait_s, cfg.scale_out_calls,
+                             cfg.scale_out_fits_typical)
         # Stage in host DRAM what a restore would read (weights, expert pages of the home node) for
         # models likely to be used at all: a restore from DRAM is a wake, from NVMe a cold start.
         if cfg.stage_host:

@@ -11,7 +11,7 @@ that hold the weights of models at least `share` x as likely to be needed, and c
 state of models less likely than that as room: roughly what the mechanism would evict for it.
 Off by default: on evaluation seeds it homes bursty small models on small clear GPUs, where
 their calls queue for KV room (docs/experiments.md). Replicas (`scale_out`) take the most free
-HBM as it is."""
+HBM as it is, on a group whose empty HBM holds the model's typical call beside its weights."""
 
 from __future__ import annotations
 
@@ -149,15 +149,16 @@ def pages_owed(view, moe) -> list[float]:
     return owed
 
 
-def scale_out(view, catalog, now: float, wait_s: float | None, calls: int | None = None) -> list:
+def scale_out(view, catalog, now: float, wait_s: float | None, calls: int | None = None,
+              fits_typical: bool = True) -> list:
     """A second replica where calls queue at a home that holds too few of them at once (a 40 GB
     GPU beside 30 GB of weights): a dense model with a call that has waited `wait_s` for HBM, and
     no copy on a group clear of its waiting calls' GPUs, has its weights promoted onto such a
     group with room for them now (the most free HBM), as an autoscaler adds a replica on queue
-    depth. Only a group that, empty, holds the weights beside the KV room its typical call asks
-    for (`OutputEstimate.typical_asked`, learnt from finished calls): on one with less (a 65 GB
-    model on two 40 GB GPUs) a replica runs few of its calls, and is evicted unused by the next
-    call that needs those GPUs. With `calls`, so do `calls` of its calls waiting at one group, however briefly (either
+    depth. With `fits_typical`, only onto a group that, empty, would hold the weights beside the KV
+    room the model's typical call asks for (`OutputEstimate.typical_asked`, from finished calls;
+    none finished: the weights alone): on one with less (a 65 GB model on two 40 GB GPUs) a
+    replica runs few of its calls and is evicted unused by the next call that needs those GPUs. With `calls`, so do `calls` of its calls waiting at one group, however briefly (either
     trigger alone when the other is None). A view that keeps each model's oldest waiting call and
     queue depth per group (`queue_oldest`, `queue_depth`, the simulator's) is read without a pass
     over the queue."""
@@ -181,7 +182,8 @@ def scale_out(view, catalog, now: float, wait_s: float | None, calls: int | None
     cap, overhead, est = view.tiers.hbm_cap, view.tiers.engine_overhead, view.output_estimate
 
     def fits(m, g) -> bool:  # the group, empty, holds the weights and the KV of the model's typical call
-        need = (m.dense_bytes + (est.typical_asked(m.name) or 0.0) * m.kv_bytes_per_token) / m.tp
+        tokens = (est.typical_asked(m.name) or 0.0) if fits_typical else 0.0
+        need = (m.dense_bytes + tokens * m.kv_bytes_per_token) / m.tp
         return all(need + overhead[i] <= cap[i] for i in g)
 
     out = []

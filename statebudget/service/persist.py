@@ -19,7 +19,7 @@ from ..planner.leases import Lease, LeaseRequest, LeaseState, Quote
 from .errors import Conflict, Forbidden, Invalid, NotFound, Unavailable
 from .journal import OpRec, OpStatus, gpu_tier, object_key, tier_group
 from .ledger import LedgerError
-from .programs import CallStatus, HookProgram, ProgramRec, ProgramStatus
+from .programs import CallStatus, HookProgram, ProgramRec, ProgramStatus, asked_tokens
 from .telemetry import HeldTelemetry
 
 log = logging.getLogger("statebudget.planner")
@@ -91,6 +91,12 @@ class Persist:
                 self.running[rec.program] = rec
                 self.policy.on_program_start(self, _resumed(rec))
         self._take_up_learnt()
+        # The room calls ask for is learnt again from the ledger's finished calls (what they wrote
+        # is not kept, so the output estimate starts afresh), in the order they arrived.
+        done = sorted((call.get("arrived_s", 0.0), call["model"], asked_tokens(call)) for rec in self.programs.values()
+                      for call in rec.calls.values() if call["status"] == CallStatus.FINISHED)
+        for _, model, tokens in done:
+            self.output_estimate.observe_asked(model, tokens)
         finished = [r for r in self.programs.values() if r.status == ProgramStatus.FINISHED] if self.queue == "auto" else []
         for rec in sorted(finished, key=lambda r: r.ended_s or 0.0):
             self.sizes.observe(rec.service_s, rec.ended_s or 0.0)  # in the order they finished

@@ -48,6 +48,11 @@ class ProgramStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
+def asked_tokens(call: dict) -> int:
+    """The KV room a call asked for: its context and `max_tokens` (the simulator's too)."""
+    return call.get("context_tokens", 0) + call.get("max_tokens", DEFAULT_MAX_TOKENS)
+
+
 class CallStatus(StrEnum):
     ARRIVED = "arrived"
     STARTED = "started"
@@ -340,8 +345,8 @@ class ProgramEvents:
         self._left(rec, ev["call"])
         model = call["model"]
         if ev.get("output_tokens") is not None:  # what it wrote: known now that it has ended
-            self.output_estimate.observe(model, ev["output_tokens"],
-                                         call.get("context_tokens", 0) + call.get("max_tokens", DEFAULT_MAX_TOKENS))
+            self.output_estimate.observe(model, ev["output_tokens"])
+        self.output_estimate.observe_asked(model, asked_tokens(call))
         kvk = kv_key(rec.program, model)
         tokens = int(ev.get("tokens", 0))
         if tokens > 0 and tokens != self.kv_tokens.get(kvk):

@@ -327,7 +327,8 @@ class CallsMixin:
         self._release(c, finished=True)
         c.end = self.now
         c.state = "done"
-        self.output_estimate.observe(c.model, c.output_tokens, c.context_tokens + c.max_tokens)  # known now that it has ended
+        self.output_estimate.observe(c.model, c.output_tokens)  # known now that it has ended
+        self.output_estimate.observe_asked(c.model, c.context_tokens + c.max_tokens)
         pr = self.programs[c.program]
         self._apply(self._hook("on_call_end", c))
         events = self._node_done(pr, c.node) or []

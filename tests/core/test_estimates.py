@@ -34,10 +34,11 @@ def test_the_typical_ask_is_averaged_as_the_outputs_are_and_moves_no_output_esti
     est, plain = OutputEstimate(alpha=0.5), OutputEstimate(alpha=0.5)
     assert est.typical_asked("m") is None, "nothing before a call has finished"
     for out, asked in ((10, 1000), (30, 3000), (50, 9000)):
-        est.observe("m", out, asked)
+        est.observe("m", out)
+        est.observe_asked("m", asked)
         plain.observe("m", out)
     # a running mean for the first two (1000, 3000 -> 2000), then weight 0.5: 2000 + 0.5 x 7000
     assert est.typical_asked("m") == 5500.0 and est.typical_asked("other") is None
     assert (est.mean, est.count, est.version) == (plain.mean, plain.count, plain.version)
-    est.observe("m", 70)  # a call whose ask is not known leaves the typical ask as it was
+    est.observe("m", 70)  # an output alone leaves the typical ask as it was
     assert est.typical_asked("m") == 5500.0

@@ -117,7 +117,6 @@ def test_a_call_queued_at_its_home_adds_a_replica_where_most_hbm_is_free():
     assert _replicas(core.plan(sim, 0.0)) == [], "off: the queue adds no replica"
 
 
-
 def test_a_replica_goes_only_where_the_models_typical_call_fits_beside_its_weights():
     sim, core = _sim(n_gpu=3)
     core.cfg = replace(core.cfg, scale_out_wait_s=20.0)
@@ -130,8 +129,10 @@ def test_a_replica_goes_only_where_the_models_typical_call_fits_beside_its_weigh
                            (15_000_000, [(2,)]),    # not beside 20 GB on GPU 1
                            (25_000_000, [])):       # on no GPU
         sim._output_estimate = OutputEstimate()
-        sim.output_estimate.observe("m", 100, asked)
+        sim.output_estimate.observe_asked("m", asked)
         assert _replicas(core.plan(sim, 0.0)) == replica, asked
+    core.cfg = replace(core.cfg, scale_out_fits_typical=False)
+    assert _replicas(core.plan(sim, 0.0)) == [(1,)], "off: where most is free, whatever the calls ask"
 
 
 def test_calls_queued_at_once_add_a_replica_however_briefly_they_waited():

@@ -86,7 +86,6 @@ def test_a_queue_at_the_only_copy_adds_a_replica_on_the_idle_gpu():
     assert all(c.state == "done" for c in scaled.calls)
 
 
-
 def test_no_replica_is_loaded_where_the_models_calls_cannot_fit_beside_it():
     # GPU 1 holds the 30 GB model with 2 GB to spare; each call asks for 9 GB of KV
     cl = Cluster.model_validate({
@@ -102,6 +101,7 @@ def test_no_replica_is_loaded_where_the_models_calls_cannot_fit_beside_it():
     assert any(c.ready - c.arrive >= 20.0 for c in res.calls), "calls wait past the trigger"
     assert [e for e in res.timeline if e["gpus"] == [1]] == [], "no copy on the GPU none of them fits"
     assert {c.group for c in res.calls} == {(0,)} and all(c.state == "done" for c in res.calls)
+
 
 class _Placed(StateBudget):
     """Keeps the group each call was placed on at its arrival."""

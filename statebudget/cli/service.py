@@ -131,7 +131,8 @@ def serve(
     scale_out_wait_s: Annotated[float, typer.Option(help="a call of a dense model that has waited this long for HBM "
                                                     "at its group, with no group clear of the queue holding the "
                                                     "model, adds a replica on the group with the most free HBM "
-                                                    "that can hold its typical call (docs/planner.md); the same queue as --overload-wait-s; 0: off",
+                                                    "that can hold its typical call "
+                                                    "(docs/planner.md); the same queue as --overload-wait-s; 0: off",
                                                     min=0.0)] = 20.0,
     docs: Annotated[bool, typer.Option(help="serve /docs (plain HTML, nothing from the internet) and /openapi.json, "
                                             "both for admin tokens")] = False,

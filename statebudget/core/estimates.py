@@ -1,7 +1,8 @@
 """What a call will write, before it has: a per-model estimate of output tokens, learnt from
-finished calls only (and beside it the KV room its calls ask for, `typical_asked`) (DESIGN.md §5: policies and the planner never see a call's `output_tokens`
-before it ends). Pure: no clock; the simulator and the live planner each own one, fed at every
-call's end, and policies read it through their view (`output_estimate`)."""
+finished calls only (and beside it the KV room its calls ask for, `typical_asked`) (DESIGN.md
+§5: policies and the planner never see a call's `output_tokens` before it ends). Pure: no clock;
+the simulator and the live planner each own one, fed at every call's end, and policies read it
+through their view (`output_estimate`)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,11 @@ class OutputEstimate:
         self.asked_n[model] = n
         old = self.asked.get(model, 0.0)
         self.asked[model] = old + max(1.0 / n, self.alpha) * (float(tokens) - old)
+
+    def forget_asked(self) -> None:
+        """Drop what `observe_asked` learnt (before it is learnt again from a ledger)."""
+        self.asked.clear()
+        self.asked_n.clear()
 
     def typical_asked(self, model: str) -> float | None:
         """The KV tokens a call of `model` asks room for, the mean over its finished calls in the

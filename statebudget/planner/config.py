@@ -49,7 +49,7 @@ class PlannerConfig:
     # the queue holding the model, adds a replica there (`homes.scale_out`); None: off (planner.md).
     scale_out_wait_s: float | None = 20.0
     # ... only onto a group that holds the model's typical call beside its weights; False: anywhere
-    # its weights fit (experiments.md, "Where the wasted bytes go").
+    # its weights and engine fit (experiments.md, "Where the wasted bytes go").
     scale_out_fits_typical: bool = True
     # ... and so do this many calls of one model waiting at one group, however briefly; None: off.
     # Opt-in: neither its gain nor its cost is outside the interval on seeds 100-109 (planner.md).

@@ -158,7 +158,8 @@ def scale_out(view, catalog, now: float, wait_s: float | None, calls: int | None
     depth. With `fits_typical`, only onto a group that, empty, would hold the weights beside the KV
     room the model's typical call asks for (`OutputEstimate.typical_asked`, from finished calls;
     none finished: the weights alone): on one with less (a 65 GB model on two 40 GB GPUs) a
-    replica runs few of its calls and is evicted unused by the next call that needs those GPUs. With `calls`, so do `calls` of its calls waiting at one group, however briefly (either
+    replica runs few of its calls and is evicted unused by the next call that needs those GPUs.
+    With `calls`, so do `calls` of its calls waiting at one group, however briefly (either
     trigger alone when the other is None). A view that keeps each model's oldest waiting call and
     queue depth per group (`queue_oldest`, `queue_depth`, the simulator's) is read without a pass
     over the queue."""
@@ -195,7 +196,8 @@ def scale_out(view, catalog, now: float, wait_s: float | None, calls: int | None
         held = view.tiers.groups_of.get(wk, ())
         if any(busy.isdisjoint(g) for g in held):
             continue  # a replica clear of the queue exists (or is loading)
-        best = most_free(view, [g for g in view.model_groups(m) if busy.isdisjoint(g) and fits(m, g)], m.dense_bytes / m.tp)
+        clear = [g for g in view.model_groups(m) if busy.isdisjoint(g) and fits(m, g)]
+        best = most_free(view, clear, m.dense_bytes / m.tp)
         if best is not None:
             out.append(Promote(wk, best))
     return out

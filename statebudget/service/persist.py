@@ -91,10 +91,13 @@ class Persist:
                 self.running[rec.program] = rec
                 self.policy.on_program_start(self, _resumed(rec))
         self._take_up_learnt()
-        # The room calls ask for is learnt again from the ledger's finished calls (what they wrote
-        # is not kept, so the output estimate starts afresh), in the order they arrived.
-        done = sorted((call.get("arrived_s", 0.0), call["model"], asked_tokens(call)) for rec in self.programs.values()
-                      for call in rec.calls.values() if call["status"] == CallStatus.FINISHED)
+        # The room calls ask for is learnt again from the ledger's finished calls, in the order they
+        # finished (what they wrote is not kept: the output estimate starts afresh). Forgotten first:
+        # a rebuild after a failed write restores into the same estimate.
+        self.output_estimate.forget_asked()
+        done = sorted((call.get("ended_s", call.get("arrived_s", 0.0)), call["model"], asked_tokens(call))
+                      for rec in self.programs.values() for call in rec.calls.values()
+                      if call["status"] == CallStatus.FINISHED)
         for _, model, tokens in done:
             self.output_estimate.observe_asked(model, tokens)
         finished = [r for r in self.programs.values() if r.status == ProgramStatus.FINISHED] if self.queue == "auto" else []

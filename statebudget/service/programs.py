@@ -140,7 +140,8 @@ class ProgramEvents:
     @property
     def output_estimate(self) -> OutputEstimate:
         """The per-model estimate of a call's output, fed by `call_finished` events that carry
-        `output_tokens` (not persisted: after a restart it learns again from its prior)."""
+        `output_tokens` (not persisted: after a restart it learns again from its prior), and of
+        the room calls ask for, fed by every `call_finished` (learnt again from the ledger)."""
         est = getattr(self, "_output_estimate", None)
         if est is None:
             est = self._output_estimate = OutputEstimate()
@@ -342,6 +343,7 @@ class ProgramEvents:
         group = self._unpin(rec, call)
         call.setdefault("path_s", call.get("path_in_s", 0.0) + call.get("service_s", 0.0))
         call["status"] = CallStatus.FINISHED
+        call["ended_s"] = self.now
         self._left(rec, ev["call"])
         model = call["model"]
         if ev.get("output_tokens") is not None:  # what it wrote: known now that it has ended

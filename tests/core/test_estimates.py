@@ -40,5 +40,6 @@ def test_the_typical_ask_is_averaged_as_the_outputs_are_and_moves_no_output_esti
     # a running mean for the first two (1000, 3000 -> 2000), then weight 0.5: 2000 + 0.5 x 7000
     assert est.typical_asked("m") == 5500.0 and est.typical_asked("other") is None
     assert (est.mean, est.count, est.version) == (plain.mean, plain.count, plain.version)
-    est.observe("m", 70)  # an output alone leaves the typical ask as it was
-    assert est.typical_asked("m") == 5500.0
+    est.forget_asked()
+    est.observe_asked("m", 800)
+    assert est.typical_asked("m") == 800.0, "forgotten, it starts again from the next ask"

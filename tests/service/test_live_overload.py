@@ -97,19 +97,22 @@ def test_past_capacity_a_lease_onto_the_group_is_rejected_with_when_to_retry_and
     assert len(q.admission_queue()) == 8  # the waiting calls come back from the ledger with their arrival
 
 
-
-def test_the_room_calls_ask_for_is_learnt_again_after_a_restart(tmp_path):
+def test_the_room_calls_ask_for_is_learnt_again_after_a_rebuild_and_a_restart(tmp_path):
     clock = Clock(T0)
     p = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"), clock=clock)
     for i, (ctx, mx) in enumerate(((1000, 3000), (5000, 1000))):
         arrive(p, f"f{i}", call="c", ctx=ctx, max_tokens=mx)
         clock.t += 1.0
         p.event("a", {"type": "call_finished", "program": f"f{i}", "call": "c"})  # no output_tokens given
-    arrive(p, "w", call="c", ctx=90_000, max_tokens=10_000)  # waiting: asks nothing learnt yet
+    p.event("a", {"type": "program_finished", "program": "f0"})  # an ended program's call counts too
+    arrive(p, "w", call="c", ctx=90_000, max_tokens=10_000)  # waiting: its ask is not learnt
     assert p.output_estimate.typical_asked("planner") == 5000.0 and p.output_estimate.count == {}
+    p._rebuild(None)  # after a rolled-back write: memory from the ledger, into the same estimate
+    assert p.output_estimate.asked == {"planner": 5000.0} and p.output_estimate.asked_n == {"planner": 2}
     p.store.close()
     q = LivePlanner(load_cluster("toy2"), load_catalog("toy"), Store(tmp_path / "sb.db"), clock=clock)
-    assert q.output_estimate.typical_asked("planner") == 5000.0 and q.output_estimate.typical_asked("coder") is None
+    assert q.output_estimate.asked == {"planner": 5000.0} and q.output_estimate.asked_n == {"planner": 2}
+
 
 def test_a_call_running_on_the_group_divides_the_wait():
     p = make_live_planner(clock=Clock(T0))

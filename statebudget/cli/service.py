@@ -134,6 +134,10 @@ def serve(
                                                     "that can hold its typical call "
                                                     "(docs/planner.md); the same queue as --overload-wait-s; 0: off",
                                                     min=0.0)] = 20.0,
+    scale_out_fits: Annotated[bool, typer.Option("--scale-out-fits/--scale-out-anywhere",
+                                                 help="a replica only where the model's typical call (the mean "
+                                                      "room its finished calls asked for) fits beside its weights, "
+                                                      "or wherever the weights fit")] = True,
     docs: Annotated[bool, typer.Option(help="serve /docs (plain HTML, nothing from the internet) and /openapi.json, "
                                             "both for admin tokens")] = False,
     layout: Annotated[Optional[Path], typer.Option(
@@ -217,7 +221,8 @@ def serve(
 
     track = TrackConfig(replan_s=track_every_s) if track_every_s > 0 else None
     config = lease_config(stage_host=stage_host, overload_wait_s=overload_wait_s or None,
-                          scale_out_wait_s=scale_out_wait_s or None, homes=homes, layout_holds=holds)
+                          scale_out_wait_s=scale_out_wait_s or None, scale_out_fits_typical=scale_out_fits,
+                          homes=homes, layout_holds=holds)
     planner = LivePlanner(cl, cat, store, profile=prof, queue=queue, config=config,
                           kv_rule=kv_rule, tenant_weights=weights, require_checksums=require_checksums, track=track)
     if layout is not None and homes is None and planner.layout:  # `none`, or a search that kept none

@@ -175,6 +175,27 @@ def test_serve_rejects_a_negative_wait_before_writing_anything(tmp_path, flag):
     assert not list(tmp_path.iterdir())
 
 
+
+def test_serve_hands_the_replica_rule_to_the_planner(tmp_path, monkeypatch):
+    import uvicorn
+
+    from statebudget.service import live
+
+    made = []
+
+    class Recording(live.LivePlanner):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append(self)
+
+    monkeypatch.setattr(live, "LivePlanner", Recording)
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: None)  # built, not served
+    for args, want in (([], True), (["--scale-out-anywhere"], False)):
+        res = runner.invoke(app, ["serve", "--db", str(tmp_path / f"{want}.db"), *args])
+        assert res.exit_code == 0, res.output
+        assert made[-1].core.cfg.scale_out_fits_typical is want
+        made[-1].store.close()
+
 @pytest.mark.parametrize("value,msg", [("soon", "expected seconds or 'none'"), ("-5", "must be >= 0")])
 def test_bad_admit_starve(tmp_path, value, msg):
     write(tmp_path)

@@ -87,11 +87,14 @@ def lease_config(**overrides) -> PlannerConfig:
 
 def check_fields(overrides: dict) -> None:
     """A ValueError naming the first of `overrides` that `PlannerConfig` has no field for (with the
-    nearest name, else the list), or the value it refuses."""
-    known = [f.name for f in fields(PlannerConfig)]
-    for name in overrides:
-        if name not in known:
-            near = difflib.get_close_matches(name, known, n=1)
+    nearest name, else the list), or the value it refuses: a switch takes True or False only (a
+    string such as 'false' would be true)."""
+    types = {f.name: f.type for f in fields(PlannerConfig)}
+    for name, value in overrides.items():
+        if name not in types:
+            near = difflib.get_close_matches(name, list(types), n=1)
             raise ValueError(f"no field {name!r}" + (f" (did you mean {near[0]!r}?)" if near else
-                                                    f"; the fields: {', '.join(known)}"))
+                                                    f"; the fields: {', '.join(types)}"))
+        if types[name] in ("bool", bool) and not isinstance(value, bool):
+            raise ValueError(f"{name}: True or False, got {value!r}")
     PlannerConfig(**overrides)

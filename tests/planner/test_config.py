@@ -30,3 +30,11 @@ def test_an_override_s_slip_is_named_with_the_nearest_field():
     with pytest.raises(ValueError, match="k > 0"):
         check_fields({"place_keeps_weights": 0})
     check_fields({"place_keeps_weights": 1.3})
+
+
+def test_a_switch_takes_true_or_false_only():
+    with pytest.raises(ValueError, match="scale_out_fits_typical: True or False, got 'false'"):
+        check_fields({"scale_out_fits_typical": "false"})  # a non-empty string would be true
+    with pytest.raises(ValueError, match="stage_host: True or False, got 0"):
+        check_fields({"stage_host": 0})
+    check_fields({"scale_out_fits_typical": False, "place_keeps_weights": True})

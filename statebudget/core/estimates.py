@@ -30,19 +30,18 @@ class OutputEstimate:
     def observe(self, model: str, output_tokens: float) -> None:
         """A call of `model` finished having written `output_tokens`."""
         self.version += 1
-        n = self.count.get(model, 0) + 1
-        self.count[model] = n
-        w = max(1.0 / n, self.alpha)
-        old = self.mean.get(model, 0.0)
-        self.mean[model] = old + w * (float(output_tokens) - old)
+        self._fold(self.mean, self.count, model, output_tokens)
 
     def observe_asked(self, model: str, tokens: float) -> None:
         """A call of `model` finished that had asked KV room for `tokens` (its context and
         `max_tokens`, known since it arrived). Moves no output estimate (nor `version`)."""
-        n = self.asked_n.get(model, 0) + 1
-        self.asked_n[model] = n
-        old = self.asked.get(model, 0.0)
-        self.asked[model] = old + max(1.0 / n, self.alpha) * (float(tokens) - old)
+        self._fold(self.asked, self.asked_n, model, tokens)
+
+    def _fold(self, mean: dict, count: dict, model: str, x: float) -> None:
+        """`x` into `model`'s mean: a running mean for its first 1/alpha values, then weighted alpha."""
+        n = count[model] = count.get(model, 0) + 1
+        old = mean.get(model, 0.0)
+        mean[model] = old + max(1.0 / n, self.alpha) * (float(x) - old)
 
     def forget_asked(self) -> None:
         """Drop what `observe_asked` learnt (before it is learnt again from a ledger)."""

@@ -48,12 +48,12 @@ class PlannerConfig:
     # A call of a dense model that has waited this long for HBM at its group, with no group clear of
     # the queue holding the model, adds a replica there (`homes.scale_out`); None: off (planner.md).
     scale_out_wait_s: float | None = 20.0
-    # ... only onto a group that holds the model's typical call beside its weights; False: anywhere
-    # its weights and engine fit (experiments.md, "Where the wasted bytes go").
-    scale_out_fits_typical: bool = True
     # ... and so do this many calls of one model waiting at one group, however briefly; None: off.
     # Opt-in: neither its gain nor its cost is outside the interval on seeds 100-109 (planner.md).
     scale_out_calls: int | None = None
+    # Either way only onto a group that holds the model's typical call beside its weights; False:
+    # anywhere its weights and engine fit (experiments.md, "Where the wasted bytes go").
+    scale_out_fits_typical: bool = True
     # A call whose model has a ready copy waits for it rather than evict another model's weights: True
     # always; a number k > 0 (1 is k = 1.0) only if their model's next home prefills over k x slower.
     place_keeps_weights: bool | float = False  # opt-in (planner.md, "Placement")
@@ -95,6 +95,6 @@ def check_fields(overrides: dict) -> None:
             near = difflib.get_close_matches(name, list(types), n=1)
             raise ValueError(f"no field {name!r}" + (f" (did you mean {near[0]!r}?)" if near else
                                                     f"; the fields: {', '.join(types)}"))
-        if types[name] in ("bool", bool) and not isinstance(value, bool):
+        if types[name] == "bool" and not isinstance(value, bool):  # annotations are strings here
             raise ValueError(f"{name}: True or False, got {value!r}")
     PlannerConfig(**overrides)

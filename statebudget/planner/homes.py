@@ -181,12 +181,6 @@ def scale_out(view, catalog, now: float, wait_s: float | None, calls: int | None
     for model, group in waited:
         stuck.setdefault(model, set()).update(group)
     cap, overhead, est = view.tiers.hbm_cap, view.tiers.engine_overhead, view.output_estimate
-
-    def fits(m, g) -> bool:  # the group, empty, holds the weights and the KV of the model's typical call
-        tokens = (est.typical_asked(m.name) or 0.0) if fits_typical else 0.0
-        need = (m.dense_bytes + tokens * m.kv_bytes_per_token) / m.tp
-        return all(need + overhead[i] <= cap[i] for i in g)
-
     out = []
     for m in catalog.models:
         busy = stuck.get(m.name)
@@ -196,7 +190,11 @@ def scale_out(view, catalog, now: float, wait_s: float | None, calls: int | None
         held = view.tiers.groups_of.get(wk, ())
         if any(busy.isdisjoint(g) for g in held):
             continue  # a replica clear of the queue exists (or is loading)
-        clear = [g for g in view.model_groups(m) if busy.isdisjoint(g) and fits(m, g)]
+        # per GPU, empty: the weights and the KV of the model's typical call
+        tokens = (est.typical_asked(m.name) or 0.0) if fits_typical else 0.0
+        need = (m.dense_bytes + tokens * m.kv_bytes_per_token) / m.tp
+        clear = [g for g in view.model_groups(m)
+                 if busy.isdisjoint(g) and all(need + overhead[i] <= cap[i] for i in g)]
         best = most_free(view, clear, m.dense_bytes / m.tp)
         if best is not None:
             out.append(Promote(wk, best))
